@@ -1,0 +1,143 @@
+/* flashrt kernel package ABI: the only header shared by the core and kernel packages.
+ *
+ * Plain C99, fixed-width types. A kernel package is one shared library per build variant that
+ * exports two symbols:
+ *   frt_kpkg_query(frt_kpkg_info*)   what the library was compiled for. Lives in an object built
+ *                                    without ISA flags so calling it can never SIGILL.
+ *   frt_kpkg_open(abi_major)         the const function table, or NULL if abi_major differs.
+ * Every table function returns an int32_t status and fills a caller-owned frt_error. Nothing
+ * allocated crosses the boundary and no C++ exception escapes it. Minor ABI bumps only append
+ * members; the loader checks struct_size before reading one.
+ */
+#ifndef FLASHRT_ABI_FRT_KERNEL_ABI_H
+#define FLASHRT_ABI_FRT_KERNEL_ABI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FRT_KERNEL_ABI_MAJOR 1
+#define FRT_KERNEL_ABI_MINOR 0
+
+/* Width of one weight panel: every packed format stores output channels in panels of this many
+ * columns, so one packed buffer serves every variant (generic, avx2, avx512vnni). */
+#define FRT_PANEL 16
+
+enum frt_status { FRT_OK = 0, FRT_E_INVALID = 1, FRT_E_UNSUPPORTED = 2, FRT_E_INTERNAL = 3 };
+
+typedef struct frt_error {
+  int32_t code; /* frt_status */
+  char message[256];
+} frt_error;
+
+enum frt_dtype { FRT_F32 = 0, FRT_BF16 = 1 };
+
+enum frt_act { FRT_ACT_SILU = 0, FRT_ACT_GELU_TANH = 1 };
+
+/* ---- The weight formats (the format header). -----------------------------------------------
+ * Weight W is [n][k] (torch's Linear.weight layout), y = x W^T.
+ * P = ceil(n / FRT_PANEL) panels; column j of panel p is output channel p*FRT_PANEL + j; columns
+ * past n are padding with zero scale.
+ *
+ * FRT_W_INT8_CHANNEL: qdata int8 [P][k][FRT_PANEL]; scales float [P*FRT_PANEL];
+ *   W[c][i] = q * scales[c].
+ * FRT_W_INT4_GROUP: group size g in {32, 64, 128}, k % g == 0; nibbles q in [0, 15];
+ *   qdata uint8 [P][k/2][FRT_PANEL], byte = q(c, 2r) | q(c, 2r+1) << 4;
+ *   scales, zeros float [P][k/g][FRT_PANEL];  W[c][i] = (q - zero) * scale.
+ *   Symmetric packs have zero == 8 everywhere; asymmetric ones an integer zero in [0, 15].
+ */
+enum frt_wformat { FRT_W_INT8_CHANNEL = 1, FRT_W_INT4_GROUP = 2 };
+
+typedef struct frt_packed_weight {
+  int32_t format; /* frt_wformat */
+  int32_t group;  /* int4 group size; 0 for int8 */
+  int64_t n, k;
+  const void *qdata;
+  const float *scales;
+  const float *zeros; /* int4 only */
+} frt_packed_weight;
+
+/* y[m][n] = sum_k x[m][k] W[n][k] (+ bias[n]). Rows are strided (ldx, ldy in elements), the
+ * inner dimension is contiguous. */
+typedef struct frt_linear_args {
+  int32_t x_dtype, y_dtype; /* frt_dtype */
+  int64_t m;
+  const void *x;
+  int64_t ldx;
+  void *y;
+  int64_t ldy;
+  const float *bias; /* [n] or NULL */
+  const frt_packed_weight *w;
+  void *workspace; /* linear_workspace() bytes, 64-byte aligned, owned by the caller */
+} frt_linear_args;
+
+/* y = down(act(gate(x)) * up(x)), all three weights in one format. */
+typedef struct frt_ffn_args {
+  int32_t x_dtype, y_dtype;
+  int32_t act; /* frt_act */
+  int64_t m;
+  const void *x;
+  int64_t ldx;
+  void *y;
+  int64_t ldy;
+  const frt_packed_weight *gate, *up, *down;
+  void *workspace; /* ffn_workspace() bytes */
+} frt_ffn_args;
+
+/* Reasons supports() can give; the message names the form and the shape. */
+enum frt_reason {
+  FRT_REASON_OK = 0,
+  FRT_REASON_ROWS_OUT_OF_BAND = 1,
+  FRT_REASON_FORMAT = 2,
+  FRT_REASON_SHAPE = 3,
+  FRT_REASON_DTYPE = 4,
+  FRT_REASON_LAYOUT = 5,
+  FRT_REASON_NOT_PROVIDED = 6
+};
+
+/* Decode rows every package qualifies for. */
+#define FRT_MAX_ROWS 16
+
+/* An op runs as a fixed number of phases; the caller runs phase p on nth threads (ith = 0..nth-1)
+ * and waits for all of them before phase p+1. Kernels keep no state between calls. */
+typedef struct frt_kernel_table {
+  int32_t abi_major, abi_minor, struct_size;
+  const char *package; /* "flashrt/linear" */
+  const char *isa;     /* "generic", "avx2", "avx512vnni" */
+
+  /* Members below may be NULL when the package does not provide the op. */
+  int32_t (*linear_supports)(const frt_linear_args *a, frt_error *err); /* returns frt_reason */
+  int64_t (*linear_workspace)(const frt_linear_args *a);
+  int32_t linear_phases;
+  int32_t (*linear_run)(const frt_linear_args *a, int32_t phase, int32_t ith, int32_t nth,
+                        frt_error *err);
+
+  int32_t (*ffn_supports)(const frt_ffn_args *a, frt_error *err);
+  int64_t (*ffn_workspace)(const frt_ffn_args *a);
+  int32_t ffn_phases;
+  int32_t (*ffn_run)(const frt_ffn_args *a, int32_t phase, int32_t ith, int32_t nth,
+                     frt_error *err);
+} frt_kernel_table;
+
+typedef struct frt_kpkg_info {
+  int32_t abi_major, abi_minor;
+  const char *arch;     /* "x86_64" */
+  const char *isa;      /* the variant's ISA tier */
+  const char *features; /* comma-separated CPU features the build was compiled for */
+} frt_kpkg_info;
+
+#if defined(_WIN32)
+#define FRT_KPKG_EXPORT __declspec(dllexport)
+#else
+#define FRT_KPKG_EXPORT __attribute__((visibility("default")))
+#endif
+
+typedef int32_t (*frt_kpkg_query_fn)(frt_kpkg_info *out);
+typedef const frt_kernel_table *(*frt_kpkg_open_fn)(int32_t abi_major);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHRT_ABI_FRT_KERNEL_ABI_H */

@@ -1,0 +1,26 @@
+// A non-owning view of a CPU tensor as the door hands it over: no copy, strides in elements.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace frt {
+
+enum class DType { f32, bf16 };
+
+const char* dtype_name(DType dt);
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int rank = 0;
+  std::array<int64_t, 4> shape{};
+  std::array<int64_t, 4> strides{};  // in elements
+
+  static TensorView matrix(void* data, DType dt, int64_t rows, int64_t cols, int64_t row_stride);
+  // "bf16[4, 1024] strides (1024, 1)": what refusals quote.
+  std::string describe() const;
+};
+
+}  // namespace frt

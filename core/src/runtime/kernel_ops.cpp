@@ -1,0 +1,187 @@
+#include <flashrt/errors.h>
+#include <flashrt/kernel_ops.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+namespace frt {
+namespace {
+
+volatile uint64_t g_bandwidth_sink = 0;
+
+int32_t abi_dtype(DType dt) { return dt == DType::f32 ? FRT_F32 : FRT_BF16; }
+
+// The form checks that belong to the core (the kernel's own supports() follows): a row-major
+// matrix whose inner dimension is contiguous. A strided row is fine; anything else would need a
+// hidden copy, which a seat never makes (DESIGN §6).
+std::string matrix_refusal(const char* what, const TensorView& t, int64_t cols) {
+  std::ostringstream s;
+  if (t.data == nullptr) {
+    s << what << ": no data";
+  } else if (t.rank != 2) {
+    s << what << ' ' << t.describe() << ": expected a 2-D [rows, " << cols << "] matrix";
+  } else if (t.shape[1] != cols) {
+    s << what << ' ' << t.describe() << ": width " << t.shape[1] << ", expected " << cols;
+  } else if (t.strides[1] != 1 || (t.shape[0] > 1 && t.strides[0] < cols)) {
+    s << what << ' ' << t.describe() << ": inner dimension not contiguous";
+  }
+  return s.str();
+}
+
+// Workspace reused across calls by each calling thread: no allocation per call at steady state.
+void* workspace(int64_t bytes) {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Free> buffer;
+  thread_local int64_t capacity = 0;
+  if (bytes <= capacity) return buffer.get();
+  const int64_t size = (bytes + 4095) / 4096 * 4096;
+  buffer.reset(std::aligned_alloc(64, static_cast<size_t>(size)));
+  if (!buffer) throw std::bad_alloc();
+  capacity = size;
+  return buffer.get();
+}
+
+template <typename Args, typename Run>
+void run_phases(ThreadPool& pool, int threads, int32_t phases, const Args& args, Run run) {
+  const int nth = threads > 0 ? std::min(threads, pool.size()) : pool.size();
+  std::atomic<bool> failed{false};
+  frt_error first{};
+  std::mutex mu;
+  for (int32_t phase = 0; phase < phases && !failed.load(); ++phase) {
+    pool.run(nth, [&](int ith) {
+      frt_error err{};
+      if (run(&args, phase, ith, nth, &err) != FRT_OK) {
+        std::lock_guard lock(mu);
+        if (!failed.exchange(true)) first = err;
+      }
+    });
+  }
+  if (failed.load()) throw InvalidArgument(std::string("kernel failed: ") + first.message);
+}
+
+frt_linear_args linear_args(const PackedLinear& w, const float* bias, const TensorView& x,
+                            const TensorView& y) {
+  frt_linear_args a{};
+  a.x_dtype = abi_dtype(x.dtype);
+  a.y_dtype = abi_dtype(y.dtype);
+  a.m = x.shape[0];
+  a.x = x.data;
+  a.ldx = x.shape[0] > 1 ? x.strides[0] : w.k();
+  a.y = y.data;
+  a.ldy = y.shape[0] > 1 ? y.strides[0] : w.n();
+  a.bias = bias;
+  a.w = &w.view();
+  return a;
+}
+
+frt_ffn_args ffn_args(const PackedLinear& gate, const PackedLinear& up, const PackedLinear& down,
+                      Activation act, const TensorView& x, const TensorView& y) {
+  frt_ffn_args a{};
+  a.x_dtype = abi_dtype(x.dtype);
+  a.y_dtype = abi_dtype(y.dtype);
+  a.act = act == Activation::silu ? FRT_ACT_SILU : FRT_ACT_GELU_TANH;
+  a.m = x.shape[0];
+  a.x = x.data;
+  a.ldx = x.shape[0] > 1 ? x.strides[0] : gate.k();
+  a.y = y.data;
+  a.ldy = y.shape[0] > 1 ? y.strides[0] : down.n();
+  a.gate = &gate.view();
+  a.up = &up.view();
+  a.down = &down.view();
+  return a;
+}
+
+std::string rows_refusal(const TensorView& x, const TensorView& y) {
+  if (y.shape[0] != x.shape[0])
+    return "output " + y.describe() + " has a different row count than input " + x.describe();
+  return "";
+}
+
+}  // namespace
+
+std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
+                           const TensorView& x, const TensorView& y) {
+  if (table.linear_run == nullptr || table.linear_supports == nullptr)
+    return std::string("package '") + table.package + "' provides no linear op";
+  for (const std::string& r : {matrix_refusal("input", x, w.k()),
+                               matrix_refusal("output", y, w.n()), rows_refusal(x, y)})
+    if (!r.empty()) return r;
+  const frt_linear_args a = linear_args(w, nullptr, x, y);
+  frt_error err{};
+  if (table.linear_supports(&a, &err) != FRT_REASON_OK)
+    return std::string(err.message) + " (" + w.form() + " " + std::to_string(w.n()) + "x" +
+           std::to_string(w.k()) + ", input " + x.describe() + ")";
+  return "";
+}
+
+void run_linear(const frt_kernel_table& table, ThreadPool& pool, const PackedLinear& w,
+                const float* bias, const TensorView& x, const TensorView& y, int threads) {
+  if (std::string why = linear_refusal(table, w, x, y); !why.empty()) throw Refused(why);
+  frt_linear_args a = linear_args(w, bias, x, y);
+  a.workspace = workspace(table.linear_workspace(&a));
+  run_phases(pool, threads, table.linear_phases, a, table.linear_run);
+}
+
+std::string ffn_refusal(const frt_kernel_table& table, const PackedLinear& gate,
+                        const PackedLinear& up, const PackedLinear& down, Activation act,
+                        const TensorView& x, const TensorView& y) {
+  if (table.ffn_run == nullptr || table.ffn_supports == nullptr)
+    return std::string("package '") + table.package + "' provides no ffn op";
+  for (const std::string& r : {matrix_refusal("input", x, gate.k()),
+                               matrix_refusal("output", y, down.n()), rows_refusal(x, y)})
+    if (!r.empty()) return r;
+  const frt_ffn_args a = ffn_args(gate, up, down, act, x, y);
+  frt_error err{};
+  if (table.ffn_supports(&a, &err) != FRT_REASON_OK)
+    return std::string(err.message) + " (" + gate.form() + ", input " + x.describe() + ")";
+  return "";
+}
+
+void run_ffn(const frt_kernel_table& table, ThreadPool& pool, const PackedLinear& gate,
+             const PackedLinear& up, const PackedLinear& down, Activation act, const TensorView& x,
+             const TensorView& y, int threads) {
+  if (std::string why = ffn_refusal(table, gate, up, down, act, x, y); !why.empty())
+    throw Refused(why);
+  frt_ffn_args a = ffn_args(gate, up, down, act, x, y);
+  a.workspace = workspace(table.ffn_workspace(&a));
+  run_phases(pool, threads, table.ffn_phases, a, table.ffn_run);
+}
+
+double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {
+  if (bytes < (1 << 20) || threads < 1 || repeats < 1)
+    throw InvalidArgument("measure_read_bandwidth: need >= 1 MiB, >= 1 thread, >= 1 repeat");
+  const int64_t words = bytes / 8;
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);
+  for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
+  ThreadPool pool(threads);
+  std::atomic<uint64_t> sink{0};
+  double best = 0;
+  for (int rep = 0; rep < repeats; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.run(threads, [&](int ith) {
+      const int64_t per = words / threads, begin = ith * per;
+      const int64_t end = ith == threads - 1 ? words : begin + per;
+      // Four independent sums keep the loads, not the adds, the bottleneck.
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = begin;
+      for (; i + 4 <= end; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+      for (; i < end; ++i) s0 += buf[i];
+      sink.fetch_add(s0 + s1 + s2 + s3, std::memory_order_relaxed);
+    });
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, static_cast<double>(words * 8) / secs / 1e9);
+  }
+  g_bandwidth_sink = sink.load();  // keeps the sums observable
+  return best;
+}
+
+}  // namespace frt

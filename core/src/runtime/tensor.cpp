@@ -1,0 +1,30 @@
+#include <flashrt/tensor.h>
+
+#include <sstream>
+
+namespace frt {
+
+const char* dtype_name(DType dt) { return dt == DType::f32 ? "f32" : "bf16"; }
+
+TensorView TensorView::matrix(void* data, DType dt, int64_t rows, int64_t cols,
+                              int64_t row_stride) {
+  TensorView v;
+  v.data = data;
+  v.dtype = dt;
+  v.rank = 2;
+  v.shape = {rows, cols, 0, 0};
+  v.strides = {row_stride, 1, 0, 0};
+  return v;
+}
+
+std::string TensorView::describe() const {
+  std::ostringstream s;
+  s << dtype_name(dtype) << '[';
+  for (int i = 0; i < rank; ++i) s << (i ? ", " : "") << shape[i];
+  s << "] strides (";
+  for (int i = 0; i < rank; ++i) s << (i ? ", " : "") << strides[i];
+  s << ')';
+  return s.str();
+}
+
+}  // namespace frt

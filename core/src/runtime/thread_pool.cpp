@@ -1,0 +1,91 @@
+#include <flashrt/errors.h>
+#include <flashrt/thread_pool.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+namespace frt {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+}  // namespace
+
+// Note [Spin then sleep]: a decode step alternates our kernels with torch operators. Workers
+// that sleep right after a job pay a futex wake (several microseconds) on every kernel; workers
+// that spin forever steal a core from torch's OpenMP threads in between. They spin for spin_us
+// after a job, then sleep. bench/kernels.py measures the cost both ways ("threading" rows).
+ThreadPool::ThreadPool(int threads, int spin_us) : spin_us_(spin_us) {
+  if (threads < 1) throw InvalidArgument("ThreadPool needs at least one thread");
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::worker_main(int ith) {
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    if (gen == seen) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+      while ((gen = generation_.load(std::memory_order_acquire)) == seen &&
+             std::chrono::steady_clock::now() < until)
+        for (int i = 0; i < 64; ++i) cpu_relax();
+      if (gen == seen) {
+        sleepers_.fetch_add(1);
+        generation_.wait(seen);
+        sleepers_.fetch_sub(1);
+        continue;
+      }
+    }
+    seen = gen;
+    if (stop_.load()) return;
+    if (ith < job_threads_) {
+      (*job_)(ith);
+      pending_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+}
+
+void ThreadPool::run(int nth, const std::function<void(int)>& fn) {
+  std::unique_lock lock(run_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || nth <= 1 || workers_.empty()) {
+    fn(0);
+    return;
+  }
+  nth = nth > size() ? size() : nth;
+  job_ = &fn;
+  job_threads_ = nth;
+  pending_.store(nth - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  if (sleepers_.load() > 0) generation_.notify_all();
+  fn(0);
+  while (pending_.load(std::memory_order_acquire) > 0) cpu_relax();
+  job_ = nullptr;
+}
+
+ThreadPool& ThreadPool::process() {
+  static ThreadPool pool([] {
+    if (const char* env = std::getenv("FRT_NUM_THREADS")) {
+      const int n = std::atoi(env);
+      if (n >= 1) return n;
+    }
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw == 0 ? 1 : static_cast<int>(hw);
+  }());
+  return pool;
+}
+
+}  // namespace frt

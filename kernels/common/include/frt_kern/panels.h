@@ -1,0 +1,33 @@
+// The per-ISA hot loop: one weight panel (FRT_PANEL output channels) against m activation rows.
+// Every variant fills one PanelTable (kPanels) once, at compile time; op code calls through it,
+// so a variant without a fast path falls back through the table to the scalar reference.
+#pragma once
+
+#include <flashrt/abi/frt_kernel_abi.h>
+
+#include <cstdint>
+
+namespace frt::kern {
+
+// out[r][j] = sum_i x[r][i] * W[p*FRT_PANEL + j][i] for r < m, j < FRT_PANEL (padding columns
+// come out as 0). x is fp32 with row stride ldx. For int4, xsum[r][g] is the sum of x[r] over
+// group g (row stride k / group), which the kernels use to apply the zero point once per group.
+struct PanelTable {
+  void (*int8)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+               float* out);
+  void (*int4)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+               const float* xsum, int64_t m, float* out);
+};
+
+extern const PanelTable kPanels;
+
+void int8_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                    float* out);
+void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                    const float* xsum, int64_t m, float* out);
+void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                     float* out);
+void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                     const float* xsum, int64_t m, float* out);
+
+}  // namespace frt::kern

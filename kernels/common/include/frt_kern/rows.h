@@ -1,0 +1,40 @@
+// Pieces both ops use around the panels: checking a packed weight, bringing activation rows to
+// fp32 with their int4 group sums, and writing a finished panel tile to the output.
+#pragma once
+
+#include <flashrt/abi/frt_kernel_abi.h>
+
+#include <cstdint>
+
+namespace frt::kern {
+
+// FRT_REASON_OK or the reason (message names the form and the shape).
+int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* err);
+int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err);
+
+// Floats of workspace the row preparation of `w` needs for m rows (x copy when not fp32, plus
+// group sums for int4).
+int64_t prepared_floats(const frt_packed_weight* w, int32_t x_dtype, int64_t m);
+
+struct PreparedRows {
+  const float* x;     // fp32 rows (the caller's own when they already are fp32)
+  int64_t ldx;
+  const float* xsum;  // int4 group sums, [m][k / group]; nullptr for int8
+};
+
+// The layout prepare_rows() fills; cheap, so every thread can compute it.
+PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype,
+                           int64_t ldx, int64_t m, float* space);
+// Thread ith of nth fills its rows of the prepared view.
+void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
+                  int64_t m, float* space, int32_t ith, int32_t nth);
+
+// Runs panel p of w over the prepared rows into tile[m][FRT_PANEL].
+void run_panel(const frt_packed_weight* w, int64_t p, const PreparedRows& rows, int64_t m,
+               float* tile);
+
+// Adds bias and writes the valid columns of tile (panel p) to y in y_dtype.
+void store_tile(const float* tile, int64_t m, int64_t p, int64_t n, const float* bias, void* y,
+                int32_t y_dtype, int64_t ldy);
+
+}  // namespace frt::kern

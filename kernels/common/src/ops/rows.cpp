@@ -1,0 +1,101 @@
+#include <frt_kern/panels.h>
+#include <frt_kern/rows.h>
+#include <frt_kern/util.h>
+
+namespace frt::kern {
+
+int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* err) {
+  if (w == nullptr || w->qdata == nullptr || w->scales == nullptr)
+    return fail(err, FRT_REASON_FORMAT, "%s: no packed weight", what);
+  if (w->n <= 0 || w->k <= 0)
+    return fail(err, FRT_REASON_SHAPE, "%s: empty weight %lldx%lld", what,
+                static_cast<long long>(w->n), static_cast<long long>(w->k));
+  if (w->format == FRT_W_INT8_CHANNEL) return ok(err);
+  if (w->format != FRT_W_INT4_GROUP)
+    return fail(err, FRT_REASON_FORMAT, "%s: unknown weight format %d", what, w->format);
+  if (w->group != 32 && w->group != 64 && w->group != 128)
+    return fail(err, FRT_REASON_FORMAT, "%s: int4 group %d not in {32, 64, 128}", what, w->group);
+  if (w->k % w->group != 0)
+    return fail(err, FRT_REASON_SHAPE, "%s: int4 width k=%lld is not a multiple of group %d", what,
+                static_cast<long long>(w->k), w->group);
+  if (w->zeros == nullptr) return fail(err, FRT_REASON_FORMAT, "%s: int4 without zeros", what);
+  return ok(err);
+}
+
+int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err) {
+  if (m < 1 || m > FRT_MAX_ROWS)
+    return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "rows M=%lld outside the decode band 1..%d",
+                static_cast<long long>(m), FRT_MAX_ROWS);
+  if ((x_dtype != FRT_F32 && x_dtype != FRT_BF16) || (y_dtype != FRT_F32 && y_dtype != FRT_BF16))
+    return fail(err, FRT_REASON_DTYPE, "activations %s -> %s; supported: f32, bf16",
+                dtype_name(x_dtype), dtype_name(y_dtype));
+  return ok(err);
+}
+
+int64_t prepared_floats(const frt_packed_weight* w, int32_t x_dtype, int64_t m) {
+  int64_t floats = 0;
+  if (x_dtype != FRT_F32) floats += align64(m * w->k * 4) / 4;
+  if (w->format == FRT_W_INT4_GROUP) floats += align64(m * (w->k / w->group) * 4) / 4;
+  return floats;
+}
+
+PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype,
+                           int64_t ldx, int64_t m, float* space) {
+  PreparedRows rows{static_cast<const float*>(x), ldx, nullptr};
+  if (x_dtype != FRT_F32) {
+    rows.x = space;
+    rows.ldx = w->k;
+    space += align64(m * w->k * 4) / 4;
+  }
+  if (w->format == FRT_W_INT4_GROUP) rows.xsum = space;
+  return rows;
+}
+
+void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
+                  int64_t m, float* space, int32_t ith, int32_t nth) {
+  const PreparedRows rows = prepared_view(w, x, x_dtype, ldx, m, space);
+  const int64_t k = w->k;
+  for (int64_t r = ith; r < m; r += nth) {
+    if (x_dtype == FRT_BF16) {
+      const auto* src = static_cast<const uint16_t*>(x) + r * ldx;
+      float* dst = const_cast<float*>(rows.x) + r * rows.ldx;
+      for (int64_t i = 0; i < k; ++i) dst[i] = bf16_to_f32(src[i]);
+    }
+    if (rows.xsum != nullptr) {
+      const int64_t groups = k / w->group;
+      const float* xr = rows.x + r * rows.ldx;
+      float* sums = const_cast<float*>(rows.xsum) + r * groups;
+      for (int64_t g = 0; g < groups; ++g) {
+        float s = 0.0f;
+        for (int64_t i = g * w->group; i < (g + 1) * w->group; ++i) s += xr[i];
+        sums[g] = s;
+      }
+    }
+  }
+}
+
+void run_panel(const frt_packed_weight* w, int64_t p, const PreparedRows& rows, int64_t m,
+               float* tile) {
+  if (w->format == FRT_W_INT8_CHANNEL)
+    kPanels.int8(w, p, rows.x, rows.ldx, m, tile);
+  else
+    kPanels.int4(w, p, rows.x, rows.ldx, rows.xsum, m, tile);
+}
+
+void store_tile(const float* tile, int64_t m, int64_t p, int64_t n, const float* bias, void* y,
+                int32_t y_dtype, int64_t ldy) {
+  const int64_t c0 = p * FRT_PANEL;
+  const int64_t width = (n - c0) < FRT_PANEL ? (n - c0) : FRT_PANEL;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < width; ++j) {
+      float v = tile[r * FRT_PANEL + j];
+      if (bias != nullptr) v += bias[c0 + j];
+      if (y_dtype == FRT_F32)
+        static_cast<float*>(y)[r * ldy + c0 + j] = v;
+      else
+        static_cast<uint16_t*>(y)[r * ldy + c0 + j] = f32_to_bf16(v);
+    }
+  }
+}
+
+}  // namespace frt::kern

@@ -1,0 +1,6 @@
+// The avx2 (and, until it has zmm panels of its own, avx512vnni) variant's panel table.
+#include <frt_kern/panels.h>
+
+namespace frt::kern {
+const PanelTable kPanels = {int8_panel_avx2, int4_panel_avx2};
+}  // namespace frt::kern

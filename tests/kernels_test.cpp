@@ -1,0 +1,446 @@
+// Every kernel of every variant this CPU runs, against float64 references computed from the
+// format's definition (frt_kernel_abi.h) on fresh random inputs, with outputs poisoned first.
+#include <flashrt/abi/frt_kernel_abi.h>
+#include <flashrt/cpu_features.h>
+#include <flashrt/errors.h>
+#include <flashrt/hub.h>
+#include <flashrt/kernel_ops.h>
+#include <flashrt/pack.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace frt {
+namespace {
+
+const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni"};
+
+std::string library(const std::string& pkg, const std::string& isa) {
+  return std::string(FRT_TEST_KERNEL_ROOT) + "/flashrt/" + pkg + "/build/cpu-x86_64-linux-" + isa +
+         "/libfrt_" + pkg + ".so";
+}
+
+// The variant's table, or nullptr (and a skip reason) when this CPU cannot run it.
+const frt_kernel_table* open_variant(const std::string& pkg, const std::string& isa,
+                                     std::string* skip) {
+  for (const std::string& f : tier_features(isa))
+    if (!detect_cpu().has(f)) {
+      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
+      return nullptr;
+    }
+  std::string why;
+  const frt_kernel_table* t = open_variant_library(library(pkg, isa), &why);
+  if (t == nullptr) ADD_FAILURE() << "cannot open " << library(pkg, isa) << ": " << why;
+  return t;
+}
+
+uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+float to_bf16_value(float f) {  // the value a bf16 tensor holds for f (round to nearest even)
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Activations in the dtype under test, kept both as raw storage and as the values it holds.
+struct Rows {
+  DType dtype;
+  int64_t m, k, ld;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  std::vector<double> value;  // [m][k]
+
+  Rows(DType dt, int64_t m_, int64_t k_, int64_t ld_, std::mt19937_64& rng)
+      : dtype(dt), m(m_), k(k_), ld(ld_), value(m_ * k_) {
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    f32.assign(m * ld, std::numeric_limits<float>::quiet_NaN());  // gaps between rows poisoned
+    bf16.assign(m * ld, 0x7fc0);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < k; ++i) {
+        float v = dist(rng);
+        if (dt == DType::bf16) {
+          v = to_bf16_value(v);
+          uint32_t bits;
+          std::memcpy(&bits, &v, 4);
+          bf16[r * ld + i] = static_cast<uint16_t>(bits >> 16);
+        }
+        f32[r * ld + i] = v;
+        value[r * k + i] = v;
+      }
+  }
+  TensorView view() {
+    void* data = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
+    return TensorView::matrix(data, dtype, m, k, ld);
+  }
+};
+
+// Output storage poisoned with NaN, with a poisoned gap after each row that must stay untouched.
+struct Out {
+  DType dtype;
+  int64_t m, n, ld;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  Out(DType dt, int64_t m_, int64_t n_)
+      : dtype(dt), m(m_), n(n_), ld(n_ + 3), f32(m_ * (n_ + 3), std::nanf("")),
+        bf16(m_ * (n_ + 3), 0x7fc1) {}
+  TensorView view() {
+    void* data = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
+    return TensorView::matrix(data, dtype, m, n, ld);
+  }
+  double at(int64_t r, int64_t c) const {
+    if (dtype == DType::f32) return f32[r * ld + c];
+    uint32_t bits = static_cast<uint32_t>(bf16[r * ld + c]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  bool gap_untouched(int64_t r, int64_t c) const {
+    return dtype == DType::f32 ? std::isnan(f32[r * ld + c]) : bf16[r * ld + c] == 0x7fc1;
+  }
+};
+
+std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(n * k);
+  for (float& v : w) v = dist(rng);
+  return w;
+}
+
+// float64 dequantisation straight from the packed view, by the format's definition.
+std::vector<double> dequant64(const frt_packed_weight& w) {
+  const int64_t n = w.n, k = w.k;
+  std::vector<double> out(n * k);
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
+    for (int64_t i = 0; i < k; ++i) {
+      if (w.format == FRT_W_INT8_CHANNEL) {
+        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
+        out[c * k + i] = static_cast<double>(q) * w.scales[p * FRT_PANEL + j];
+      } else {
+        const uint8_t b = static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];
+        const int q = i % 2 == 0 ? (b & 15) : (b >> 4);
+        const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
+        out[c * k + i] = (q - static_cast<double>(w.zeros[at])) * w.scales[at];
+      }
+    }
+  }
+  return out;
+}
+
+struct Format {
+  const char* name;
+  bool int4;
+  int group;
+  bool symmetric;
+};
+const std::vector<Format> kFormats = {
+    {"int8", false, 0, true},       {"int4_g32_sym", true, 32, true},
+    {"int4_g64_asym", true, 64, false}, {"int4_g128_sym", true, 128, true},
+    {"int4_g128_asym", true, 128, false}};
+
+PackedLinear pack(const Format& f, std::vector<float>& w, int64_t n, int64_t k) {
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
+  return f.int4 ? PackedLinear::int4(v, f.group, f.symmetric) : PackedLinear::int8(v);
+}
+
+// |got - want| within fp32 accumulation error over sum |x w| (plus bf16 output rounding).
+void expect_close(double got, double want, double magnitude, DType out, const std::string& where) {
+  const double tol = 2e-5 * magnitude + (out == DType::bf16 ? std::fabs(want) / 128.0 : 0) + 1e-6;
+  ASSERT_TRUE(std::isfinite(got)) << where << ": unwritten or non-finite";
+  ASSERT_NEAR(got, want, tol) << where;
+}
+
+struct LinearCase {
+  int64_t m, k, n;
+};
+const std::vector<LinearCase> kLinearCases = {{1, 128, 1},   {1, 256, 17},  {2, 128, 33},
+                                              {3, 384, 100}, {4, 256, 48},  {5, 128, 31},
+                                              {7, 512, 64},  {8, 1024, 96}, {16, 128, 50},
+                                              {1, 2048, 160}};
+
+class LinearKernel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LinearKernel, MatchesFloat64ReferenceEveryFormatShapeAndDtype) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const Format& f : kFormats)
+    for (const LinearCase& c : kLinearCases)
+      for (DType xd : {DType::f32, DType::bf16})
+        for (DType yd : {DType::f32, DType::bf16})
+          for (bool with_bias : {false, true}) {
+            std::vector<float> w = random_weight(c.n, c.k, rng);
+            const PackedLinear packed = pack(f, w, c.n, c.k);
+            const std::vector<double> wd = dequant64(packed.view());
+            std::vector<float> bias(c.n);
+            for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+            Rows x(xd, c.m, c.k, c.k + 5, rng);  // strided rows
+            Out y(yd, c.m, c.n);
+            run_linear(*t, pool, packed, with_bias ? bias.data() : nullptr, x.view(), y.view());
+            for (int64_t r = 0; r < c.m; ++r) {
+              for (int64_t col = 0; col < c.n; ++col) {
+                double want = with_bias ? bias[col] : 0.0, mag = std::fabs(want);
+                for (int64_t i = 0; i < c.k; ++i) {
+                  want += x.value[r * c.k + i] * wd[col * c.k + i];
+                  mag += std::fabs(x.value[r * c.k + i] * wd[col * c.k + i]);
+                }
+                expect_close(y.at(r, col), want, mag, yd,
+                             std::string(f.name) + " m" + std::to_string(c.m) + " k" +
+                                 std::to_string(c.k) + " n" + std::to_string(c.n) + " x " +
+                                 dtype_name(xd) + " y " + dtype_name(yd) + " [" +
+                                 std::to_string(r) + "," + std::to_string(col) + "]");
+              }
+              for (int64_t col = c.n; col < y.ld; ++col)
+                ASSERT_TRUE(y.gap_untouched(r, col)) << "wrote past the row at " << col;
+            }
+          }
+}
+
+TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  for (const Format& f : kFormats) {
+    std::vector<float> w = random_weight(200, 256, rng);
+    const PackedLinear packed = pack(f, w, 200, 256);
+    Rows x(DType::f32, 3, 256, 256, rng);
+    Out a(DType::f32, 3, 200), b(DType::f32, 3, 200);
+    run_linear(*t, pool, packed, nullptr, x.view(), a.view(), 1);
+    run_linear(*t, pool, packed, nullptr, x.view(), b.view(), 2);
+    EXPECT_EQ(0, std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4)) << f.name;
+  }
+}
+
+TEST_P(LinearKernel, NonFiniteInputsPropagateWithoutCrashing) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(40, 128, rng);
+  const PackedLinear packed = PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 40, 128, 128));
+  Rows x(DType::f32, 2, 128, 128, rng);
+  x.f32[5] = std::nanf("");
+  x.f32[128 + 7] = std::numeric_limits<float>::infinity();
+  Out y(DType::f32, 2, 40);
+  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+  for (int64_t c = 0; c < 40; ++c) EXPECT_TRUE(std::isnan(y.at(0, c)));
+  // inf times any weight (0 included: inf * 0 is NaN) leaves no finite output in that row.
+  for (int64_t c = 0; c < 40; ++c) EXPECT_FALSE(std::isfinite(y.at(1, c)));
+}
+
+TEST_P(LinearKernel, RefusesFormsOutsideItsContract) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(1);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(32, 128, rng);
+  const PackedLinear packed = PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 32, 128, 128));
+  Rows prefill(DType::f32, 17, 128, 128, rng);
+  Out y17(DType::f32, 17, 32);
+  EXPECT_NE(linear_refusal(*t, packed, prefill.view(), y17.view()).find("outside the decode band 1..16"),
+            std::string::npos);
+  EXPECT_THROW(run_linear(*t, pool, packed, nullptr, prefill.view(), y17.view()), Refused);
+
+  Rows x(DType::f32, 2, 128, 128, rng);
+  Out y(DType::f32, 2, 32);
+  TensorView transposed = x.view();
+  transposed.strides = {1, 128, 0, 0};  // a column-major view: would need a hidden copy
+  EXPECT_NE(linear_refusal(*t, packed, transposed, y.view()).find("not contiguous"), std::string::npos);
+  Rows narrow(DType::f32, 2, 64, 64, rng);
+  EXPECT_NE(linear_refusal(*t, packed, narrow.view(), y.view()).find("width 64, expected 128"),
+            std::string::npos);
+  Out wrong_rows(DType::f32, 3, 32);
+  EXPECT_NE(linear_refusal(*t, packed, x.view(), wrong_rows.view()).find("row count"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LinearKernel, ::testing::ValuesIn(kIsas));
+
+double act64(Activation a, double g) {
+  if (a == Activation::silu) return g / (1.0 + std::exp(-g));
+  return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+}
+
+class FfnKernel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FfnKernel, MatchesFloat64ReferenceEveryFormatActivationAndDtype) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  struct Case {
+    int64_t m, hidden, inter;
+  };
+  for (const Format& f : kFormats)
+    for (Case c : {Case{1, 128, 384}, Case{3, 256, 128}, Case{8, 128, 256}, Case{16, 384, 128}})
+      for (Activation act : {Activation::silu, Activation::gelu_tanh})
+        for (DType dt : {DType::f32, DType::bf16}) {
+          std::vector<float> wg = random_weight(c.inter, c.hidden, rng);
+          std::vector<float> wu = random_weight(c.inter, c.hidden, rng);
+          std::vector<float> wdn = random_weight(c.hidden, c.inter, rng);
+          const PackedLinear g = pack(f, wg, c.inter, c.hidden), u = pack(f, wu, c.inter, c.hidden),
+                             d = pack(f, wdn, c.hidden, c.inter);
+          const std::vector<double> gd = dequant64(g.view()), ud = dequant64(u.view()),
+                                    dd = dequant64(d.view());
+          Rows x(dt, c.m, c.hidden, c.hidden, rng);
+          Out y(dt, c.m, c.hidden);
+          run_ffn(*t, pool, g, u, d, act, x.view(), y.view());
+          for (int64_t r = 0; r < c.m; ++r) {
+            std::vector<double> h(c.inter), hmag(c.inter);
+            for (int64_t j = 0; j < c.inter; ++j) {
+              double gv = 0, uv = 0;
+              for (int64_t i = 0; i < c.hidden; ++i) {
+                gv += x.value[r * c.hidden + i] * gd[j * c.hidden + i];
+                uv += x.value[r * c.hidden + i] * ud[j * c.hidden + i];
+              }
+              h[j] = act64(act, gv) * uv;
+            }
+            for (int64_t col = 0; col < c.hidden; ++col) {
+              double want = 0, mag = 0;
+              for (int64_t j = 0; j < c.inter; ++j) {
+                want += h[j] * dd[col * c.inter + j];
+                mag += std::fabs(h[j] * dd[col * c.inter + j]);
+              }
+              // h itself carries fp32 rounding from two dot products: allow 1e-4 relative.
+              const double got = y.at(r, col);
+              ASSERT_TRUE(std::isfinite(got)) << f.name << " unwritten [" << r << "," << col << "]";
+              ASSERT_NEAR(got, want, 1e-4 * mag + (dt == DType::bf16 ? std::fabs(want) / 128 : 0) + 1e-6)
+                  << f.name << " m" << c.m << " [" << r << "," << col << "]";
+            }
+          }
+        }
+}
+
+TEST_P(FfnKernel, RefusesMismatchedShapesFormatsAndRows) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> a = random_weight(128, 64, rng), b = random_weight(64, 128, rng),
+                     c = random_weight(64, 96, rng);
+  const PackedLinear gate = pack(kFormats[0], a, 128, 64), down = pack(kFormats[0], b, 64, 128),
+                     bad_down = pack(kFormats[0], c, 64, 96),
+                     int4_gate = pack(kFormats[1], a, 128, 64);
+  Rows x(DType::f32, 2, 64, 64, rng);
+  Out y(DType::f32, 2, 64);
+  EXPECT_EQ("", ffn_refusal(*t, gate, gate, down, Activation::silu, x.view(), y.view()));
+  EXPECT_NE(ffn_refusal(*t, gate, gate, bad_down, Activation::silu, x.view(), y.view()).find("do not chain"),
+            std::string::npos);
+  EXPECT_NE(ffn_refusal(*t, int4_gate, gate, down, Activation::silu, x.view(), y.view()).find("one weight format"),
+            std::string::npos);
+  Rows many(DType::f32, 32, 64, 64, rng);
+  Out y32(DType::f32, 32, 64);
+  EXPECT_NE(ffn_refusal(*t, gate, gate, down, Activation::silu, many.view(), y32.view()).find("decode band"),
+            std::string::npos);
+  std::string why;
+  const frt_kernel_table* linear = open_variant_library(library("linear", GetParam()), &why);
+  ASSERT_NE(linear, nullptr) << why;
+  EXPECT_NE(ffn_refusal(*linear, gate, gate, down, Activation::silu, x.view(), y.view()).find("provides no ffn op"),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, FfnKernel, ::testing::ValuesIn(kIsas));
+
+// The packers' own error is the format's: int8 per channel within half a step of 1/127 of the
+// channel's max; int4 within half a step of its group's range.
+TEST(Pack, RoundTripErrorIsWithinTheFormatsStep) {
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(70, 256, rng);
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, 70, 256, 256);
+  const PackedLinear p8 = PackedLinear::int8(v);
+  EXPECT_LT(p8.stats().rel_err, 0.01);
+  const std::vector<float> d8 = p8.dequantize();
+  for (int64_t c = 0; c < 70; ++c) {
+    float amax = 0;
+    for (int64_t i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(w[c * 256 + i]));
+    for (int64_t i = 0; i < 256; ++i)
+      ASSERT_LE(std::fabs(w[c * 256 + i] - d8[c * 256 + i]), amax / 127 * 0.5 + 1e-7);
+  }
+  for (bool sym : {true, false}) {
+    const PackedLinear p4 = PackedLinear::int4(v, 32, sym);
+    EXPECT_LT(p4.stats().rel_err, 0.15) << (sym ? "sym" : "asym");
+    EXPECT_GT(p4.stats().rel_err, p8.stats().rel_err);
+    EXPECT_LE(p4.stats().max_abs_err, 0.05 * 6 / (sym ? 7.0 : 15.0) * 2);
+  }
+}
+
+TEST(Pack, RefusesBadWeights) {
+  std::vector<float> w(64 * 100, 0.5f);
+  EXPECT_THROW(PackedLinear::int4(TensorView::matrix(w.data(), DType::f32, 64, 100, 100), 32, true),
+               InvalidArgument);
+  EXPECT_THROW(PackedLinear::int4(TensorView::matrix(w.data(), DType::f32, 50, 128, 128), 48, true),
+               InvalidArgument);
+  w[77] = std::nanf("");
+  try {
+    PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 64, 100, 100));
+    FAIL() << "a NaN weight was packed";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("[0, 77]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(PackedLinear::int8(TensorView{}), InvalidArgument);
+}
+
+TEST(Pack, ConstantAndZeroChannelsAreExact) {
+  std::vector<float> w(32 * 64, 0.0f);
+  for (int64_t i = 0; i < 64; ++i) w[64 + i] = 0.25f;  // channel 1 constant, others zero
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, 32, 64, 64);
+  for (const PackedLinear& p : {PackedLinear::int8(v), PackedLinear::int4(v, 32, true),
+                                PackedLinear::int4(v, 64, false)})
+    EXPECT_LT(p.stats().max_abs_err, 1e-7) << p.form();
+}
+
+TEST(Pack, ReadsStridedBf16Weights) {
+  // A transposed bf16 view (strides (1, n)): the packer reads any strides once, at bind time.
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t n = 48, k = 64;
+  std::vector<float> dense = random_weight(n, k, rng);
+  std::vector<uint16_t> t(k * n);
+  for (int64_t c = 0; c < n; ++c)
+    for (int64_t i = 0; i < k; ++i) {
+      float v = to_bf16_value(dense[c * k + i]);
+      dense[c * k + i] = v;
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      t[i * n + c] = static_cast<uint16_t>(bits >> 16);
+    }
+  TensorView view;
+  view.data = t.data();
+  view.dtype = DType::bf16;
+  view.rank = 2;
+  view.shape = {n, k, 0, 0};
+  view.strides = {1, n, 0, 0};
+  const PackedLinear a = PackedLinear::int8(view);
+  const PackedLinear b = PackedLinear::int8(TensorView::matrix(dense.data(), DType::f32, n, k, k));
+  EXPECT_EQ(a.dequantize(), b.dequantize());
+}
+
+TEST(Bandwidth, MeasuresAPositiveReadRate) {
+  const double gbps = measure_read_bandwidth(64 << 20, 2, 2);
+  EXPECT_GT(gbps, 0.5);
+  EXPECT_THROW(measure_read_bandwidth(10, 1, 1), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace frt
