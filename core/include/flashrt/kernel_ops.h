@@ -17,14 +17,14 @@ enum class Activation { silu, gelu_tanh };
 std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
                            const TensorView& x, const TensorView& y);
 // y = x W^T (+ bias). bias is fp32 [n] or nullptr. Throws Refused with linear_refusal()'s reason.
-void run_linear(const frt_kernel_table& table, ThreadPool& pool, const PackedLinear& w,
+void run_linear(const frt_kernel_table& table, Parallel& pool, const PackedLinear& w,
                 const float* bias, const TensorView& x, const TensorView& y, int threads = 0);
 
 std::string ffn_refusal(const frt_kernel_table& table, const PackedLinear& gate,
                         const PackedLinear& up, const PackedLinear& down, Activation act,
                         const TensorView& x, const TensorView& y);
 // y = down(act(gate(x)) * up(x)).
-void run_ffn(const frt_kernel_table& table, ThreadPool& pool, const PackedLinear& gate,
+void run_ffn(const frt_kernel_table& table, Parallel& pool, const PackedLinear& gate,
              const PackedLinear& up, const PackedLinear& down, Activation act, const TensorView& x,
              const TensorView& y, int threads = 0);
 

@@ -1,6 +1,7 @@
-// The core's worker threads for kernels. The calling thread is worker 0; the others spin for a
-// short while after each job and then sleep on a futex, so between two kernels they do not keep
-// both cores busy while torch's own threads run (Note [Spin then sleep] in thread_pool.cpp).
+// Who runs a kernel's threads. Inside a PyTorch host the door hands the core torch's own OpenMP
+// runtime, so kernels run on the threads torch already keeps hot instead of a second team that
+// would fight them for the cores (Note [One team per process] in thread_pool.cpp). Elsewhere (the
+// C++ tests, a host without OpenMP) the core's own ThreadPool serves.
 #pragma once
 
 #include <atomic>
@@ -10,21 +11,60 @@
 #include <thread>
 #include <vector>
 
+#include <string>
+
 namespace frt {
 
-class ThreadPool {
+class Parallel {
+ public:
+  virtual ~Parallel() = default;
+  virtual int size() const = 0;
+  // Calls fn(ith) for ith in [0, nth) (nth clamped to size()), the caller's thread included,
+  // and returns when all have finished. fn must not throw.
+  virtual void run(int nth, const std::function<void(int)>& fn) = 0;
+  virtual std::string describe() const = 0;
+};
+
+// The entry points of a host's OpenMP runtime (libgomp's ABI), found by the door.
+struct OpenMpRuntime {
+  void (*parallel)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) = nullptr;
+  int (*thread_num)() = nullptr;
+  int (*max_threads)() = nullptr;
+  std::string library;  // where they came from, for reports
+};
+
+class OpenMpTeam : public Parallel {
+ public:
+  explicit OpenMpTeam(OpenMpRuntime rt);
+  int size() const override;  // the host's current thread count (torch.set_num_threads)
+  void run(int nth, const std::function<void(int)>& fn) override;
+  std::string describe() const override;
+
+ private:
+  OpenMpRuntime rt_;
+};
+
+// The process's kernel threads: the host's OpenMP team once use_host_openmp() was called, the
+// core's ThreadPool::process() before that.
+Parallel& process_parallel();
+// Throws InvalidArgument if an entry point is missing.
+void use_host_openmp(OpenMpRuntime rt);
+void use_own_threads();
+
+class ThreadPool : public Parallel {
  public:
   explicit ThreadPool(int threads, int spin_us = 50);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  int size() const override { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(ith) for ith in [0, nth) (nth clamped to size()) and returns when all have
   // finished. A second thread calling while a job runs gets its job run inline on its own
   // thread instead of waiting, so two callers never deadlock or interleave.
-  void run(int nth, const std::function<void(int)>& fn);
+  void run(int nth, const std::function<void(int)>& fn) override;
+  std::string describe() const override;
 
   // The process pool: FRT_NUM_THREADS threads, else one per online CPU.
   static ThreadPool& process();

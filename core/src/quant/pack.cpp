@@ -57,7 +57,7 @@ void load_row(const TensorView& w, int64_t row, std::vector<float>& out) {
 // Runs fn(row, scratch) for every output channel on the process pool; rows are independent.
 template <typename Fn>
 void for_each_row(int64_t n, Fn fn) {
-  ThreadPool& pool = ThreadPool::process();
+  Parallel& pool = process_parallel();
   const int nth = static_cast<int>(std::min<int64_t>(pool.size(), n));
   std::exception_ptr error;
   std::mutex mu;

@@ -50,7 +50,7 @@ void* workspace(int64_t bytes) {
 }
 
 template <typename Args, typename Run>
-void run_phases(ThreadPool& pool, int threads, int32_t phases, const Args& args, Run run) {
+void run_phases(Parallel& pool, int threads, int32_t phases, const Args& args, Run run) {
   const int nth = threads > 0 ? std::min(threads, pool.size()) : pool.size();
   std::atomic<bool> failed{false};
   frt_error first{};
@@ -122,7 +122,7 @@ std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
   return "";
 }
 
-void run_linear(const frt_kernel_table& table, ThreadPool& pool, const PackedLinear& w,
+void run_linear(const frt_kernel_table& table, Parallel& pool, const PackedLinear& w,
                 const float* bias, const TensorView& x, const TensorView& y, int threads) {
   if (std::string why = linear_refusal(table, w, x, y); !why.empty()) throw Refused(why);
   frt_linear_args a = linear_args(w, bias, x, y);
@@ -145,7 +145,7 @@ std::string ffn_refusal(const frt_kernel_table& table, const PackedLinear& gate,
   return "";
 }
 
-void run_ffn(const frt_kernel_table& table, ThreadPool& pool, const PackedLinear& gate,
+void run_ffn(const frt_kernel_table& table, Parallel& pool, const PackedLinear& gate,
              const PackedLinear& up, const PackedLinear& down, Activation act, const TensorView& x,
              const TensorView& y, int threads) {
   if (std::string why = ffn_refusal(table, gate, up, down, act, x, y); !why.empty())

@@ -1,10 +1,10 @@
 // AVX2 + FMA panels. One panel is FRT_PANEL = 16 output channels = two ymm columns; each packed
 // row of the panel is one k (int8: 16 bytes) or a pair of k (int4: 16 bytes of two nibbles).
 //
-// Note [Accumulator chains]: at decode rows the loop is bound by memory, but a single FMA chain
-// per ymm would cap it at one packed row per FMA latency (4 cycles on Zen 3, ~4 B/cycle/core),
-// near the DRAM rate of one core. So fewer rows get more independent accumulators (KU): every
-// instantiation keeps about eight chains in flight.
+// Note [Accumulator chains]: at decode rows the loop should be bound by memory, but a single FMA
+// chain per ymm would cap it at one packed row per FMA latency (4 cycles on Zen 3, ~4 B/cycle per
+// core), below the DRAM rate of one core. So a single row gets four k per step into separate
+// accumulators; several rows are independent chains already.
 #include <frt_kern/panels.h>
 #include <immintrin.h>
 
@@ -16,100 +16,160 @@ inline __m256 load_i8x8(const int8_t* p) {
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-template <int MR, int KU>
-void int8_rows(const int8_t* q, int64_t k, const float* x, int64_t ldx, const float* scale,
-               float* out) {
-  __m256 acc[KU][MR][2];
-  for (int u = 0; u < KU; ++u)
-    for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
+// How far ahead of the loads a row prefetches: the panel streams from DRAM, and the hardware
+// prefetcher alone left two cores at ~21 GB/s; 2 KiB ahead measured ~27 GB/s (of ~29 read).
+#ifndef FRT_PREFETCH_BYTES
+#define FRT_PREFETCH_BYTES 2048
+#endif
+constexpr int64_t kPrefetchBytes = FRT_PREFETCH_BYTES;
+
+inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
+
+// One row, four k per step into four pairs of accumulators. Written out by hand: with arrays of
+// accumulators GCC 12 kept a stack copy of every accumulator in the loop (a store per FMA).
+void int8_row1(const int8_t* q, int64_t k, const float* x, const float* scale, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
   int64_t i = 0;
-  for (; i + KU <= k; i += KU) {
-    for (int u = 0; u < KU; ++u) {
-      const int8_t* row = q + (i + u) * FRT_PANEL;
-      const __m256 w0 = load_i8x8(row), w1 = load_i8x8(row + 8);
-      for (int r = 0; r < MR; ++r) {
-        const __m256 xb = _mm256_broadcast_ss(x + r * ldx + i + u);
-        acc[u][r][0] = _mm256_fmadd_ps(w0, xb, acc[u][r][0]);
-        acc[u][r][1] = _mm256_fmadd_ps(w1, xb, acc[u][r][1]);
-      }
-    }
+  for (; i + 4 <= k; i += 4) {
+    const int8_t* r = q + i * FRT_PANEL;
+    _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchBytes), _MM_HINT_T0);
+    const __m256 x0 = bcast(x + i), x1 = bcast(x + i + 1), x2 = bcast(x + i + 2),
+                 x3 = bcast(x + i + 3);
+    a0 = _mm256_fmadd_ps(load_i8x8(r), x0, a0);
+    a1 = _mm256_fmadd_ps(load_i8x8(r + 8), x0, a1);
+    b0 = _mm256_fmadd_ps(load_i8x8(r + 16), x1, b0);
+    b1 = _mm256_fmadd_ps(load_i8x8(r + 24), x1, b1);
+    c0 = _mm256_fmadd_ps(load_i8x8(r + 32), x2, c0);
+    c1 = _mm256_fmadd_ps(load_i8x8(r + 40), x2, c1);
+    d0 = _mm256_fmadd_ps(load_i8x8(r + 48), x3, d0);
+    d1 = _mm256_fmadd_ps(load_i8x8(r + 56), x3, d1);
   }
   for (; i < k; ++i) {
+    const int8_t* r = q + i * FRT_PANEL;
+    const __m256 xi = bcast(x + i);
+    a0 = _mm256_fmadd_ps(load_i8x8(r), xi, a0);
+    a1 = _mm256_fmadd_ps(load_i8x8(r + 8), xi, a1);
+  }
+  a0 = _mm256_add_ps(_mm256_add_ps(a0, b0), _mm256_add_ps(c0, d0));
+  a1 = _mm256_add_ps(_mm256_add_ps(a1, b1), _mm256_add_ps(c1, d1));
+  _mm256_storeu_ps(out, _mm256_mul_ps(a0, _mm256_loadu_ps(scale)));
+  _mm256_storeu_ps(out + 8, _mm256_mul_ps(a1, _mm256_loadu_ps(scale + 8)));
+}
+
+// MR rows share each converted weight vector; MR >= 2 already gives 2*MR independent chains.
+template <int MR>
+void int8_rows(const int8_t* q, int64_t k, const float* x, int64_t ldx, const float* scale,
+               float* out) {
+  __m256 lo[MR], hi[MR];
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
     const int8_t* row = q + i * FRT_PANEL;
     const __m256 w0 = load_i8x8(row), w1 = load_i8x8(row + 8);
     for (int r = 0; r < MR; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(x + r * ldx + i);
-      acc[0][r][0] = _mm256_fmadd_ps(w0, xb, acc[0][r][0]);
-      acc[0][r][1] = _mm256_fmadd_ps(w1, xb, acc[0][r][1]);
+      const __m256 xb = bcast(x + r * ldx + i);
+      lo[r] = _mm256_fmadd_ps(w0, xb, lo[r]);
+      hi[r] = _mm256_fmadd_ps(w1, xb, hi[r]);
     }
   }
   const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
   for (int r = 0; r < MR; ++r) {
-    __m256 a0 = acc[0][r][0], a1 = acc[0][r][1];
-    for (int u = 1; u < KU; ++u) {
-      a0 = _mm256_add_ps(a0, acc[u][r][0]);
-      a1 = _mm256_add_ps(a1, acc[u][r][1]);
-    }
-    _mm256_storeu_ps(out + r * FRT_PANEL, _mm256_mul_ps(a0, s0));
-    _mm256_storeu_ps(out + r * FRT_PANEL + 8, _mm256_mul_ps(a1, s1));
+    _mm256_storeu_ps(out + r * FRT_PANEL, _mm256_mul_ps(lo[r], s0));
+    _mm256_storeu_ps(out + r * FRT_PANEL + 8, _mm256_mul_ps(hi[r], s1));
   }
 }
 
-// KU packed rows (k pairs) per step; even and odd k keep separate accumulators (Note
-// [Accumulator chains]). The zero point is applied once per group through the row's group sum:
+// The zero point is applied once per group through the row's group sum:
 // sum (q - z) s x = s (sum q x - z sum x).
-template <int MR, int KU>
-void int4_rows(const uint8_t* q, int64_t k, int64_t group, const float* x, int64_t ldx,
-               const float* xsum, const float* scale, const float* zero, float* out) {
-  const int64_t groups = k / group, pairs = group / 2, ldxs = groups;
+struct Nibbles {  // one packed row (16 columns, k and k+1) as fp32 columns 0-7 and 8-15
+  __m256 even0, odd0, even1, odd1;
+};
+inline Nibbles load_nibbles(const uint8_t* row) {
   const __m256i low4 = _mm256_set1_epi32(0x0f);
-  __m256 res[MR][2];
-  for (int r = 0; r < MR; ++r) res[r][0] = res[r][1] = _mm256_setzero_ps();
+  const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
+  const __m256i v1 =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8)));
+  return {_mm256_cvtepi32_ps(_mm256_and_si256(v0, low4)),
+          _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)),
+          _mm256_cvtepi32_ps(_mm256_and_si256(v1, low4)),
+          _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4))};
+}
+
+// out += s * (acc - z * xs) for one group of one row, both column halves. The running result
+// lives in `out` (L1), not in registers: the group loop needs all sixteen ymm registers.
+inline void apply_group(const float* sg, const float* zg, float xs, __m256 acc0, __m256 acc1,
+                        float* out) {
+  const __m256 xsv = _mm256_set1_ps(xs);
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_loadu_ps(sg),
+                                        _mm256_fnmadd_ps(_mm256_loadu_ps(zg), xsv, acc0),
+                                        _mm256_loadu_ps(out)));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(_mm256_loadu_ps(sg + 8),
+                                            _mm256_fnmadd_ps(_mm256_loadu_ps(zg + 8), xsv, acc1),
+                                            _mm256_loadu_ps(out + 8)));
+}
+
+// One row: two packed rows (four k) per step, even and odd k in separate accumulators (Note
+// [Accumulator chains]), named rather than in arrays for the reason given at int8_row1.
+void int4_row1(const uint8_t* q, int64_t k, int64_t group, const float* x, const float* xsum,
+               const float* scale, const float* zero, float* out) {
+  const int64_t groups = k / group, pairs = group / 2;
+  _mm256_storeu_ps(out, _mm256_setzero_ps());
+  _mm256_storeu_ps(out + 8, _mm256_setzero_ps());
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* qg = q + g * pairs * FRT_PANEL;
     const float* xg = x + g * group;
-    __m256 acc[2 * KU][MR][2];
-    for (int u = 0; u < 2 * KU; ++u)
-      for (int r = 0; r < MR; ++r) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
-    for (int64_t t = 0; t < pairs; t += KU) {  // pairs is a multiple of 16, KU <= 2
-      for (int u = 0; u < KU; ++u) {
-        const uint8_t* row = qg + (t + u) * FRT_PANEL;
-        const __m256i v0 =
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
-        const __m256i v1 =
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8)));
-        const __m256 e0 = _mm256_cvtepi32_ps(_mm256_and_si256(v0, low4));
-        const __m256 o0 = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
-        const __m256 e1 = _mm256_cvtepi32_ps(_mm256_and_si256(v1, low4));
-        const __m256 o1 = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
-        for (int r = 0; r < MR; ++r) {
-          const float* xr = xg + r * ldx + 2 * (t + u);
-          const __m256 xe = _mm256_broadcast_ss(xr), xo = _mm256_broadcast_ss(xr + 1);
-          acc[2 * u][r][0] = _mm256_fmadd_ps(e0, xe, acc[2 * u][r][0]);
-          acc[2 * u][r][1] = _mm256_fmadd_ps(e1, xe, acc[2 * u][r][1]);
-          acc[2 * u + 1][r][0] = _mm256_fmadd_ps(o0, xo, acc[2 * u + 1][r][0]);
-          acc[2 * u + 1][r][1] = _mm256_fmadd_ps(o1, xo, acc[2 * u + 1][r][1]);
-        }
-      }
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0, f0 = e0, f1 = e0, p0 = e0,
+           p1 = e0;
+    for (int64_t t = 0; t < pairs; t += 2) {  // pairs is 16, 32 or 64
+      _mm_prefetch(reinterpret_cast<const char*>(qg + t * FRT_PANEL + kPrefetchBytes),
+                   _MM_HINT_T0);
+      const float* xt = xg + 2 * t;
+      const Nibbles a = load_nibbles(qg + t * FRT_PANEL);
+      const __m256 x0 = bcast(xt), x1 = bcast(xt + 1);
+      e0 = _mm256_fmadd_ps(a.even0, x0, e0);
+      e1 = _mm256_fmadd_ps(a.even1, x0, e1);
+      o0 = _mm256_fmadd_ps(a.odd0, x1, o0);
+      o1 = _mm256_fmadd_ps(a.odd1, x1, o1);
+      const Nibbles b = load_nibbles(qg + (t + 1) * FRT_PANEL);
+      const __m256 x2 = bcast(xt + 2), x3 = bcast(xt + 3);
+      f0 = _mm256_fmadd_ps(b.even0, x2, f0);
+      f1 = _mm256_fmadd_ps(b.even1, x2, f1);
+      p0 = _mm256_fmadd_ps(b.odd0, x3, p0);
+      p1 = _mm256_fmadd_ps(b.odd1, x3, p1);
     }
-    const float* sg = scale + g * FRT_PANEL;
-    const float* zg = zero + g * FRT_PANEL;
-    const __m256 s0 = _mm256_loadu_ps(sg), s1 = _mm256_loadu_ps(sg + 8);
-    const __m256 z0 = _mm256_loadu_ps(zg), z1 = _mm256_loadu_ps(zg + 8);
-    for (int r = 0; r < MR; ++r) {
-      __m256 a0 = acc[0][r][0], a1 = acc[0][r][1];
-      for (int u = 1; u < 2 * KU; ++u) {
-        a0 = _mm256_add_ps(a0, acc[u][r][0]);
-        a1 = _mm256_add_ps(a1, acc[u][r][1]);
-      }
-      const __m256 xs = _mm256_broadcast_ss(xsum + r * ldxs + g);
-      res[r][0] = _mm256_fmadd_ps(s0, _mm256_fnmadd_ps(z0, xs, a0), res[r][0]);
-      res[r][1] = _mm256_fmadd_ps(s1, _mm256_fnmadd_ps(z1, xs, a1), res[r][1]);
-    }
+    apply_group(scale + g * FRT_PANEL, zero + g * FRT_PANEL, xsum[g],
+                _mm256_add_ps(_mm256_add_ps(e0, o0), _mm256_add_ps(f0, p0)),
+                _mm256_add_ps(_mm256_add_ps(e1, o1), _mm256_add_ps(f1, p1)), out);
   }
+}
+
+// MR rows share each unpacked row; results gather in `out` group by group.
+template <int MR>
+void int4_rows(const uint8_t* q, int64_t k, int64_t group, const float* x, int64_t ldx,
+               const float* xsum, const float* scale, const float* zero, float* out) {
+  const int64_t groups = k / group, pairs = group / 2;
   for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(out + r * FRT_PANEL, res[r][0]);
-    _mm256_storeu_ps(out + r * FRT_PANEL + 8, res[r][1]);
+    _mm256_storeu_ps(out + r * FRT_PANEL, _mm256_setzero_ps());
+    _mm256_storeu_ps(out + r * FRT_PANEL + 8, _mm256_setzero_ps());
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* qg = q + g * pairs * FRT_PANEL;
+    __m256 ev[MR][2], od[MR][2];
+    for (int r = 0; r < MR; ++r) ev[r][0] = ev[r][1] = od[r][0] = od[r][1] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < pairs; ++t) {
+      const Nibbles a = load_nibbles(qg + t * FRT_PANEL);
+      for (int r = 0; r < MR; ++r) {
+        const float* xt = x + r * ldx + g * group + 2 * t;
+        const __m256 xe = bcast(xt), xo = bcast(xt + 1);
+        ev[r][0] = _mm256_fmadd_ps(a.even0, xe, ev[r][0]);
+        ev[r][1] = _mm256_fmadd_ps(a.even1, xe, ev[r][1]);
+        od[r][0] = _mm256_fmadd_ps(a.odd0, xo, od[r][0]);
+        od[r][1] = _mm256_fmadd_ps(a.odd1, xo, od[r][1]);
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      apply_group(scale + g * FRT_PANEL, zero + g * FRT_PANEL, xsum[r * groups + g],
+                  _mm256_add_ps(ev[r][0], od[r][0]), _mm256_add_ps(ev[r][1], od[r][1]),
+                  out + r * FRT_PANEL);
   }
 }
 
@@ -123,13 +183,13 @@ void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
   const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
   const float* scale = w->scales + p * FRT_PANEL;
   int64_t r = 0;
-  for (; r + 4 <= m; r += 4) int8_rows<4, 1>(q, k, x + r * ldx, ldx, scale, out + r * FRT_PANEL);
+  for (; r + 4 <= m; r += 4) int8_rows<4>(q, k, x + r * ldx, ldx, scale, out + r * FRT_PANEL);
   const float* xr = x + r * ldx;
   float* outr = out + r * FRT_PANEL;
   switch (m - r) {
-    case 3: int8_rows<3, 1>(q, k, xr, ldx, scale, outr); break;
-    case 2: int8_rows<2, 2>(q, k, xr, ldx, scale, outr); break;
-    case 1: int8_rows<1, 4>(q, k, xr, ldx, scale, outr); break;
+    case 3: int8_rows<3>(q, k, xr, ldx, scale, outr); break;
+    case 2: int8_rows<2>(q, k, xr, ldx, scale, outr); break;
+    case 1: int8_row1(q, k, xr, scale, outr); break;
     default: break;
   }
 }
@@ -142,11 +202,10 @@ void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
   const float* zero = w->zeros + p * groups * FRT_PANEL;
   int64_t r = 0;
   for (; r + 2 <= m; r += 2)
-    int4_rows<2, 1>(q, k, group, x + r * ldx, ldx, xsum + r * groups, scale, zero,
-                    out + r * FRT_PANEL);
+    int4_rows<2>(q, k, group, x + r * ldx, ldx, xsum + r * groups, scale, zero,
+                 out + r * FRT_PANEL);
   if (r < m)
-    int4_rows<1, 2>(q, k, group, x + r * ldx, ldx, xsum + r * groups, scale, zero,
-                    out + r * FRT_PANEL);
+    int4_row1(q, k, group, x + r * ldx, xsum + r * groups, scale, zero, out + r * FRT_PANEL);
 }
 
 }  // namespace frt::kern

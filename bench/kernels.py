@@ -1,0 +1,213 @@
+"""Decode-row kernel benchmark: flashrt int8/int4 linear vs torch F.linear (fp32, bf16).
+
+Paired in one process: for every shape and row count the arms run alternately, round after
+round, and the figure is the median of the rounds. Weights are cycled through enough copies to
+exceed the last-level cache, as in a decode step where every layer's weights stream from DRAM;
+gbps counts the bytes each arm must read (weights, plus scales and zeros for the packed forms).
+
+    .venv/bin/python bench/kernels.py --json bench/results/kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+import flashrt_structures as frt
+from flashrt_structures import impls, ops
+
+SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
+ROWS = [1, 2, 4, 8]
+CACHE_BYTES = 3 * 32 * 2**20  # three times this machine's 32 MiB L3
+INT4_GROUP = 32
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def copies_for(nbytes: int) -> int:
+    return max(1, -(-CACHE_BYTES // nbytes))
+
+
+def time_arm(calls: list[Callable[[], object]], iters: int) -> float:
+    """Seconds per call, cycling through the weight copies."""
+    t0 = time.perf_counter()
+    for i in range(iters):
+        calls[i % len(calls)]()
+    return (time.perf_counter() - t0) / iters
+
+
+def bench_shape(k: int, n: int, rounds: int, budget_s: float) -> list[dict]:
+    gen = torch.Generator().manual_seed(k * 7 + n)
+    w32 = torch.randn(n, k, generator=gen) * 0.05
+    fmt_weights: dict[str, list] = {}
+    nbytes: dict[str, int] = {}
+
+    nbytes["torch_fp32"] = n * k * 4
+    fmt_weights["torch_fp32"] = [w32] + [w32.clone() for _ in range(copies_for(n * k * 4) - 1)]
+    wbf = w32.to(torch.bfloat16)
+    nbytes["torch_bf16"] = n * k * 2
+    fmt_weights["torch_bf16"] = [wbf] + [wbf.clone() for _ in range(copies_for(n * k * 2) - 1)]
+    p8 = ops.pack_int8(w32)
+    nbytes["int8"] = p8.nbytes
+    fmt_weights["int8"] = [p8] + [ops.pack_int8(w32) for _ in range(copies_for(p8.nbytes) - 1)]
+    p4 = ops.pack_int4(w32, INT4_GROUP, True)
+    nbytes["int4"] = p4.nbytes
+    fmt_weights["int4"] = [p4] + [
+        ops.pack_int4(w32, INT4_GROUP, True) for _ in range(copies_for(p4.nbytes) - 1)
+    ]
+    del w32, wbf
+
+    rows = []
+    for m in ROWS:
+        x32 = torch.randn(m, k, generator=gen)
+        xbf = x32.to(torch.bfloat16)
+        y8 = torch.empty(m, n)
+        arms: dict[str, list[Callable[[], object]]] = {
+            "torch_fp32": [lambda w=w: F.linear(x32, w) for w in fmt_weights["torch_fp32"]],
+            "torch_bf16": [lambda w=w: F.linear(xbf, w) for w in fmt_weights["torch_bf16"]],
+            "int8": [lambda w=w: ops.linear(x32, w, out=y8) for w in fmt_weights["int8"]],
+            "int4": [lambda w=w: ops.linear(x32, w, out=y8) for w in fmt_weights["int4"]],
+        }
+        # Calibrate iterations so one round of one arm takes about budget_s / rounds / 4.
+        iters = {}
+        for name, calls in arms.items():
+            t = time_arm(calls, max(1, len(calls)))  # warm-up, one pass over the copies
+            iters[name] = max(len(calls), int(budget_s / rounds / len(arms) / max(t, 1e-6)))
+        samples: dict[str, list[float]] = {name: [] for name in arms}
+        for _ in range(rounds):
+            for name, calls in arms.items():
+                samples[name].append(time_arm(calls, iters[name]))
+        base = statistics.median(samples["torch_fp32"])
+        for name, ts in samples.items():
+            secs = statistics.median(ts)
+            rows.append(
+                {
+                    "format": name,
+                    "M": m,
+                    "K": k,
+                    "N": n,
+                    "seconds": secs,
+                    "bytes": nbytes[name],
+                    "gbps": nbytes[name] / secs / 1e9,
+                    "speedup_vs_torch_fp32": base / secs,
+                    "copies": len(arms[name]),
+                    "iters_per_round": iters[name],
+                }
+            )
+    return rows
+
+
+def bench_threading(bandwidth: float) -> list[dict]:
+    """int8 M=1 on 4096x12288: one vs two kernel threads, and next to torch work (the pool's
+    workers spin briefly, then sleep, so they should not slow torch's threads or be slowed)."""
+    k, n = 4096, 12288
+    w = torch.randn(n, k) * 0.05
+    packed = [ops.pack_int8(w) for _ in range(copies_for(n * k))]
+    x = torch.randn(1, k)
+    y = torch.empty(1, n)
+    small = torch.randn(4096, 1024)  # a torch op between kernels, as in a decode step
+    xs = torch.randn(1, 4096)
+    out = []
+    cases = {
+        "kernel_1_thread": lambda i: ops.linear(x, packed[i % len(packed)], out=y, threads=1),
+        "kernel_2_threads": lambda i: ops.linear(x, packed[i % len(packed)], out=y, threads=2),
+        "torch_op_alone": lambda i: F.linear(xs, small.T),
+        "kernel_then_torch_op": lambda i: (
+            ops.linear(x, packed[i % len(packed)], out=y),
+            F.linear(xs, small.T),
+        ),
+    }
+    samples: dict[str, list[float]] = {c: [] for c in cases}
+    for _ in range(7):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            for i in range(30):
+                fn(i)
+            samples[name].append((time.perf_counter() - t0) / 30)
+    med = {c: statistics.median(s) for c, s in samples.items()}
+    for name, secs in med.items():
+        out.append({"case": name, "seconds": secs})
+    nb = packed[0].nbytes
+    out.append(
+        {
+            "case": "summary",
+            "kernel_gbps_1_thread": nb / med["kernel_1_thread"] / 1e9,
+            "kernel_gbps_2_threads": nb / med["kernel_2_threads"] / 1e9,
+            "interleave_overhead_seconds": med["kernel_then_torch_op"]
+            - med["kernel_2_threads"]
+            - med["torch_op_alone"],
+            "read_bandwidth_gbps": bandwidth,
+            "torch_threads": torch.get_num_threads(),
+        }
+    )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, required=True, help="where to write the results")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds per (shape, M)")
+    parser.add_argument("--shapes", default="all", help="'all' or e.g. 1024x2048,4096x12288")
+    args = parser.parse_args()
+
+    shapes = SHAPES
+    if args.shapes != "all":
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=5)
+    report = impls.kernels_report()
+    result = {
+        "machine": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "tier": report["cpu"]["tier"],
+            "kernel_threads": report["threads"],
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "variants": {p["repo"]: p["chosen"] for p in report["packages"]},
+        },
+        "read_bandwidth_gbps": bandwidth,
+        "int4_group": INT4_GROUP,
+        "rows": [],
+    }
+    print(f"machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
+          f"tier {result['machine']['tier']}, torch {torch.__version__}")
+    print(f"read bandwidth: {bandwidth:.1f} GB/s")
+    print(f"{'format':<11}{'M':>3}{'K':>6}{'N':>8}{'us':>10}{'GB/s':>8}{'of bw':>7}{'vs fp32':>9}")
+    for k, n in shapes:
+        for row in bench_shape(k, n, args.rounds, args.budget):
+            row["frac_of_bandwidth"] = row["gbps"] / bandwidth
+            result["rows"].append(row)
+            print(f"{row['format']:<11}{row['M']:>3}{row['K']:>6}{row['N']:>8}"
+                  f"{row['seconds'] * 1e6:>10.1f}{row['gbps']:>8.1f}"
+                  f"{row['frac_of_bandwidth']:>7.0%}{row['speedup_vs_torch_fp32']:>8.2f}x")
+    result["threading"] = bench_threading(bandwidth)
+    s = result["threading"][-1]
+    print(f"threading: int8 4096x12288 M=1 {s['kernel_gbps_1_thread']:.1f} GB/s on 1 thread, "
+          f"{s['kernel_gbps_2_threads']:.1f} on 2; next to a torch op: "
+          f"{s['interleave_overhead_seconds'] * 1e6:+.1f} us per pair")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,25 @@
+"""flashrt_structures: the Python door over the flashrt C++ core.
+
+The core (kernel path, packers, kernel ops) lives in the compiled extension ``_core``; this
+package points the core at the kernel packages bundled with the install and re-exports what a
+user calls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from . import _core
+
+_core.use_dlpack_exchange(torch.Tensor)  # fast, copy-free tensor views when torch offers them
+BUNDLED_KERNELS = Path(__file__).resolve().parent / "kernels"
+_core.set_bundled_root(str(BUNDLED_KERNELS))
+
+from . import _host_threads, impls, ops  # noqa: E402  (after the bundled root is set)
+from ._core import KernelUnavailable, Refused  # noqa: E402
+
+PARALLEL_BACKEND = _host_threads.install()
+
+__all__ = ["BUNDLED_KERNELS", "PARALLEL_BACKEND", "KernelUnavailable", "Refused", "impls", "ops"]

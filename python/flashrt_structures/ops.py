@@ -1,0 +1,74 @@
+"""Kernel ops on torch tensors: pack a weight once, then run decode-row linears and FFNs.
+
+The door allocates outputs with torch and hands the core zero-copy views; a form the kernels do
+not take (non-contiguous rows, a dtype, rows outside the decode band) raises ``Refused`` naming
+it rather than being copied into shape.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from . import _core
+
+PackedLinear = _core.PackedLinear
+Activation = Literal["silu", "gelu_tanh"]
+
+
+def pack_int8(weight: torch.Tensor) -> PackedLinear:
+    """Weight-only int8, one scale per output channel. weight: [n, k] f32/bf16 (any strides)."""
+    return _core.pack_int8(weight.detach())
+
+
+def pack_int4(weight: torch.Tensor, group: int = 32, symmetric: bool = True) -> PackedLinear:
+    """Weight-only int4 with one scale (and zero point if asymmetric) per group of k."""
+    return _core.pack_int4(weight.detach(), group, symmetric)
+
+
+def _out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        out = torch.empty((x.shape[0], n), dtype=x.dtype)
+    return out
+
+
+def linear(
+    x: torch.Tensor,
+    w: PackedLinear,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    threads: int = 0,
+) -> torch.Tensor:
+    """y = x @ dequant(w).T (+ bias) for x [m, k] with 1 <= m <= 16."""
+    y = _out(x, w.n, out)
+    b = None if bias is None else bias.detach()
+    _core.linear(x.detach(), w, b, y, threads)
+    return y
+
+
+def ffn(
+    x: torch.Tensor,
+    gate: PackedLinear,
+    up: PackedLinear,
+    down: PackedLinear,
+    act: Activation = "silu",
+    *,
+    out: torch.Tensor | None = None,
+    threads: int = 0,
+) -> torch.Tensor:
+    """y = down(act(gate(x)) * up(x)), fused, for x [m, hidden] with 1 <= m <= 16."""
+    y = _out(x, down.n, out)
+    _core.ffn(x.detach(), gate, up, down, act, y, threads)
+    return y
+
+
+def linear_refusal(x: torch.Tensor, w: PackedLinear, out: torch.Tensor) -> str:
+    """'' when linear() takes this call, else the reason."""
+    return _core.linear_refusal(x.detach(), w, out)
+
+
+def read_bandwidth_gbps(nbytes: int = 512 << 20, threads: int | None = None, repeats: int = 5) -> float:
+    """Best streaming read rate of this machine in GB/s over a buffer far larger than the caches."""
+    return _core.measure_read_bandwidth(nbytes, threads or _core.num_threads(), repeats)

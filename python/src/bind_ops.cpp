@@ -1,0 +1,99 @@
+#include <flashrt/errors.h>
+#include <flashrt/hub.h>
+#include <flashrt/kernel_ops.h>
+#include <flashrt/thread_pool.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+
+#include "convert.h"
+
+namespace nb = nanobind;
+
+namespace frt::py {
+namespace {
+
+const frt_kernel_table& table_for(const char* repo) { return process_hub().table(repo); }
+
+Activation activation(const std::string& name) {
+  if (name == "silu") return Activation::silu;
+  if (name == "gelu_tanh") return Activation::gelu_tanh;
+  throw InvalidArgument("activation '" + name + "' not in {silu, gelu_tanh}");
+}
+
+const float* bias_data(nb::handle bias, int64_t n) {
+  if (bias.is_none()) return nullptr;
+  const TensorView b = view_of(bias, "bias");
+  if (b.dtype != DType::f32 || b.rank != 1 || b.shape[0] != n || b.strides[0] != 1)
+    throw Refused("bias " + b.describe() + ": expected contiguous f32[" + std::to_string(n) + "]");
+  return static_cast<const float*>(b.data);
+}
+
+}  // namespace
+
+void bind_ops(nb::module_& m) {
+  m.def("num_threads", [] { return process_parallel().size(); });
+  m.def("parallel_backend", [] { return process_parallel().describe(); });
+  // The door passes the addresses of the host's libgomp entry points (found with ctypes).
+  m.def(
+      "use_host_openmp",
+      [](uintptr_t parallel, uintptr_t thread_num, uintptr_t max_threads,
+         const std::string& library) {
+        OpenMpRuntime rt;
+        rt.parallel = reinterpret_cast<decltype(rt.parallel)>(parallel);
+        rt.thread_num = reinterpret_cast<decltype(rt.thread_num)>(thread_num);
+        rt.max_threads = reinterpret_cast<decltype(rt.max_threads)>(max_threads);
+        rt.library = library;
+        use_host_openmp(rt);
+      },
+      nb::arg("parallel"), nb::arg("thread_num"), nb::arg("max_threads"), nb::arg("library"));
+  m.def("use_own_threads", &use_own_threads);
+
+  m.def(
+      "linear_refusal",
+      [](nb::handle x, const PackedLinear& w, nb::handle out) {
+        return linear_refusal(table_for("flashrt/linear"), w, view_of(x, "input"),
+                              view_of(out, "output"));
+      },
+      nb::arg("x"), nb::arg("w"), nb::arg("out"));
+  m.def(
+      "linear",
+      [](nb::handle x, const PackedLinear& w, nb::handle bias,
+         nb::handle out, int threads) {
+        const frt_kernel_table& t = table_for("flashrt/linear");
+        const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
+        const float* b = bias_data(bias, w.n());
+        nb::gil_scoped_release release;
+        run_linear(t, process_parallel(), w, b, xv, yv, threads);
+      },
+      nb::arg("x"), nb::arg("w"), nb::arg("bias").none(),
+      nb::arg("out"), nb::arg("threads") = 0);
+
+  m.def(
+      "ffn_refusal",
+      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up,
+         const PackedLinear& down, const std::string& act, nb::handle out) {
+        return ffn_refusal(table_for("flashrt/ffn"), gate, up, down, activation(act),
+                           view_of(x, "input"), view_of(out, "output"));
+      },
+      nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("act"),
+      nb::arg("out"));
+  m.def(
+      "ffn",
+      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up,
+         const PackedLinear& down, const std::string& act, nb::handle out, int threads) {
+        const frt_kernel_table& t = table_for("flashrt/ffn");
+        const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
+        const Activation a = activation(act);
+        nb::gil_scoped_release release;
+        run_ffn(t, process_parallel(), gate, up, down, a, xv, yv, threads);
+      },
+      nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("act"),
+      nb::arg("out"), nb::arg("threads") = 0);
+
+  m.def("measure_read_bandwidth", &measure_read_bandwidth, nb::arg("bytes"), nb::arg("threads"),
+        nb::arg("repeats"), nb::call_guard<nb::gil_scoped_release>());
+}
+
+}  // namespace frt::py
