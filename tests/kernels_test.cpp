@@ -92,7 +92,11 @@ struct Out {
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
   Out(DType dt, int64_t m_, int64_t n_)
-      : dtype(dt), m(m_), n(n_), ld(n_ + 3), f32(m_ * (n_ + 3), std::nanf("")),
+      : dtype(dt),
+        m(m_),
+        n(n_),
+        ld(n_ + 3),
+        f32(m_ * (n_ + 3), std::nanf("")),
         bf16(m_ * (n_ + 3), 0x7fc1) {}
   TensorView view() {
     void* data = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
@@ -128,7 +132,8 @@ std::vector<double> dequant64(const frt_packed_weight& w) {
         const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
         out[c * k + i] = static_cast<double>(q) * w.scales[p * FRT_PANEL + j];
       } else {
-        const uint8_t b = static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];
+        const uint8_t b =
+            static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];
         const int q = i % 2 == 0 ? (b & 15) : (b >> 4);
         const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
         out[c * k + i] = (q - static_cast<double>(w.zeros[at])) * w.scales[at];
@@ -144,10 +149,11 @@ struct Format {
   int group;
   bool symmetric;
 };
-const std::vector<Format> kFormats = {
-    {"int8", false, 0, true},       {"int4_g32_sym", true, 32, true},
-    {"int4_g64_asym", true, 64, false}, {"int4_g128_sym", true, 128, true},
-    {"int4_g128_asym", true, 128, false}};
+const std::vector<Format> kFormats = {{"int8", false, 0, true},
+                                      {"int4_g32_sym", true, 32, true},
+                                      {"int4_g64_asym", true, 64, false},
+                                      {"int4_g128_sym", true, 128, true},
+                                      {"int4_g128_asym", true, 128, false}};
 
 PackedLinear pack(const Format& f, std::vector<float>& w, int64_t n, int64_t k) {
   const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
@@ -164,10 +170,9 @@ void expect_close(double got, double want, double magnitude, DType out, const st
 struct LinearCase {
   int64_t m, k, n;
 };
-const std::vector<LinearCase> kLinearCases = {{1, 128, 1},   {1, 256, 17},  {2, 128, 33},
-                                              {3, 384, 100}, {4, 256, 48},  {5, 128, 31},
-                                              {7, 512, 64},  {8, 1024, 96}, {16, 128, 50},
-                                              {1, 2048, 160}};
+const std::vector<LinearCase> kLinearCases = {
+    {1, 128, 1},  {1, 256, 17}, {2, 128, 33},  {3, 384, 100}, {4, 256, 48},
+    {5, 128, 31}, {7, 512, 64}, {8, 1024, 96}, {16, 128, 50}, {1, 2048, 160}};
 
 class LinearKernel : public ::testing::TestWithParam<std::string> {};
 
@@ -235,7 +240,8 @@ TEST_P(LinearKernel, NonFiniteInputsPropagateWithoutCrashing) {
   ThreadPool pool(2);
   std::mt19937_64 rng(fresh_seed());
   std::vector<float> w = random_weight(40, 128, rng);
-  const PackedLinear packed = PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 40, 128, 128));
+  const PackedLinear packed =
+      PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 40, 128, 128));
   Rows x(DType::f32, 2, 128, 128, rng);
   x.f32[5] = std::nanf("");
   x.f32[128 + 7] = std::numeric_limits<float>::infinity();
@@ -253,18 +259,21 @@ TEST_P(LinearKernel, RefusesFormsOutsideItsContract) {
   ThreadPool pool(1);
   std::mt19937_64 rng(fresh_seed());
   std::vector<float> w = random_weight(32, 128, rng);
-  const PackedLinear packed = PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 32, 128, 128));
+  const PackedLinear packed =
+      PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 32, 128, 128));
   Rows prefill(DType::f32, 17, 128, 128, rng);
   Out y17(DType::f32, 17, 32);
-  EXPECT_NE(linear_refusal(*t, packed, prefill.view(), y17.view()).find("outside the decode band 1..16"),
-            std::string::npos);
+  EXPECT_NE(
+      linear_refusal(*t, packed, prefill.view(), y17.view()).find("outside the decode band 1..16"),
+      std::string::npos);
   EXPECT_THROW(run_linear(*t, pool, packed, nullptr, prefill.view(), y17.view()), Refused);
 
   Rows x(DType::f32, 2, 128, 128, rng);
   Out y(DType::f32, 2, 32);
   TensorView transposed = x.view();
   transposed.strides = {1, 128, 0, 0};  // a column-major view: would need a hidden copy
-  EXPECT_NE(linear_refusal(*t, packed, transposed, y.view()).find("not contiguous"), std::string::npos);
+  EXPECT_NE(linear_refusal(*t, packed, transposed, y.view()).find("not contiguous"),
+            std::string::npos);
   Rows narrow(DType::f32, 2, 64, 64, rng);
   EXPECT_NE(linear_refusal(*t, packed, narrow.view(), y.view()).find("width 64, expected 128"),
             std::string::npos);
@@ -326,7 +335,8 @@ TEST_P(FfnKernel, MatchesFloat64ReferenceEveryFormatActivationAndDtype) {
               // h itself carries fp32 rounding from two dot products: allow 1e-4 relative.
               const double got = y.at(r, col);
               ASSERT_TRUE(std::isfinite(got)) << f.name << " unwritten [" << r << "," << col << "]";
-              ASSERT_NEAR(got, want, 1e-4 * mag + (dt == DType::bf16 ? std::fabs(want) / 128 : 0) + 1e-6)
+              ASSERT_NEAR(got, want,
+                          1e-4 * mag + (dt == DType::bf16 ? std::fabs(want) / 128 : 0) + 1e-6)
                   << f.name << " m" << c.m << " [" << r << "," << col << "]";
             }
           }
@@ -346,18 +356,22 @@ TEST_P(FfnKernel, RefusesMismatchedShapesFormatsAndRows) {
   Rows x(DType::f32, 2, 64, 64, rng);
   Out y(DType::f32, 2, 64);
   EXPECT_EQ("", ffn_refusal(*t, gate, gate, down, Activation::silu, x.view(), y.view()));
-  EXPECT_NE(ffn_refusal(*t, gate, gate, bad_down, Activation::silu, x.view(), y.view()).find("do not chain"),
+  EXPECT_NE(ffn_refusal(*t, gate, gate, bad_down, Activation::silu, x.view(), y.view())
+                .find("do not chain"),
             std::string::npos);
-  EXPECT_NE(ffn_refusal(*t, int4_gate, gate, down, Activation::silu, x.view(), y.view()).find("one weight format"),
+  EXPECT_NE(ffn_refusal(*t, int4_gate, gate, down, Activation::silu, x.view(), y.view())
+                .find("one weight format"),
             std::string::npos);
   Rows many(DType::f32, 32, 64, 64, rng);
   Out y32(DType::f32, 32, 64);
-  EXPECT_NE(ffn_refusal(*t, gate, gate, down, Activation::silu, many.view(), y32.view()).find("decode band"),
+  EXPECT_NE(ffn_refusal(*t, gate, gate, down, Activation::silu, many.view(), y32.view())
+                .find("decode band"),
             std::string::npos);
   std::string why;
   const frt_kernel_table* linear = open_variant_library(library("linear", GetParam()), &why);
   ASSERT_NE(linear, nullptr) << why;
-  EXPECT_NE(ffn_refusal(*linear, gate, gate, down, Activation::silu, x.view(), y.view()).find("provides no ffn op"),
+  EXPECT_NE(ffn_refusal(*linear, gate, gate, down, Activation::silu, x.view(), y.view())
+                .find("provides no ffn op"),
             std::string::npos);
 }
 
@@ -406,8 +420,8 @@ TEST(Pack, ConstantAndZeroChannelsAreExact) {
   std::vector<float> w(32 * 64, 0.0f);
   for (int64_t i = 0; i < 64; ++i) w[64 + i] = 0.25f;  // channel 1 constant, others zero
   const TensorView v = TensorView::matrix(w.data(), DType::f32, 32, 64, 64);
-  for (const PackedLinear& p : {PackedLinear::int8(v), PackedLinear::int4(v, 32, true),
-                                PackedLinear::int4(v, 64, false)})
+  for (const PackedLinear& p :
+       {PackedLinear::int8(v), PackedLinear::int4(v, 32, true), PackedLinear::int4(v, 64, false)})
     EXPECT_LT(p.stats().max_abs_err, 1e-7) << p.form();
 }
 

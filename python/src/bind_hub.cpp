@@ -41,8 +41,9 @@ void bind_hub(nb::module_& m) {
 
   m.def("set_bundled_root", &set_bundled_root, nb::arg("root"));
   m.def("cpu", [] { return detect_cpu(); });
-  m.def("resolve", [](const std::string& repo) { return process_hub().resolve(repo); },
-        nb::arg("repo"), nb::call_guard<nb::gil_scoped_release>());
+  m.def(
+      "resolve", [](const std::string& repo) { return process_hub().resolve(repo); },
+      nb::arg("repo"), nb::call_guard<nb::gil_scoped_release>());
   m.def("unavailable_report", [] { return process_hub().unavailable_report(); });
   m.def("clear_unavailable_report", [] { process_hub().clear_unavailable_report(); });
   m.def("visible_packages", [] { return process_hub().visible_packages(); });

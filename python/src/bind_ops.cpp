@@ -6,7 +6,6 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
-
 #include "convert.h"
 
 namespace nb = nanobind;
@@ -59,21 +58,19 @@ void bind_ops(nb::module_& m) {
       nb::arg("x"), nb::arg("w"), nb::arg("out"));
   m.def(
       "linear",
-      [](nb::handle x, const PackedLinear& w, nb::handle bias,
-         nb::handle out, int threads) {
+      [](nb::handle x, const PackedLinear& w, nb::handle bias, nb::handle out, int threads) {
         const frt_kernel_table& t = table_for("flashrt/linear");
         const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
         const float* b = bias_data(bias, w.n());
         nb::gil_scoped_release release;
         run_linear(t, process_parallel(), w, b, xv, yv, threads);
       },
-      nb::arg("x"), nb::arg("w"), nb::arg("bias").none(),
-      nb::arg("out"), nb::arg("threads") = 0);
+      nb::arg("x"), nb::arg("w"), nb::arg("bias").none(), nb::arg("out"), nb::arg("threads") = 0);
 
   m.def(
       "ffn_refusal",
-      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up,
-         const PackedLinear& down, const std::string& act, nb::handle out) {
+      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up, const PackedLinear& down,
+         const std::string& act, nb::handle out) {
         return ffn_refusal(table_for("flashrt/ffn"), gate, up, down, activation(act),
                            view_of(x, "input"), view_of(out, "output"));
       },
@@ -81,16 +78,16 @@ void bind_ops(nb::module_& m) {
       nb::arg("out"));
   m.def(
       "ffn",
-      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up,
-         const PackedLinear& down, const std::string& act, nb::handle out, int threads) {
+      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up, const PackedLinear& down,
+         const std::string& act, nb::handle out, int threads) {
         const frt_kernel_table& t = table_for("flashrt/ffn");
         const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
         const Activation a = activation(act);
         nb::gil_scoped_release release;
         run_ffn(t, process_parallel(), gate, up, down, a, xv, yv, threads);
       },
-      nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("act"),
-      nb::arg("out"), nb::arg("threads") = 0);
+      nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("act"), nb::arg("out"),
+      nb::arg("threads") = 0);
 
   m.def("measure_read_bandwidth", &measure_read_bandwidth, nb::arg("bytes"), nb::arg("threads"),
         nb::arg("repeats"), nb::call_guard<nb::gil_scoped_release>());

@@ -25,7 +25,8 @@ void bind_quant(nb::module_& m) {
       .def_prop_ro("stats", &PackedLinear::stats)
       .def("dequantize", [](const PackedLinear& p) {
         auto* data = new std::vector<float>(p.dequantize());
-        nb::capsule owner(data, [](void* v) noexcept { delete static_cast<std::vector<float>*>(v); });
+        nb::capsule owner(data,
+                          [](void* v) noexcept { delete static_cast<std::vector<float>*>(v); });
         return nb::ndarray<nb::numpy, float, nb::ndim<2>>(
             data->data(), {static_cast<size_t>(p.n()), static_cast<size_t>(p.k())}, owner);
       });

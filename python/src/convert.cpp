@@ -18,11 +18,20 @@ PyTypeObject* g_tensor_type = nullptr;
                 std::to_string(device_type) + ", kernels run on the CPU");
 }
 
+std::string dtype_text(uint8_t code, uint8_t bits, uint16_t lanes) {
+  static const char* const kNames[] = {"int",    "uint",    "float", "opaque",
+                                       "bfloat", "complex", "bool"};
+  std::string name = code < 7 ? kNames[code] : "code" + std::to_string(code);
+  name += std::to_string(bits);
+  if (lanes != 1) name += "x" + std::to_string(lanes);
+  return name;
+}
+
 DType dtype_of(uint8_t code, uint8_t bits, uint16_t lanes, const char* what) {
   if (lanes == 1 && bits == 32 && code == dl::kFloat) return DType::f32;
   if (lanes == 1 && bits == 16 && code == dl::kBfloat) return DType::bf16;
-  throw Refused(std::string(what) + ": dtype (DLPack code " + std::to_string(code) + ", " +
-                std::to_string(bits) + " bits); supported: float32, bfloat16");
+  throw Refused(std::string(what) + ": dtype " + dtype_text(code, bits, lanes) +
+                "; supported: float32, bfloat16");
 }
 
 void check_rank(int64_t ndim, const char* what) {
@@ -31,7 +40,13 @@ void check_rank(int64_t ndim, const char* what) {
 
 TensorView from_exchange(nb::handle obj, const char* what) {
   dl::Tensor t{};
-  if (g_api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) throw nb::python_error();
+  if (g_api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) {
+    // torch cannot describe it (a meta tensor, say): refuse with the first line of its reason.
+    nb::python_error err;
+    std::string reason = err.what();
+    reason = reason.substr(0, reason.find('\n'));
+    throw Refused(std::string(what) + ": not viewable as a CPU tensor (" + reason + ")");
+  }
   if (t.device.device_type != dl::kCpu) refuse_device(what, t.device.device_type);
   TensorView v;
   v.dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes, what);
@@ -93,7 +108,8 @@ bool use_dlpack_exchange(nb::handle tensor_type) {
 
 void bind_convert(nb::module_& m) {
   m.def("use_dlpack_exchange", &use_dlpack_exchange, nb::arg("tensor_type"));
-  m.def("describe", [](nb::handle t) { return view_of(t, "tensor").describe(); }, nb::arg("t"));
+  m.def(
+      "describe", [](nb::handle t) { return view_of(t, "tensor").describe(); }, nb::arg("t"));
 }
 
 }  // namespace frt::py

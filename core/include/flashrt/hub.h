@@ -29,7 +29,7 @@ struct VariantDecision {
   std::string isa;      // "avx2"
   std::string library;  // absolute path
   bool chosen = false;
-  std::string reason;   // why it was refused or not tried; "" for the chosen one
+  std::string reason;  // why it was refused or not tried; "" for the chosen one
 };
 
 struct PackageResolution {

@@ -8,10 +8,9 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
-
-#include <string>
 
 namespace frt {
 

@@ -98,8 +98,7 @@ struct PackAccess {
 };
 
 WeightFormat PackedLinear::format() const {
-  return view_.format == FRT_W_INT8_CHANNEL ? WeightFormat::int8_channel
-                                            : WeightFormat::int4_group;
+  return view_.format == FRT_W_INT8_CHANNEL ? WeightFormat::int8_channel : WeightFormat::int4_group;
 }
 
 int64_t PackedLinear::nbytes() const {
@@ -200,8 +199,7 @@ std::vector<float> PackedLinear::dequantize() const {
     for (int64_t i = 0; i < k; ++i) {
       float v;
       if (view_.format == FRT_W_INT8_CHANNEL) {
-        v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
-            view_.scales[r];
+        v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] * view_.scales[r];
       } else {
         const int64_t groups = k / view_.group, g = i / view_.group;
         const uint8_t byte =

@@ -111,8 +111,8 @@ std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
                            const TensorView& x, const TensorView& y) {
   if (table.linear_run == nullptr || table.linear_supports == nullptr)
     return std::string("package '") + table.package + "' provides no linear op";
-  for (const std::string& r : {matrix_refusal("input", x, w.k()),
-                               matrix_refusal("output", y, w.n()), rows_refusal(x, y)})
+  for (const std::string& r :
+       {matrix_refusal("input", x, w.k()), matrix_refusal("output", y, w.n()), rows_refusal(x, y)})
     if (!r.empty()) return r;
   const frt_linear_args a = linear_args(w, nullptr, x, y);
   frt_error err{};
@@ -172,7 +172,8 @@ double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {
       // Four independent sums keep the loads, not the adds, the bottleneck.
       uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
       int64_t i = begin;
-      for (; i + 4 <= end; i += 4) s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
+      for (; i + 4 <= end; i += 4)
+        s0 += buf[i], s1 += buf[i + 1], s2 += buf[i + 2], s3 += buf[i + 3];
       for (; i < end; ++i) s0 += buf[i];
       sink.fetch_add(s0 + s1 + s2 + s3, std::memory_order_relaxed);
     });

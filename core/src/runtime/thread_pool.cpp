@@ -2,8 +2,8 @@
 #include <flashrt/thread_pool.h>
 
 #include <chrono>
-#include <memory>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 namespace frt {

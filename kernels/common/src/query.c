@@ -5,7 +5,7 @@
 
 extern const frt_kernel_table frt_kpkg_table; /* the package's table.cpp */
 
-FRT_KPKG_EXPORT int32_t frt_kpkg_query(frt_kpkg_info *out) {
+FRT_KPKG_EXPORT int32_t frt_kpkg_query(frt_kpkg_info* out) {
   if (out == NULL) return FRT_E_INVALID;
   out->abi_major = FRT_KERNEL_ABI_MAJOR;
   out->abi_minor = FRT_KERNEL_ABI_MINOR;
@@ -15,6 +15,6 @@ FRT_KPKG_EXPORT int32_t frt_kpkg_query(frt_kpkg_info *out) {
   return FRT_OK;
 }
 
-FRT_KPKG_EXPORT const frt_kernel_table *frt_kpkg_open(int32_t abi_major) {
+FRT_KPKG_EXPORT const frt_kernel_table* frt_kpkg_open(int32_t abi_major) {
   return abi_major == FRT_KERNEL_ABI_MAJOR ? &frt_kpkg_table : NULL;
 }

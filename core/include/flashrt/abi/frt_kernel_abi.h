@@ -54,9 +54,9 @@ typedef struct frt_packed_weight {
   int32_t format; /* frt_wformat */
   int32_t group;  /* int4 group size; 0 for int8 */
   int64_t n, k;
-  const void *qdata;
-  const float *scales;
-  const float *zeros; /* int4 only */
+  const void* qdata;
+  const float* scales;
+  const float* zeros; /* int4 only */
 } frt_packed_weight;
 
 /* y[m][n] = sum_k x[m][k] W[n][k] (+ bias[n]). Rows are strided (ldx, ldy in elements), the
@@ -64,13 +64,13 @@ typedef struct frt_packed_weight {
 typedef struct frt_linear_args {
   int32_t x_dtype, y_dtype; /* frt_dtype */
   int64_t m;
-  const void *x;
+  const void* x;
   int64_t ldx;
-  void *y;
+  void* y;
   int64_t ldy;
-  const float *bias; /* [n] or NULL */
-  const frt_packed_weight *w;
-  void *workspace; /* linear_workspace() bytes, 64-byte aligned, owned by the caller */
+  const float* bias; /* [n] or NULL */
+  const frt_packed_weight* w;
+  void* workspace; /* linear_workspace() bytes, 64-byte aligned, owned by the caller */
 } frt_linear_args;
 
 /* y = down(act(gate(x)) * up(x)), all three weights in one format. */
@@ -78,12 +78,12 @@ typedef struct frt_ffn_args {
   int32_t x_dtype, y_dtype;
   int32_t act; /* frt_act */
   int64_t m;
-  const void *x;
+  const void* x;
   int64_t ldx;
-  void *y;
+  void* y;
   int64_t ldy;
   const frt_packed_weight *gate, *up, *down;
-  void *workspace; /* ffn_workspace() bytes */
+  void* workspace; /* ffn_workspace() bytes */
 } frt_ffn_args;
 
 /* Reasons supports() can give; the message names the form and the shape. */
@@ -104,28 +104,28 @@ enum frt_reason {
  * and waits for all of them before phase p+1. Kernels keep no state between calls. */
 typedef struct frt_kernel_table {
   int32_t abi_major, abi_minor, struct_size;
-  const char *package; /* "flashrt/linear" */
-  const char *isa;     /* "generic", "avx2", "avx512vnni" */
+  const char* package; /* "flashrt/linear" */
+  const char* isa;     /* "generic", "avx2", "avx512vnni" */
 
   /* Members below may be NULL when the package does not provide the op. */
-  int32_t (*linear_supports)(const frt_linear_args *a, frt_error *err); /* returns frt_reason */
-  int64_t (*linear_workspace)(const frt_linear_args *a);
+  int32_t (*linear_supports)(const frt_linear_args* a, frt_error* err); /* returns frt_reason */
+  int64_t (*linear_workspace)(const frt_linear_args* a);
   int32_t linear_phases;
-  int32_t (*linear_run)(const frt_linear_args *a, int32_t phase, int32_t ith, int32_t nth,
-                        frt_error *err);
+  int32_t (*linear_run)(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
+                        frt_error* err);
 
-  int32_t (*ffn_supports)(const frt_ffn_args *a, frt_error *err);
-  int64_t (*ffn_workspace)(const frt_ffn_args *a);
+  int32_t (*ffn_supports)(const frt_ffn_args* a, frt_error* err);
+  int64_t (*ffn_workspace)(const frt_ffn_args* a);
   int32_t ffn_phases;
-  int32_t (*ffn_run)(const frt_ffn_args *a, int32_t phase, int32_t ith, int32_t nth,
-                     frt_error *err);
+  int32_t (*ffn_run)(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t nth,
+                     frt_error* err);
 } frt_kernel_table;
 
 typedef struct frt_kpkg_info {
   int32_t abi_major, abi_minor;
-  const char *arch;     /* "x86_64" */
-  const char *isa;      /* the variant's ISA tier */
-  const char *features; /* comma-separated CPU features the build was compiled for */
+  const char* arch;     /* "x86_64" */
+  const char* isa;      /* the variant's ISA tier */
+  const char* features; /* comma-separated CPU features the build was compiled for */
 } frt_kpkg_info;
 
 #if defined(_WIN32)
@@ -134,8 +134,8 @@ typedef struct frt_kpkg_info {
 #define FRT_KPKG_EXPORT __attribute__((visibility("default")))
 #endif
 
-typedef int32_t (*frt_kpkg_query_fn)(frt_kpkg_info *out);
-typedef const frt_kernel_table *(*frt_kpkg_open_fn)(int32_t abi_major);
+typedef int32_t (*frt_kpkg_query_fn)(frt_kpkg_info* out);
+typedef const frt_kernel_table* (*frt_kpkg_open_fn)(int32_t abi_major);
 
 #ifdef __cplusplus
 }

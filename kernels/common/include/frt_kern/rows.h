@@ -17,14 +17,14 @@ int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err);
 int64_t prepared_floats(const frt_packed_weight* w, int32_t x_dtype, int64_t m);
 
 struct PreparedRows {
-  const float* x;     // fp32 rows (the caller's own when they already are fp32)
+  const float* x;  // fp32 rows (the caller's own when they already are fp32)
   int64_t ldx;
   const float* xsum;  // int4 group sums, [m][k / group]; nullptr for int8
 };
 
 // The layout prepare_rows() fills; cheap, so every thread can compute it.
-PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype,
-                           int64_t ldx, int64_t m, float* space);
+PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
+                           int64_t m, float* space);
 // Thread ith of nth fills its rows of the prepared view.
 void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
                   int64_t m, float* space, int32_t ith, int32_t nth);

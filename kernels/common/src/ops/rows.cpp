@@ -39,8 +39,8 @@ int64_t prepared_floats(const frt_packed_weight* w, int32_t x_dtype, int64_t m) 
   return floats;
 }
 
-PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype,
-                           int64_t ldx, int64_t m, float* space) {
+PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
+                           int64_t m, float* space) {
   PreparedRows rows{static_cast<const float*>(x), ldx, nullptr};
   if (x_dtype != FRT_F32) {
     rows.x = space;

