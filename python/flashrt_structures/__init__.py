@@ -17,9 +17,19 @@ _core.use_dlpack_exchange(torch.Tensor)  # fast, copy-free tensor views when tor
 BUNDLED_KERNELS = Path(__file__).resolve().parent / "kernels"
 _core.set_bundled_root(str(BUNDLED_KERNELS))
 
-from . import _host_threads, impls, ops  # noqa: E402  (after the bundled root is set)
+from . import _host_threads, impls, ops, swap  # noqa: E402  (after the bundled root is set)
 from ._core import KernelUnavailable, Refused  # noqa: E402
+from .autoswap import AutoPlan, auto_swaps, explain, list_schemes  # noqa: E402
+from .catalog import list_structures, load  # noqa: E402
+from .frontdoor import FrontDoorResult, attach  # noqa: E402
+from .seats import GuardRefused  # noqa: E402
+from .structures import GateRefused, get  # noqa: E402
+from .swap import attached  # noqa: E402
 
 PARALLEL_BACKEND = _host_threads.install()
 
-__all__ = ["BUNDLED_KERNELS", "PARALLEL_BACKEND", "KernelUnavailable", "Refused", "impls", "ops"]
+__all__ = [
+    "BUNDLED_KERNELS", "PARALLEL_BACKEND", "AutoPlan", "FrontDoorResult", "GateRefused",
+    "GuardRefused", "KernelUnavailable", "Refused", "attach", "attached", "auto_swaps", "explain",
+    "get", "impls", "list_schemes", "list_structures", "load", "ops", "swap",
+]

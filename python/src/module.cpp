@@ -7,9 +7,13 @@ namespace nb = nanobind;
 
 namespace frt::py {
 void bind_convert(nb::module_& m);
+void bind_catalog(nb::module_& m);
 void bind_hub(nb::module_& m);
 void bind_quant(nb::module_& m);
 void bind_ops(nb::module_& m);
+void bind_planner(nb::module_& m);
+void bind_runtime(nb::module_& m);
+void bind_gates(nb::module_& m);
 }  // namespace frt::py
 
 NB_MODULE(_core, m) {
@@ -19,7 +23,11 @@ NB_MODULE(_core, m) {
   nb::exception<frt::Refused>(m, "Refused", PyExc_RuntimeError);
   nb::exception<frt::KernelUnavailable>(m, "KernelUnavailable", PyExc_ValueError);
   frt::py::bind_convert(m);
+  frt::py::bind_catalog(m);
   frt::py::bind_hub(m);
   frt::py::bind_quant(m);
   frt::py::bind_ops(m);
+  frt::py::bind_planner(m);
+  frt::py::bind_runtime(m);
+  frt::py::bind_gates(m);
 }

@@ -1,0 +1,111 @@
+// The runtime contract of a seat (DESIGN §6): a seat declares its form, checks every call
+// against it, runs its kernel or tells the door to run the host, and keeps the ledger.
+#pragma once
+
+#include <flashrt/kernel_ops.h>
+#include <flashrt/pack.h>
+#include <flashrt/tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace frt {
+
+// What the door must do after a call.
+enum class Verdict : int32_t {
+  ran = 0,       // the kernel wrote the output
+  band = 1,      // rows outside the band: run the host (counted, not a fallback)
+  fallback = 2,  // any other miss: run the host with the same arguments (counted)
+  restore = 3,   // a fallback that crossed the consecutive limit: run the host and put it back
+  raise = 4,     // on_guard_fail="raise": raise instead of running the host (not counted)
+};
+
+// Consecutive fallbacks after which a seat gives its region back to the host for good.
+inline constexpr int64_t kSelfDetachAfter = 32;
+
+struct SeatForm {
+  std::string site, structure, impl;
+  DType dtype = DType::f32;  // activation dtype the seat was bound for
+  int64_t width = 0;         // input features
+  int64_t out = 0;           // output features
+  int64_t band_min = 1, band_max = 16;
+  std::string weights;  // "int8 per-channel"
+  std::string describe() const;
+};
+
+struct Ledger {
+  int64_t calls = 0, fallbacks = 0, band_dispatches = 0, consecutive_fallbacks = 0;
+  std::string last_reason;
+  std::map<std::string, int64_t> reasons;  // fallback reason -> count
+  bool restored = false;
+};
+
+enum class GuardMode { fallback, raise };
+
+// A bound seat: the packed weights, its form and its ledger. Thread-safe: the ledger is locked,
+// and a call from a thread other than the owner is a counted fallback.
+class Seat {
+ public:
+  Seat(SeatForm form, const frt_kernel_table& table, GuardMode mode);
+  virtual ~Seat() = default;
+
+  // Checks a call of `rows` rows against the band, before the door allocates an output.
+  // Returns Verdict::ran when the call is in band (the door then calls run()).
+  Verdict admit_rows(int64_t rows);
+  // Runs the call: form checks, then the kernel. `training` is the module's mode at the call.
+  Verdict run(const TensorView& x, const TensorView& y, bool training);
+  // The door reports a miss it found itself (an input it cannot view without a copy).
+  Verdict miss(const std::string& reason);
+  // First time a reason is seen (the door warns once per reason).
+  bool first_time(const std::string& reason) const;
+
+  const SeatForm& form() const { return form_; }
+  Ledger ledger() const;
+  std::thread::id owner() const { return owner_; }
+  GuardMode mode() const;
+  void set_mode(GuardMode mode);  // swap.attach(on_guard_fail=...) sets it on a planned seat
+
+ protected:
+  virtual std::string refusal(const TensorView& x, const TensorView& y) const = 0;
+  virtual void execute(const TensorView& x, const TensorView& y) = 0;
+  const frt_kernel_table& table_;
+
+ private:
+  SeatForm form_;
+  GuardMode mode_;
+  std::thread::id owner_;
+  mutable std::mutex mu_;
+  Ledger ledger_;
+};
+
+class LinearSeat : public Seat {
+ public:
+  LinearSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, PackedLinear weight,
+             std::vector<float> bias);
+  const PackedLinear& weight() const { return weight_; }
+
+ private:
+  std::string refusal(const TensorView& x, const TensorView& y) const override;
+  void execute(const TensorView& x, const TensorView& y) override;
+  PackedLinear weight_;
+  std::vector<float> bias_;
+};
+
+class FfnSeat : public Seat {
+ public:
+  FfnSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, PackedLinear gate,
+          PackedLinear up, PackedLinear down, Activation act);
+
+ private:
+  std::string refusal(const TensorView& x, const TensorView& y) const override;
+  void execute(const TensorView& x, const TensorView& y) override;
+  PackedLinear gate_, up_, down_;
+  Activation act_;
+};
+
+}  // namespace frt

@@ -1,0 +1,142 @@
+#include <flashrt/errors.h>
+#include <flashrt/gates.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace frt {
+namespace {
+
+int64_t elements_of(const TensorView& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.rank; ++i) n *= t.shape[i];
+  return n;
+}
+
+void check_pair(const TensorView& got, const TensorView& want) {
+  if (got.rank != want.rank || got.shape != want.shape)
+    throw InvalidArgument("gate: shapes differ: " + got.describe() + " vs " + want.describe());
+  for (const TensorView* t : {&got, &want}) {
+    int64_t expect = 1;
+    for (int i = t->rank - 1; i >= 0; --i) {
+      if (t->shape[i] > 1 && t->strides[i] != expect)
+        throw InvalidArgument("gate: tensor " + t->describe() + " is not contiguous");
+      expect *= t->shape[i];
+    }
+  }
+}
+
+double at(const TensorView& t, int64_t i) {
+  if (t.dtype == DType::f32) return static_cast<const float*>(t.data)[i];
+  uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(t.data)[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+double cosine(const TensorView& a, const TensorView& b, int64_t begin, int64_t end) {
+  double dot = 0, na = 0, nb = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const double x = at(a, i), y = at(b, i);
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  if (na == 0 && nb == 0) return 1.0;  // both exactly zero: identical
+  return dot / (std::sqrt(na) * std::sqrt(nb));
+}
+
+double max_abs(const TensorView& a, const TensorView& b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(at(a, i) - at(b, i));
+    if (std::isnan(d)) return NAN;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+}  // namespace
+
+const char* band_name(ParityBand b) {
+  return b == ParityBand::pass ? "pass" : b == ParityBand::warn ? "warn" : "low";
+}
+
+ValueMetrics value_metrics(const TensorView& got, const TensorView& want) {
+  check_pair(got, want);
+  ValueMetrics m;
+  m.elements = elements_of(got);
+  m.cosine = cosine(got, want, 0, m.elements);
+  m.max_abs = max_abs(got, want, m.elements);
+  return m;
+}
+
+DistributionMetrics distribution_metrics(const TensorView& got, const TensorView& want) {
+  check_pair(got, want);
+  if (got.rank < 1 || got.shape[got.rank - 1] < 1)
+    throw InvalidArgument("gate: logits need a vocabulary dimension, got " + got.describe());
+  const int64_t vocab = got.shape[got.rank - 1], n = elements_of(got);
+  DistributionMetrics m;
+  m.positions = n / vocab;
+  int64_t agree = 0;
+  for (int64_t p = 0; p < m.positions; ++p) {
+    int64_t ag = 0, aw = 0;
+    for (int64_t v = 1; v < vocab; ++v) {
+      if (at(got, p * vocab + v) > at(got, p * vocab + ag)) ag = v;
+      if (at(want, p * vocab + v) > at(want, p * vocab + aw)) aw = v;
+    }
+    agree += ag == aw;
+  }
+  m.top1_agreement = m.positions ? static_cast<double>(agree) / m.positions : 0.0;
+  m.last_position_cosine = cosine(got, want, n - vocab, n);
+  m.max_abs = max_abs(got, want, n);
+  return m;
+}
+
+ParityBand value_band(double c) {
+  return c >= 0.999 ? ParityBand::pass : c >= 0.995 ? ParityBand::warn : ParityBand::low;
+}
+
+ParityBand distribution_band(double t) {
+  return t >= 0.95 ? ParityBand::pass : t >= 0.85 ? ParityBand::warn : ParityBand::low;
+}
+
+LatencyVerdict latency_verdict(const std::vector<double>& host, const std::vector<double>& arm,
+                               double min_speedup) {
+  if (host.size() != arm.size() || host.empty())
+    throw InvalidArgument("latency gate: need the same, non-zero number of rounds per arm");
+  LatencyVerdict v;
+  for (size_t i = 0; i < host.size(); ++i) v.ratios.push_back(host[i] / arm[i]);
+  std::vector<double> sorted = v.ratios;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  v.median_ratio = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  v.activates = v.median_ratio >= min_speedup;
+  return v;
+}
+
+std::string floors_shortfall(const std::map<std::string, double>& metrics,
+                             const std::map<std::string, double>& floors) {
+  for (const auto& [name, bound] : floors) {
+    auto it = metrics.find(name);
+    if (it == metrics.end()) {
+      std::string known;
+      for (const auto& [k, v] : metrics) known += (known.empty() ? "" : ", ") + k;
+      throw InvalidArgument("floor on '" + name + "', which this gate does not measure (" + known +
+                            ")");
+    }
+    const bool ceiling = name.find("abs") != std::string::npos;
+    const double value = it->second;
+    const bool ok = ceiling ? value <= bound : value >= bound;
+    if (!ok || std::isnan(value)) {
+      std::ostringstream s;
+      s << name << " " << value << (ceiling ? " > ceiling " : " < floor ") << bound;
+      return s.str();
+    }
+  }
+  return "";
+}
+
+}  // namespace frt

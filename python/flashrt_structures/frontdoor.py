@@ -1,0 +1,172 @@
+"""The gated front door: attach(model, forward) seats only what passes its gates (DESIGN §7).
+
+Steps: prove the measurement (the unmodified host twice, bit-identical), plan, then per unit (one
+structure family) attach, score parity by output kind against the host, time host and unit
+alternately, and keep the unit only if its ledger is clean and its median speedup reaches
+min_speedup; finally re-check the union. When nothing wins the host is left untouched."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from . import _core, swap
+from .autoswap import DEFAULT_STRUCTURES, auto_swaps
+from .observe import Forward, normalise_forwards
+
+log = logging.getLogger("flashrt")
+
+
+def output_tensor(out: Any) -> tuple[torch.Tensor, str]:
+    """The scored tensor of a forward's return and its kind: logits are a distribution,
+    anything else values."""
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, dict):
+        logits = out.get("logits")
+    if isinstance(logits, torch.Tensor):
+        return logits, "distribution"
+    if isinstance(out, torch.Tensor):
+        return out, "values"
+    for name in ("last_hidden_state", "sample"):
+        t = getattr(out, name, None)
+        if isinstance(t, torch.Tensor):
+            return t, "values"
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0], "values"
+    raise ValueError(f"flashrt: cannot find a tensor to score in a {type(out).__name__}")
+
+
+def parity(got: torch.Tensor, want: torch.Tensor, kind: str) -> dict[str, float]:
+    g, w = got.detach().float().contiguous(), want.detach().float().contiguous()
+    if kind == "distribution":
+        m = _core.distribution_metrics(g, w)
+        return {"top1_agreement": m.top1_agreement, "last_position_cosine": m.last_position_cosine,
+                "max_abs": m.max_abs, "band": _core.distribution_band(m.top1_agreement)}
+    m = _core.value_metrics(g, w)
+    return {"cosine": m.cosine, "max_abs": m.max_abs, "band": _core.value_band(m.cosine)}
+
+
+def _time(fn: Callable[[], Any], iters: int) -> float:
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(iters):
+            fn()
+    return (time.perf_counter() - t0) / iters
+
+
+@dataclass
+class FrontDoorResult:
+    """What attach() returns: the active handle (or none), per-unit figures, and the receipt."""
+
+    handle: swap.AttachHandle | None
+    units: dict[str, dict[str, Any]]
+    notes: dict[str, Any]
+    receipt: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.handle is not None and self.handle.active
+
+    def summary(self) -> dict[str, Any]:
+        if self.handle is None:
+            return {"seams": 0, "guarded_calls": 0, "fallbacks": 0, "band_dispatches": 0,
+                    "restored": 0, "refused": len(self.notes.get("refused", [])), "clean": True}
+        return self.handle.summary()
+
+    def report(self) -> str:
+        lines = []
+        for unit, u in self.units.items():
+            lines.append(f"{unit}: {u['decision']} ({u['seats']} seats, parity {u['parity']}, "
+                         f"speedup {u.get('speedup', 0):.3f}x)")
+        return "\n".join(lines)
+
+    def detach(self) -> None:
+        if self.handle is not None:
+            self.handle.detach()
+
+
+def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
+           structures: Iterable[str] = DEFAULT_STRUCTURES, scheme: str = "auto",
+           output: Forward | None = None, floors: dict[str, float] | None = None,
+           min_speedup: float = 1.02, rounds: int = 5, iters: int = 3,
+           on_guard_fail: str = "fallback") -> FrontDoorResult:
+    forwards = normalise_forwards(forward)
+    score = output or forwards[-1]
+    if model.training:
+        raise ValueError("flashrt: the host is in training mode (call model.eval() first)")
+    with torch.no_grad():
+        ref = score()
+        again = score()
+    want, kind = output_tensor(ref)
+    if not torch.equal(want, output_tensor(again)[0]):
+        raise ValueError("flashrt: the unmodified host is not bit-identical across two runs of "
+                         "the scored forward; a parity gate would measure noise")
+    plan = auto_swaps(model, forwards, structures=structures, scheme=scheme)
+    notes = dict(plan.notes)
+    refused = list(notes["refused"])
+    families: dict[str, dict[str, Any]] = {}
+    for path, seat in plan.swaps.items():
+        families.setdefault(seat.seat.form.structure, {})[path] = seat
+
+    units: dict[str, dict[str, Any]] = {}
+    winners: dict[str, Any] = {}
+    for unit, swaps in families.items():
+        handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={})
+        try:
+            with torch.no_grad():
+                got, _ = output_tensor(score())
+            metrics = parity(got, want, kind)
+            fallbacks = handle.summary()["fallbacks"]
+            host_t, arm_t = [], []
+            for _ in range(rounds):
+                handle.detach()
+                host_t.append(_time(score, iters))
+                handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={})
+                arm_t.append(_time(score, iters))
+        finally:
+            handle.detach()
+        verdict = _core.latency_verdict(host_t, arm_t, min_speedup)
+        shortfall = _core.floors_shortfall(
+            {k: v for k, v in metrics.items() if k != "band"}, dict(floors or {}))
+        decision = "activated"
+        if fallbacks:
+            decision = f"refused: {fallbacks} fallbacks in the ledger (fallback parity is the host's)"
+        elif shortfall:
+            decision = f"refused: {shortfall}"
+        elif not verdict.activates:
+            decision = (f"refused: median speedup {verdict.median_ratio:.3f}x < "
+                        f"{min_speedup}x")
+        units[unit] = {"seats": len(swaps), "parity": metrics, "speedup": verdict.median_ratio,
+                       "ratios": list(verdict.ratios), "decision": decision}
+        if decision == "activated":
+            winners.update(swaps)
+        else:
+            refused.extend((path, f"{unit} unit {decision}") for path in swaps)
+
+    handle = None
+    if winners:
+        handle = swap.attach(model, winners, on_guard_fail=on_guard_fail,
+                             notes={**notes, "refused": refused})
+        with torch.no_grad():
+            got, _ = output_tensor(score())
+        union = parity(got, want, kind)
+        shortfall = _core.floors_shortfall({k: v for k, v in union.items() if k != "band"},
+                                           dict(floors or {}))
+        units["union"] = {"seats": len(winners), "parity": union, "decision":
+                          "activated" if not shortfall else f"refused: {shortfall}"}
+        if shortfall:
+            handle.detach()
+            handle = None
+    if handle is None:
+        log.warning("[flashrt] 0 seats, %d refused (whole host refused: nothing passed its gates; "
+                    "the model is untouched)", len(refused))
+    notes["refused"] = refused
+    receipt = {"scheme": notes["scheme"], "output_kind": kind, "units": units,
+               "floors": dict(floors or {}), "min_speedup": min_speedup, "rounds": rounds,
+               "torch": torch.__version__}
+    return FrontDoorResult(handle, units, notes, receipt)

@@ -1,0 +1,61 @@
+"""get(name).bind(module, calibration): one seam the user chose, bound and self-checked."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from . import _core
+from .autoswap import auto_swaps
+from .catalog import list_structures, load
+from .seats import SeatModule
+
+
+class GateRefused(RuntimeError):
+    """A bound seam whose self-check fell below the requested gate."""
+
+
+class StructureHandle:
+    def __init__(self, name: str) -> None:
+        self.spec = load(name)
+        self.name = name
+
+    def bind(self, module: nn.Module, calibration: Sequence[torch.Tensor], *,
+             scheme: str = "w8a16_decode", gate_cos: float = 0.999) -> SeatModule:
+        """Binds `module` as this structure and checks it against the module itself on every
+        calibration sample; raises GateRefused when the worst cosine is below gate_cos and
+        ValueError when the module is not this structure (with the planner's reason)."""
+        if not calibration:
+            raise ValueError("bind: calibration needs at least one sample")
+        plan = auto_swaps(module, [lambda x=x: module(x) for x in calibration],
+                          structures=[self.name], scheme=scheme, min_seat_weights=0)
+        bound = plan.swaps.get("")
+        if bound is None:
+            reasons = [r for _, r in plan.notes["refused"]] + list(
+                plan.notes["scheme"]["keep_host"].values())
+            raise ValueError(f"bind: {type(module).__name__} is not bound as {self.name}: "
+                             + ("; ".join(reasons) or "the structure does not describe it"))
+        worst = 1.0
+        with torch.no_grad():
+            for x in calibration:
+                m = _core.value_metrics(bound(x).float().contiguous(),
+                                        module(x).float().contiguous())
+                worst = min(worst, m.cosine)
+        if gate_cos > 0 and not worst >= gate_cos:
+            raise GateRefused(f"bind: {self.name} worst cosine {worst:.6f} < gate {gate_cos}")
+        bound.certification = {"structure": self.name, "version": self.spec.version,
+                               "digest": self.spec.digest, "form": bound.seat.form.describe(),
+                               "worst_cos": worst, "samples": len(calibration)}
+        return bound
+
+
+def get(name: str) -> StructureHandle:
+    if name not in list_structures():
+        raise KeyError(f"unknown structure {name!r}; the catalog has {list_structures()}")
+    return StructureHandle(name)
+
+
+def certification(module: Any) -> dict[str, Any] | None:
+    return getattr(module, "certification", None)

@@ -1,0 +1,139 @@
+"""swap.attach: put seat modules into the host's tree, transactionally, and take them out again
+bit-exactly. The handle carries the ledger (DESIGN §6)."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from .seats import SeatModule, refusing
+
+log = logging.getLogger("flashrt")
+
+# Hosts a door has fired on and whose handle is still active (see attached()).
+_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, AttachHandle]" = weakref.WeakKeyDictionary()
+
+
+def attached(model: nn.Module) -> bool:
+    """True while a flashrt door's handle is active on `model`: the way to tell "never ran"."""
+    handle = _ACTIVE.get(model)
+    return handle is not None and handle.active
+
+
+def _resolve(root: nn.Module, path: str) -> tuple[nn.Module, str, nn.Module]:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    if name not in parent._modules:
+        raise ValueError(f"swap: {path!r} is not a submodule of the host")
+    return parent, name, parent._modules[name]
+
+
+@dataclass
+class _Record:
+    site: str
+    parent: nn.Module
+    name: str
+    original: nn.Module
+    seat: SeatModule
+    restored: bool = False
+
+
+@dataclass
+class AttachHandle:
+    """What an attach returns: the ledger, summary(), report(), notes, detach()."""
+
+    root: nn.Module
+    records: list[_Record]
+    notes: dict[str, Any] = field(default_factory=dict)
+    active: bool = True
+    _patched: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        ledgers = [r.seat.seat.ledger for r in self.records]
+        fallbacks = sum(l.fallbacks for l in ledgers)
+        return {
+            "seams": sum(1 for r in self.records if not r.restored) if self.active else 0,
+            "guarded_calls": sum(l.calls for l in ledgers),
+            "fallbacks": fallbacks,
+            "band_dispatches": sum(l.band_dispatches for l in ledgers),
+            "restored": sum(1 for r in self.records if r.restored),
+            "refused": len(self.notes.get("refused", [])),
+            "clean": fallbacks == 0,
+        }
+
+    def report(self) -> list[dict[str, Any]]:
+        out = []
+        for r in self.records:
+            l, form = r.seat.seat.ledger, r.seat.seat.form
+            out.append({"site": r.site, "structure": form.structure, "impl": form.impl,
+                        "form": form.describe(), "calls": l.calls, "fallbacks": l.fallbacks,
+                        "band_dispatches": l.band_dispatches, "last_reason": l.last_reason,
+                        "reasons": dict(l.reasons), "restored": r.restored})
+        return out
+
+    def raise_on_fallback(self) -> None:
+        bad = [f"{r['site']}: {r['fallbacks']} fallbacks, last: {r['last_reason']}"
+               for r in self.report() if r["fallbacks"]]
+        if bad:
+            raise RuntimeError("flashrt: seats fell back to the host:\n  " + "\n  ".join(bad))
+
+    def _restore_one(self, seat: SeatModule) -> None:
+        for r in self.records:
+            if r.seat is seat and not r.restored and r.parent._modules.get(r.name) is seat:
+                r.parent._modules[r.name] = r.original
+                r.restored = True
+
+    def detach(self) -> None:
+        """Puts the same original objects back, in reverse order; idempotent."""
+        if not self.active:
+            return
+        for r in reversed(self.records):
+            if r.parent._modules.get(r.name) is r.seat:
+                r.parent._modules[r.name] = r.original
+        for attr in ("_apply", "load_state_dict"):
+            if attr in self._patched:
+                if self._patched[attr] is None:
+                    self.root.__dict__.pop(attr, None)
+                else:
+                    self.root.__dict__[attr] = self._patched[attr]
+        self._patched.clear()
+        self.active = False
+        if _ACTIVE.get(self.root) is self:
+            del _ACTIVE[self.root]
+
+
+def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str = "fallback",
+           allow_training: bool = False, notes: dict[str, Any] | None = None) -> AttachHandle:
+    """Seats `swaps` ({module path: seat module}) in `root`, all or nothing."""
+    if on_guard_fail not in ("fallback", "raise"):
+        raise ValueError(f"on_guard_fail {on_guard_fail!r} not in {{'fallback', 'raise'}}")
+    if root.training and not allow_training:
+        raise ValueError("flashrt: the host is in training mode; seats serve inference "
+                         "(call model.eval() first)")
+    if _ACTIVE.get(root) is not None and _ACTIVE[root].active:
+        raise ValueError("flashrt: a handle is already attached to this host; detach it first")
+    resolved = [(path, *_resolve(root, path)) for path in swaps]  # every path before any change
+    records: list[_Record] = []
+    handle = AttachHandle(root, records, dict(notes or {}))
+    try:
+        for path, parent, name, original in resolved:
+            seat = swaps[path]
+            seat.seat.mode = on_guard_fail
+            seat._on_restore = handle._restore_one
+            parent._modules[name] = seat
+            records.append(_Record(path, parent, name, original, seat))
+        for attr, what in (("_apply", "device or dtype migration"),
+                           ("load_state_dict", "load_state_dict")):
+            handle._patched[attr] = root.__dict__.get(attr)
+            root.__dict__[attr] = refusing(what)
+    except Exception:
+        handle.detach()
+        raise
+    _ACTIVE[root] = handle
+    refused = handle.notes.setdefault("refused", [])
+    log.warning("[flashrt] %d seats, %d refused", len(records), len(refused))
+    return handle

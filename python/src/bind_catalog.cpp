@@ -1,0 +1,84 @@
+// The catalog seen from Python: read-only views of the parsed specs. Validation lives in the
+// core; a bad file surfaces as ValueError (InvalidArgument) with the file and field.
+#include <flashrt/catalog.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <tuple>
+
+namespace nb = nanobind;
+
+namespace frt::py {
+
+void bind_catalog(nb::module_& m) {
+  nb::class_<DimSpec>(m, "DimSpec")
+      .def_ro("name", &DimSpec::name)
+      .def_ro("min", &DimSpec::min)
+      .def_ro("max", &DimSpec::max, "-1: unbounded")
+      .def_ro("multiple_of", &DimSpec::multiple_of)
+      .def_ro("decode_band", &DimSpec::decode_band)
+      .def("__repr__", [](const DimSpec& d) {
+        return "DimSpec(" + d.name + ", min=" + std::to_string(d.min) +
+               ", max=" + std::to_string(d.max) + ", multiple_of=" + std::to_string(d.multiple_of) +
+               (d.decode_band ? ", decode_band" : "") + ")";
+      });
+
+  nb::class_<TensorSpec>(m, "TensorSpec")
+      .def_ro("name", &TensorSpec::name)
+      .def_ro("shape", &TensorSpec::shape)
+      .def_ro("dtypes", &TensorSpec::dtypes)
+      .def_ro("required", &TensorSpec::required)
+      .def_ro("dtype_of", &TensorSpec::dtype_of);
+
+  nb::class_<GateSpec>(m, "GateSpec")
+      .def_ro("kind", &GateSpec::kind)
+      .def_ro("pass_", &GateSpec::pass)  // `pass` is a Python keyword
+      .def_ro("warn", &GateSpec::warn)
+      .def_ro("min_speedup", &GateSpec::min_speedup);
+
+  nb::class_<StructureSpec>(m, "StructureSpec")
+      .def_ro("name", &StructureSpec::name)
+      .def_ro("version", &StructureSpec::version)
+      .def_ro("kind", &StructureSpec::kind)
+      .def_ro("description", &StructureSpec::description)
+      .def_ro("digest", &StructureSpec::digest)
+      .def_ro("reference", &StructureSpec::reference)
+      .def_ro("tied_allowed", &StructureSpec::tied_allowed)
+      .def_ro("dims", &StructureSpec::dims)
+      .def_ro("inputs", &StructureSpec::inputs)
+      .def_ro("outputs", &StructureSpec::outputs)
+      .def_prop_ro(
+          "slots",
+          [](const StructureSpec& s) {
+            std::vector<std::tuple<std::string, std::vector<std::string>, bool>> out;
+            for (const TensorSpec& t : s.slots) out.emplace_back(t.name, t.shape, t.required);
+            return out;
+          },
+          "(name, shape, required) per weight slot, in spec order")
+      .def_ro("attributes", &StructureSpec::attributes)
+      .def_ro("points", &StructureSpec::points)
+      .def_ro("gate", &StructureSpec::gate)
+      .def_ro("boundary_excludes", &StructureSpec::boundary_excludes)
+      .def(
+          "dim", [](const StructureSpec& s, const std::string& name) { return s.dim(name); },
+          nb::arg("name"), nb::rv_policy::reference_internal)
+      .def(
+          "slot", [](const StructureSpec& s, const std::string& name) { return s.slot(name); },
+          nb::arg("name"), nb::rv_policy::reference_internal)
+      .def("__repr__", [](const StructureSpec& s) {
+        return "StructureSpec(" + s.name + " v" + std::to_string(s.version) + ", " + s.digest + ")";
+      });
+
+  nb::class_<Catalog>(m, "Catalog")
+      .def("names", &Catalog::names)
+      .def("get", &Catalog::get, nb::arg("name"), nb::rv_policy::reference_internal)
+      .def_prop_ro("dir", &Catalog::dir);
+
+  m.def("load_catalog", &Catalog::load, nb::arg("dir"));
+}
+
+}  // namespace frt::py

@@ -1,0 +1,103 @@
+#include <flashrt/host_graph.h>
+#include <flashrt/hub.h>
+#include <flashrt/plan.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+namespace nb = nanobind;
+
+namespace frt::py {
+
+void bind_planner(nb::module_& m) {
+  nb::class_<HostModule>(m, "HostModule")
+      .def(nb::init<>())
+      .def_rw("path", &HostModule::path)
+      .def_rw("kind", &HostModule::kind)
+      .def_rw("type_name", &HostModule::type_name)
+      .def_rw("in_features", &HostModule::in_features)
+      .def_rw("out_features", &HostModule::out_features)
+      .def_rw("has_bias", &HostModule::has_bias)
+      .def_rw("weight_dtype", &HostModule::weight_dtype)
+      .def_rw("weight_device", &HostModule::weight_device)
+      .def_rw("weight_id", &HostModule::weight_id)
+      .def_rw("activation", &HostModule::activation)
+      .def_rw("children", &HostModule::children);
+
+  nb::class_<HostCall>(m, "HostCall")
+      .def(nb::init<>())
+      .def_rw("path", &HostCall::path)
+      .def_rw("rows", &HostCall::rows)
+      .def_rw("width", &HostCall::width)
+      .def_rw("dtype", &HostCall::dtype)
+      .def_rw("input_id", &HostCall::input_id)
+      .def_rw("output_id", &HostCall::output_id);
+
+  nb::class_<HostGraph>(m, "HostGraph")
+      .def(nb::init<>())
+      .def_rw("modules", &HostGraph::modules)
+      .def_rw("calls", &HostGraph::calls)
+      .def_rw("output_head", &HostGraph::output_head)
+      .def_rw("input_embedding", &HostGraph::input_embedding);
+
+  nb::class_<Seam>(m, "Seam")
+      .def_ro("site", &Seam::site)
+      .def_ro("structure", &Seam::structure)
+      .def_ro("slots", &Seam::slots)
+      .def_ro("activation", &Seam::activation)
+      .def_ro("in_features", &Seam::in_features)
+      .def_ro("out_features", &Seam::out_features)
+      .def_ro("intermediate", &Seam::intermediate)
+      .def_ro("weight_dtype", &Seam::weight_dtype)
+      .def_ro("act_dtype", &Seam::act_dtype)
+      .def_ro("rows_seen", &Seam::rows_seen)
+      .def_ro("tied", &Seam::tied);
+
+  nb::class_<WeightForm>(m, "WeightForm")
+      .def_ro("format", &WeightForm::format)
+      .def_ro("group", &WeightForm::group)
+      .def_ro("symmetric", &WeightForm::symmetric)
+      .def("describe", &WeightForm::describe);
+
+  nb::class_<SeatPlan>(m, "SeatPlan")
+      .def_ro("seam", &SeatPlan::seam)
+      .def_ro("impl", &SeatPlan::impl)
+      .def_ro("package", &SeatPlan::package)
+      .def_ro("form", &SeatPlan::form)
+      .def_ro("band_min", &SeatPlan::band_min)
+      .def_ro("band_max", &SeatPlan::band_max)
+      .def_ro("ladder", &SeatPlan::ladder);
+
+  nb::class_<Scheme>(m, "Scheme").def_ro("name", &Scheme::name).def_ro("formats", &Scheme::formats);
+
+  nb::class_<Discovery>(m, "Discovery")
+      .def_ro("seams", &Discovery::seams)
+      .def_ro("refused", &Discovery::refused)
+      .def_ro("assumed", &Discovery::assumed);
+
+  nb::class_<PlanOptions>(m, "PlanOptions")
+      .def(nb::init<>())
+      .def_rw("structures", &PlanOptions::structures)
+      .def_rw("scheme", &PlanOptions::scheme)
+      .def_rw("min_seat_weights", &PlanOptions::min_seat_weights);
+
+  nb::class_<Plan>(m, "Plan")
+      .def_ro("scheme", &Plan::scheme)
+      .def_ro("seats", &Plan::seats)
+      .def_ro("keep_host", &Plan::keep_host)
+      .def_ro("refused", &Plan::refused)
+      .def_ro("assumed", &Plan::assumed)
+      .def_ro("kernel_unavailable", &Plan::kernel_unavailable)
+      .def_ro("seams_found", &Plan::seams_found);
+
+  m.def("discover", &discover, nb::arg("graph"), nb::arg("structures"));
+  m.def(
+      "plan", [](const HostGraph& g, const PlanOptions& o) { return plan(g, o, process_hub()); },
+      nb::arg("graph"), nb::arg("options"), nb::call_guard<nb::gil_scoped_release>());
+  m.def("explain", &explain, nb::arg("plan"));
+  m.def("scheme_names", &scheme_names);
+}
+
+}  // namespace frt::py

