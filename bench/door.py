@@ -1,0 +1,166 @@
+"""The transformers door on a Qwen3-0.6B-shaped host: prefill and steady decode, host vs attached.
+
+Qwen3-0.6B's real config sizes (hidden 1024, intermediate 3072, 28 layers, 16 query / 8 KV
+heads of 128, vocabulary 151936, tied embeddings) with random weights, fp32, batch 1. Prefill is
+one forward over a 128-token prompt; steady decode is 64 greedy steps over the KV cache, timed
+per step (median). Arms (host, w8a16_decode, w4a16_decode) alternate round by round in one
+process; the same weights serve every arm (an arm's seats are attached for its turn only).
+The bytes-per-token floor for decode is the weight bytes one step must read over the measured
+read bandwidth.
+
+    .venv/bin/python bench/door.py --json bench/results/door.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+import flashrt_structures as S
+from flashrt_structures import ops
+
+PROMPT, NEW = 128, 64
+
+
+def qwen3_06b(layers: int) -> Qwen3ForCausalLM:
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                      num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=8,
+                      head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True,
+                      rope_theta=1000000.0, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = Qwen3ForCausalLM(cfg)
+    return model.eval()
+
+
+def run_arm(model, prompt: torch.Tensor, new: int) -> dict:  # new >= 1
+    """Prefill, then `new` greedy decode steps; seconds for the prefill and per decode step."""
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model(prompt, use_cache=True)
+        prefill = time.perf_counter() - t0
+        past = out.past_key_values
+        token = out.logits[:, -1:].argmax(-1)
+        tokens, steps = [token.item()], []
+        for _ in range(new - 1):
+            t0 = time.perf_counter()
+            out = model(token, past_key_values=past, use_cache=True)
+            steps.append(time.perf_counter() - t0)
+            past = out.past_key_values
+            token = out.logits[:, -1:].argmax(-1)
+            tokens.append(token.item())
+    return {"prefill_s": prefill, "decode_step_s": statistics.median(steps) if steps else 0.0,
+            "tokens": tokens}
+
+
+def weight_bytes(model, plan_swaps: dict | None) -> int:
+    """Bytes one decode step reads from weights: seated ones packed, the rest at host dtype.
+    The input embedding reads one row per token and is not counted."""
+    seated = set(plan_swaps or {})
+    total = 0
+    for name, mod in model.named_modules():
+        if name in seated:
+            total += plan_swaps[name].seat.nbytes if hasattr(plan_swaps[name].seat, "nbytes") else 0
+            continue
+        if any(name.startswith(s + ".") for s in seated):
+            continue
+        if isinstance(mod, torch.nn.Linear):
+            total += mod.weight.numel() * mod.weight.element_size()
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--rounds", type=int, default=3, help="decode rounds (64 steps each)")
+    parser.add_argument("--prefill-rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=5)
+    model = qwen3_06b(args.layers)
+    prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    step = torch.randint(0, 151936, (1, 1), generator=torch.Generator().manual_seed(2))
+    fwd = lambda: model(step)  # noqa: E731  (one decode-shaped call to observe)
+    arms: dict[str, dict] = {"host": {"swaps": None}}
+    for scheme in ("w8a16_decode", "w4a16_decode"):
+        t0 = time.perf_counter()
+        plan = S.auto_swaps(model, fwd, scheme=scheme)
+        arms[scheme] = {"plan": plan, "swaps": plan.swaps, "bind_s": time.perf_counter() - t0}
+    warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+    for name, arm in arms.items():  # warm-up: first-call allocations, caches, thread start
+        handle = arm["plan"].attach(model) if arm["swaps"] else None
+        run_arm(model, prompt[:, :16], 4)
+        if handle is not None:
+            handle.detach()
+    samples: dict[str, list[dict]] = {name: [] for name in arms}
+    prefills: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(args.prefill_rounds):  # prefill alone: one 128-row forward per arm per round
+        for name, arm in arms.items():
+            handle = arm["plan"].attach(model) if arm["swaps"] else None
+            try:
+                prefills[name].append(run_arm(model, prompt, 1)["prefill_s"])
+            finally:
+                if handle is not None:
+                    handle.detach()
+    for _ in range(args.rounds):
+        for name, arm in arms.items():
+            handle = arm["plan"].attach(model) if arm["swaps"] else None
+            try:
+                samples[name].append(run_arm(model, prompt, NEW))
+                if handle is not None:
+                    arm["summary"] = handle.summary()
+            finally:
+                if handle is not None:
+                    handle.detach()
+
+    host_prefill = statistics.median(prefills["host"])
+    host_step = statistics.median(s["decode_step_s"] for s in samples["host"])
+    host_tokens = samples["host"][0]["tokens"]
+    rows = []
+    print(f"machine: {os.cpu_count()} cores, read bandwidth {bandwidth:.1f} GB/s, "
+          f"kernels on {S.PARALLEL_BACKEND}")
+    print(f"Qwen3-0.6B-shaped, {args.layers} layers, fp32 host, prompt {PROMPT}, decode {NEW}")
+    print(f"{'arm':<14}{'seats':>6}{'refused':>8}{'prefill s':>11}{'vs host':>9}"
+          f"{'decode tok/s':>14}{'vs host':>9}{'floor tok/s':>13}{'of floor':>10}{'same tokens':>13}")
+    for name, arm in arms.items():
+        pre = statistics.median(prefills[name])
+        stp = statistics.median(s["decode_step_s"] for s in samples[name])
+        nbytes = weight_bytes(model, arm["swaps"])
+        floor_tps = bandwidth * 1e9 / nbytes
+        same = sum(a == b for a, b in zip(samples[name][0]["tokens"], host_tokens)) / NEW
+        notes = arm["plan"].notes if name != "host" else {"refused": []}
+        summary = arm.get("summary", {})
+        row = {"arm": name, "seats": summary.get("seams", 0), "refused": len(notes["refused"]),
+               "keep_host": len(notes.get("scheme", {}).get("keep_host", {})),
+               "prefill_seconds": pre, "prefill_vs_host": host_prefill / pre,
+               "decode_step_seconds": stp, "decode_tok_s": 1 / stp,
+               "decode_speedup_vs_host": host_step / stp, "weight_bytes_per_token": nbytes,
+               "floor_tok_s": floor_tps, "frac_of_floor": (1 / stp) / floor_tps,
+               "greedy_tokens_same_as_host": same, "ledger": summary,
+               "bind_seconds": arm.get("bind_s", 0.0)}
+        rows.append(row)
+        print(f"{name:<14}{row['seats']:>6}{row['refused']:>8}{pre:>11.3f}"
+              f"{row['prefill_vs_host']:>8.3f}x{1 / stp:>14.2f}{row['decode_speedup_vs_host']:>8.2f}x"
+              f"{floor_tps:>13.1f}{row['frac_of_floor']:>10.0%}{same:>13.0%}")
+    result = {"machine": {"cores": os.cpu_count(), "torch": torch.__version__,
+                          "parallel": S.PARALLEL_BACKEND},
+              "read_bandwidth_gbps": bandwidth, "layers": args.layers, "prompt": PROMPT,
+              "new_tokens": NEW, "rounds": args.rounds, "prefill_rounds": args.prefill_rounds,
+              "rows": rows}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

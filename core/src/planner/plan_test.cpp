@@ -1,0 +1,275 @@
+// The planner on hand-built HostGraphs: discovery by shapes and dataflow (never names), the
+// refusals a recognised-but-out-of-boundary pattern gets, schemes, keep-at-host and ladders.
+// The door tests run the same planner on real transformers hosts.
+#include <flashrt/errors.h>
+#include <flashrt/plan.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace frt {
+namespace {
+
+struct GraphBuilder {
+  HostGraph g;
+  int64_t next_id = 1;
+
+  HostModule& module(const std::string& path, const std::string& kind) {
+    HostModule m;
+    m.path = path;
+    m.kind = kind;
+    m.type_name = "Opaque";  // discovery must not care
+    g.modules.push_back(m);
+    if (auto dot = path.rfind('.'); dot != std::string::npos) {
+      for (HostModule& parent : g.modules)
+        if (parent.path == path.substr(0, dot)) parent.children.push_back(path);
+    } else if (!path.empty()) {
+      g.modules.front().children.push_back(path);
+    }
+    return g.modules.back();
+  }
+  HostModule& linear(const std::string& path, int64_t in, int64_t out, bool bias = false) {
+    HostModule& m = module(path, "linear");
+    m.in_features = in;
+    m.out_features = out;
+    m.has_bias = bias;
+    m.weight_dtype = "f32";
+    m.weight_id = next_id++;
+    return m;
+  }
+  // A call that reads and writes fresh tensors.
+  void call_fresh(const std::string& path) {
+    const int64_t in = next_id++;
+    call(path, in, next_id++);
+  }
+  void call(const std::string& path, int64_t in_id, int64_t out_id, int64_t rows = 1) {
+    HostCall c;
+    c.path = path;
+    c.rows = rows;
+    c.dtype = "f32";
+    c.input_id = in_id;
+    c.output_id = out_id;
+    g.calls.push_back(c);
+  }
+  // A gated MLP under `p`: gate/up read tensor x, act reads gate's output, down reads h.
+  void gated_mlp(const std::string& p, int64_t hidden, int64_t inter, const std::string& act,
+                 bool bias = false, int64_t rows = 1) {
+    module(p, "module");
+    linear(p + ".gate_proj", hidden, inter, bias);
+    linear(p + ".up_proj", hidden, inter, bias);
+    linear(p + ".down_proj", inter, hidden, bias);
+    module(p + ".act_fn", "activation").activation = act;
+    const int64_t x = next_id++, g = next_id++, a = next_id++, u = next_id++, h = next_id++,
+                  y = next_id++;
+    call(p + ".gate_proj", x, g, rows);
+    call(p + ".act_fn", g, a, rows);
+    call(p + ".up_proj", x, u, rows);
+    call(p + ".down_proj", h, y, rows);
+  }
+  // Attention projections under `p`: q/k/v read x, o reads the attention output.
+  void attention(const std::string& p, int64_t hidden, int64_t rows = 1) {
+    module(p, "module");
+    const int64_t x = next_id++, o_in = next_id++;
+    for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
+      linear(p + "." + n, hidden, hidden);
+      const int64_t out = next_id++;
+      call(p + "." + n, x, out, rows);
+    }
+    linear(p + ".o_proj", hidden, hidden);
+    const int64_t o_out = next_id++;
+    call(p + ".o_proj", o_in, o_out, rows);
+  }
+};
+
+GraphBuilder decoder(int layers, const std::string& act = "silu") {
+  GraphBuilder b;
+  b.module("", "module");
+  b.module("embed", "embedding").weight_id = 999;
+  for (int i = 0; i < layers; ++i) {
+    b.attention("layers." + std::to_string(i) + ".attn", 512);
+    b.gated_mlp("layers." + std::to_string(i) + ".mlp", 512, 1536, act);
+  }
+  b.linear("head", 512, 4096).weight_id = 999;  // tied to the embedding
+  b.call_fresh("head");
+  b.g.output_head = "head";
+  b.g.input_embedding = "embed";
+  return b;
+}
+
+std::map<std::string, int> count(const Discovery& d) {
+  std::map<std::string, int> c;
+  for (const Seam& s : d.seams) ++c[s.structure];
+  return c;
+}
+
+TEST(Discover, FindsEveryProjectionFfnAndTheTiedHead) {
+  const Discovery d = discover(decoder(3).g, {"linear_proj", "decoder_ffn", "lm_head"});
+  EXPECT_EQ(count(d),
+            (std::map<std::string, int>{{"decoder_ffn", 3}, {"linear_proj", 12}, {"lm_head", 1}}));
+  EXPECT_TRUE(d.refused.empty());
+  const auto head = std::find_if(d.seams.begin(), d.seams.end(),
+                                 [](const Seam& s) { return s.structure == "lm_head"; });
+  EXPECT_TRUE(head->tied);
+  const auto ffn = std::find_if(d.seams.begin(), d.seams.end(),
+                                [](const Seam& s) { return s.structure == "decoder_ffn"; });
+  EXPECT_EQ(ffn->slots.at("gate"), "layers.0.mlp.gate_proj");
+  EXPECT_EQ(ffn->intermediate, 1536);
+}
+
+TEST(Discover, AttentionWithFfnShapedProjectionsIsNotAnFfn) {
+  // q/k/v share the input and o maps back: FFN-shaped, but no activation consumes one branch.
+  GraphBuilder b;
+  b.module("", "module");
+  b.attention("attn", 256);
+  const Discovery d = discover(b.g, {"linear_proj", "decoder_ffn"});
+  EXPECT_EQ(count(d), (std::map<std::string, int>{{"linear_proj", 4}}));
+  EXPECT_TRUE(d.refused.empty());
+}
+
+TEST(Discover, GateIsFoundByDataflowNotByName) {
+  GraphBuilder b;
+  b.module("", "module");
+  b.module("mlp", "module");
+  b.linear("mlp.a", 64, 128);
+  b.linear("mlp.b", 64, 128);
+  b.linear("mlp.c", 128, 64);
+  b.module("mlp.f", "activation").activation = "gelu_tanh";
+  b.call("mlp.a", 1, 2);
+  b.call("mlp.b", 1, 3);
+  b.call("mlp.f", 3, 4);  // the activation reads b's output: b is the gate
+  b.call("mlp.c", 5, 6);
+  const Discovery d = discover(b.g, {"decoder_ffn"});
+  ASSERT_EQ(d.seams.size(), 1u);
+  EXPECT_EQ(d.seams[0].slots.at("gate"), "mlp.b");
+  EXPECT_EQ(d.seams[0].slots.at("up"), "mlp.a");
+  EXPECT_EQ(d.seams[0].activation, "gelu_tanh");
+}
+
+TEST(Discover, BiasAndForeignActivationsAreRefusedWithTheShape) {
+  GraphBuilder b;
+  b.module("", "module");
+  b.gated_mlp("biased", 64, 256, "silu", /*bias=*/true);
+  b.gated_mlp("relu", 64, 256, "relu");
+  const Discovery d = discover(b.g, {"linear_proj", "decoder_ffn"});
+  ASSERT_EQ(d.refused.size(), 2u);
+  EXPECT_EQ(d.refused[0].first, "biased");
+  EXPECT_NE(d.refused[0].second.find("biased projections (gate/up [256x64], down [64x256])"),
+            std::string::npos);
+  EXPECT_NE(d.refused[1].second.find("activation 'relu' outside {silu, gelu_tanh}"),
+            std::string::npos);
+  // The refused regions' projections are still projections.
+  EXPECT_EQ(count(d), (std::map<std::string, int>{{"linear_proj", 6}}));
+}
+
+TEST(Discover, UnknownStructureIsAnError) {
+  EXPECT_THROW(discover(decoder(1).g, {"conv2d"}), InvalidArgument);
+}
+
+TEST(Discover, NeverCalledProjectionsAreRefusedNotGuessed) {
+  GraphBuilder b;
+  b.module("", "module");
+  b.linear("unused", 64, 64);
+  const Discovery d = discover(b.g, {"linear_proj"});
+  EXPECT_TRUE(d.seams.empty());
+  ASSERT_EQ(d.refused.size(), 1u);
+  EXPECT_NE(d.refused[0].second.find("never called"), std::string::npos);
+}
+
+KernelHub& hub() {
+  static KernelHub h([] {
+    KernelPathConfig c;
+    c.bundled_root = FRT_TEST_KERNEL_ROOT;
+    return c;
+  }());
+  return h;
+}
+
+TEST(Plan, SchemeNoneKeepsEverySeamAtHostWithAReason) {
+  PlanOptions o;
+  o.scheme = "none";
+  const Plan p = plan(decoder(2).g, o, hub());
+  EXPECT_TRUE(p.seats.empty());
+  EXPECT_EQ(p.keep_host.size(), 11u);
+  EXPECT_NE(p.keep_host[0].second.find("scheme 'none' keeps"), std::string::npos);
+}
+
+TEST(Plan, W4KeepsTheHeadAtInt8AndFallsBackToInt8ForOddWidths) {
+  GraphBuilder b = decoder(1);
+  b.linear("odd", 1000, 512);  // 1000 is not a multiple of 32
+  b.call_fresh("odd");
+  PlanOptions o;
+  o.scheme = "w4a16_decode";
+  o.min_seat_weights = 0;
+  const Plan p = plan(b.g, o, hub());
+  for (const SeatPlan& s : p.seats) {
+    if (s.seam.structure == "lm_head" || s.seam.site == "odd") {
+      EXPECT_EQ(s.form.format, "int8") << s.seam.site;
+    } else {
+      EXPECT_EQ(s.form.describe(), "int4 g32 symmetric") << s.seam.site;
+    }
+    if (s.seam.site == "odd") {
+      ASSERT_EQ(s.ladder.size(), 1u);
+      EXPECT_NE(s.ladder[0].find("divisible by 32"), std::string::npos);
+    }
+  }
+}
+
+TEST(Plan, SmallSeamsStayAtHostAndPrefillOnlySeamsAreAssumed) {
+  GraphBuilder b;
+  b.module("", "module");
+  b.linear("tiny", 64, 64);
+  b.call("tiny", 1, 2);
+  b.linear("big", 1024, 1024);
+  b.call("big", 3, 4, /*rows=*/128);
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(b.g, o, hub());
+  ASSERT_EQ(p.keep_host.size(), 1u);
+  EXPECT_EQ(p.keep_host[0].first, "tiny");
+  ASSERT_EQ(p.seats.size(), 1u);
+  ASSERT_EQ(p.assumed.size(), 1u);
+  EXPECT_NE(p.assumed[0].find("observed only 128-row calls"), std::string::npos);
+  const std::string text = explain(p);
+  EXPECT_NE(text.find("1 seated, 1 kept at host, 0 refused"), std::string::npos);
+}
+
+TEST(Plan, WeightDtypesOutsideTheImplsAreRefusedByName) {
+  GraphBuilder b;
+  b.module("", "module");
+  b.linear("half", 1024, 1024).weight_dtype = "f16";
+  b.call("half", 1, 2);
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(b.g, o, hub());
+  ASSERT_EQ(p.refused.size(), 1u);
+  EXPECT_NE(p.refused[0].second.find("weight dtype f16"), std::string::npos);
+}
+
+TEST(Plan, AMissingFfnPackageStepsDownTheLadderToProjections) {
+  KernelPathConfig c;  // only the linear package is on this path
+  c.local_kernels = {{"flashrt/linear", std::string(FRT_TEST_KERNEL_ROOT) + "/flashrt/linear"}};
+  c.bundled_root = "/nonexistent";
+  KernelHub only_linear(c);
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.min_seat_weights = 0;
+  const Plan p = plan(decoder(1).g, o, only_linear);
+  const auto ffn = std::find_if(p.seats.begin(), p.seats.end(), [](const SeatPlan& s) {
+    return s.seam.structure == "decoder_ffn";
+  });
+  ASSERT_NE(ffn, p.seats.end());
+  EXPECT_EQ(ffn->impl, "ffn_as_projections_w8a16");
+  ASSERT_EQ(ffn->ladder.size(), 1u);
+  EXPECT_NE(ffn->ladder[0].find("flashrt/ffn unavailable"), std::string::npos);
+  ASSERT_FALSE(p.kernel_unavailable.empty());
+  EXPECT_EQ(p.kernel_unavailable[0].repo, "flashrt/ffn");
+}
+
+TEST(Plan, UnknownSchemeIsAnError) {
+  PlanOptions o;
+  o.scheme = "w3a3";
+  EXPECT_THROW(plan(decoder(1).g, o, hub()), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace frt
