@@ -21,6 +21,7 @@ from . import _host_threads, impls, ops, swap  # noqa: E402  (after the bundled 
 from ._core import KernelUnavailable, Refused  # noqa: E402
 from .autoswap import AutoPlan, auto_swaps, explain, list_schemes  # noqa: E402
 from .catalog import list_structures, load  # noqa: E402
+from .decode import DecodeLoop, decode_loop  # noqa: E402
 from .frontdoor import FrontDoorResult, attach  # noqa: E402
 from .seats import GuardRefused  # noqa: E402
 from .structures import GateRefused, get  # noqa: E402
@@ -29,7 +30,7 @@ from .swap import attached  # noqa: E402
 PARALLEL_BACKEND = _host_threads.install()
 
 __all__ = [
-    "BUNDLED_KERNELS", "PARALLEL_BACKEND", "AutoPlan", "FrontDoorResult", "GateRefused",
+    "BUNDLED_KERNELS", "PARALLEL_BACKEND", "AutoPlan", "DecodeLoop", "decode_loop", "FrontDoorResult", "GateRefused",
     "GuardRefused", "KernelUnavailable", "Refused", "attach", "attached", "auto_swaps", "explain",
     "get", "impls", "list_schemes", "list_structures", "load", "ops", "swap",
 ]

@@ -14,6 +14,7 @@ void bind_ops(nb::module_& m);
 void bind_planner(nb::module_& m);
 void bind_runtime(nb::module_& m);
 void bind_gates(nb::module_& m);
+void bind_decode(nb::module_& m);
 }  // namespace frt::py
 
 NB_MODULE(_core, m) {
@@ -30,4 +31,5 @@ NB_MODULE(_core, m) {
   frt::py::bind_planner(m);
   frt::py::bind_runtime(m);
   frt::py::bind_gates(m);
+  frt::py::bind_decode(m);
 }

@@ -68,6 +68,7 @@ class Seat {
   Ledger ledger() const;
   std::thread::id owner() const { return owner_; }
   GuardMode mode() const;
+  const frt_kernel_table& table() const { return table_; }
   void set_mode(GuardMode mode);  // swap.attach(on_guard_fail=...) sets it on a planned seat
 
  protected:
@@ -88,6 +89,7 @@ class LinearSeat : public Seat {
   LinearSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, PackedLinear weight,
              std::vector<float> bias);
   const PackedLinear& weight() const { return weight_; }
+  const float* bias() const { return bias_.empty() ? nullptr : bias_.data(); }
 
  private:
   std::string refusal(const TensorView& x, const TensorView& y) const override;
@@ -100,6 +102,10 @@ class FfnSeat : public Seat {
  public:
   FfnSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, PackedLinear gate,
           PackedLinear up, PackedLinear down, Activation act);
+  const PackedLinear& gate() const { return gate_; }
+  const PackedLinear& up() const { return up_; }
+  const PackedLinear& down() const { return down_; }
+  Activation activation() const { return act_; }
 
  private:
   std::string refusal(const TensorView& x, const TensorView& y) const override;

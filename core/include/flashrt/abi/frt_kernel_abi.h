@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 #define FRT_KERNEL_ABI_MAJOR 1
-#define FRT_KERNEL_ABI_MINOR 0
+#define FRT_KERNEL_ABI_MINOR 1
 
 /* Width of one weight panel: every packed format stores output channels in panels of this many
  * columns, so one packed buffer serves every variant (generic, avx2, avx512vnni). */
@@ -102,6 +102,53 @@ enum frt_reason {
 
 /* An op runs as a fixed number of phases; the caller runs phase p on nth threads (ith = 0..nth-1)
  * and waits for all of them before phase p+1. Kernels keep no state between calls. */
+/* ---- Decode-step primitives (flashrt/decode, ABI 1.1). Activations are fp32. ---------------- */
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `width`. */
+typedef struct frt_rmsnorm_args {
+  int64_t rows, width;
+  const float* x;
+  int64_t ldx;
+  const float* weight; /* [width] */
+  float eps;
+  float* y; /* may alias x */
+  int64_t ldy;
+} frt_rmsnorm_args;
+
+/* Rotates `heads` vectors of head_dim in place, pairing element i with i + head_dim/2:
+ * (a, b) -> (a cos_i - b sin_i, b cos_i + a sin_i). */
+typedef struct frt_rotary_args {
+  int64_t heads, head_dim;
+  float* x;               /* [heads][head_dim] */
+  const float *cos, *sin; /* [head_dim / 2] */
+} frt_rotary_args;
+
+/* One query token against `positions` cached keys/values with grouped heads (heads % kv_heads
+ * == 0; head h reads kv head h / (heads / kv_heads)); softmax in fp32. */
+typedef struct frt_attention_args {
+  int64_t heads, kv_heads, head_dim, positions;
+  const float* q;       /* [heads][head_dim] */
+  const float* k_cache; /* [positions][kv_heads][head_dim] */
+  const float* v_cache; /* same layout */
+  float scale;
+  float* out;    /* [heads][head_dim] */
+  float* scores; /* [heads][scores_stride], scores_stride >= positions */
+  int64_t scores_stride;
+} frt_attention_args;
+
+/* y = x W^T (+ bias) with the host's own row-major weight W [n][k] (fp32 or bf16), x fp32. */
+typedef struct frt_dense_args {
+  int32_t w_dtype; /* frt_dtype */
+  int64_t m, n, k;
+  const float* x;
+  int64_t ldx;
+  const void* w;
+  int64_t ldw;
+  const float* bias;
+  float* y;
+  int64_t ldy;
+} frt_dense_args;
+
 typedef struct frt_kernel_table {
   int32_t abi_major, abi_minor, struct_size;
   const char* package; /* "flashrt/linear" */
@@ -119,6 +166,12 @@ typedef struct frt_kernel_table {
   int32_t ffn_phases;
   int32_t (*ffn_run)(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t nth,
                      frt_error* err);
+
+  /* ABI 1.1: single-phase decode-step primitives; thread ith of nth takes its share. */
+  int32_t (*rmsnorm_run)(const frt_rmsnorm_args* a, int32_t ith, int32_t nth, frt_error* err);
+  int32_t (*rotary_run)(const frt_rotary_args* a, int32_t ith, int32_t nth, frt_error* err);
+  int32_t (*attention_run)(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err);
+  int32_t (*dense_run)(const frt_dense_args* a, int32_t ith, int32_t nth, frt_error* err);
 } frt_kernel_table;
 
 typedef struct frt_kpkg_info {

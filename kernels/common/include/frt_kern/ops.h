@@ -20,4 +20,9 @@ int32_t ffn_supports(const frt_ffn_args* a, frt_error* err);
 int64_t ffn_workspace(const frt_ffn_args* a);
 int32_t ffn_run(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t nth, frt_error* err);
 
+int32_t rmsnorm_run(const frt_rmsnorm_args* a, int32_t ith, int32_t nth, frt_error* err);
+int32_t rotary_run(const frt_rotary_args* a, int32_t ith, int32_t nth, frt_error* err);
+int32_t attention_run(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err);
+int32_t dense_run(const frt_dense_args* a, int32_t ith, int32_t nth, frt_error* err);
+
 }  // namespace frt::kern

@@ -17,6 +17,9 @@ struct PanelTable {
                float* out);
   void (*int4)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                const float* xsum, int64_t m, float* out);
+  // sum_i x[i] w[i] over n elements, w fp32 or bf16 (the host's own weight rows).
+  float (*dot_f32)(const float* x, const float* w, int64_t n);
+  float (*dot_bf16)(const float* x, const uint16_t* w, int64_t n);
 };
 
 extern const PanelTable kPanels;
@@ -25,6 +28,10 @@ void int8_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64
                     float* out);
 void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                     const float* xsum, int64_t m, float* out);
+float dot_f32_ref(const float* x, const float* w, int64_t n);
+float dot_bf16_ref(const float* x, const uint16_t* w, int64_t n);
+float dot_f32_avx2(const float* x, const float* w, int64_t n);
+float dot_bf16_avx2(const float* x, const uint16_t* w, int64_t n);
 void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                      float* out);
 void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,

@@ -1,6 +1,7 @@
 // Plain scalar panels: the generic variant, and the fallback of every other one. They follow the
 // format's definition literally (dequantise, multiply, accumulate in fp32).
 #include <frt_kern/panels.h>
+#include <frt_kern/util.h>
 
 namespace frt::kern {
 
@@ -39,6 +40,18 @@ void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64
       out[r * FRT_PANEL + j] = acc;
     }
   }
+}
+
+float dot_f32_ref(const float* x, const float* w, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * w[i];
+  return acc;
+}
+
+float dot_bf16_ref(const float* x, const uint16_t* w, int64_t n) {
+  float acc = 0.0f;
+  for (int64_t i = 0; i < n; ++i) acc += x[i] * bf16_to_f32(w[i]);
+  return acc;
 }
 
 }  // namespace frt::kern

@@ -1,0 +1,88 @@
+// decode_loop's program (DESIGN §8): the whole decode step of a Llama-family decoder (RMSNorm,
+// q/k/v, per-head q/k norm, rotary, attention over a static KV window with grouped heads, o,
+// residuals, gated feed-forward, final norm, head, argmax) run in the core, one token at a time,
+// over the host's own weights (borrowed, never copied) or the packed weights of seated impls.
+#pragma once
+
+#include <flashrt/abi/frt_kernel_abi.h>
+#include <flashrt/kernel_ops.h>
+#include <flashrt/seat.h>
+#include <flashrt/tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace frt {
+
+struct DecodeConfig {
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int64_t vocab = 0, max_len = 0;
+  float eps = 1e-6f;
+  bool qk_norm = false;
+  std::vector<float> inv_freq;  // head_dim / 2 rotary frequencies, taken from the host
+  float attention_scaling = 1.0f;  // the host's rotary cos/sin scale
+};
+
+// One projection: a seat's packed weight when `seat` is set, else the host's own row-major
+// weight [n][k] (fp32 or bf16), borrowed.
+struct ProjWeights {
+  TensorView host;
+  const float* bias = nullptr;
+  const LinearSeat* seat = nullptr;
+  int64_t n() const;
+  int64_t k() const;
+};
+
+struct FfnWeights {
+  ProjWeights gate, up, down;
+  Activation act = Activation::silu;
+  const FfnSeat* seat = nullptr;  // the fused impl, when the FFN is seated as one
+};
+
+struct LayerWeights {
+  const float *input_norm = nullptr, *post_norm = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr;  // per-head, when the host has them
+  ProjWeights q, k, v, o;
+  FfnWeights mlp;
+};
+
+struct ModelWeights {
+  TensorView embed;  // [vocab][hidden] fp32
+  const float* final_norm = nullptr;
+  ProjWeights head;
+  std::vector<LayerWeights> layers;
+};
+
+class DecodeProgram {
+ public:
+  // Checks every shape against the config and throws Refused naming the slot and its shape.
+  DecodeProgram(DecodeConfig config, ModelWeights weights, const frt_kernel_table& decode,
+                const frt_kernel_table* linear, const frt_kernel_table* ffn);
+
+  // One token at position pos (0 <= pos < max_len): writes its K/V, returns the logits' argmax.
+  int64_t step(int64_t token, int64_t pos);
+  // Host K/V for positions [0, n) of `layer`, each [n][kv_heads][head_dim] contiguous fp32.
+  void load_cache(int64_t layer, int64_t n, const float* k, const float* v);
+  const std::vector<float>& logits() const { return logits_; }
+  const DecodeConfig& config() const { return cfg_; }
+  // Weight bytes one step reads (packed where seated): the floor's numerator.
+  int64_t weight_bytes() const;
+
+ private:
+  void project(const ProjWeights& p, const float* x, float* y);
+  void ffn(const FfnWeights& f, const float* x, float* y);
+  void norm_rows(const float* w, float* x, int64_t rows, int64_t width);
+
+  DecodeConfig cfg_;
+  ModelWeights w_;
+  const frt_kernel_table& decode_;
+  const frt_kernel_table* linear_;
+  const frt_kernel_table* ffn_;
+  // Preallocated once: no allocation per step.
+  std::vector<float> h_, xn_, q_, k_, v_, attn_, o_, gate_, up_, mlp_out_, scores_, logits_;
+  std::vector<float> cos_, sin_;
+  std::vector<std::vector<float>> k_cache_, v_cache_;  // [layer][max_len][kv_heads][head_dim]
+};
+
+}  // namespace frt

@@ -1,0 +1,234 @@
+#include <flashrt/decode.h>
+#include <flashrt/errors.h>
+#include <flashrt/thread_pool.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+namespace frt {
+namespace {
+
+template <typename Args, typename Fn>
+void parallel(Fn fn, const Args& args, const char* what) {
+  Parallel& par = process_parallel();
+  const int nth = par.size();
+  std::mutex mu;
+  std::string error;
+  par.run(nth, [&](int ith) {
+    frt_error err{};
+    if (fn(&args, ith, nth, &err) != FRT_OK) {
+      std::lock_guard lock(mu);
+      error = err.message;
+    }
+  });
+  if (!error.empty()) throw InvalidArgument(std::string(what) + ": " + error);
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw Refused("decode_loop: " + what);
+}
+
+}  // namespace
+
+int64_t ProjWeights::n() const { return seat != nullptr ? seat->weight().n() : host.shape[0]; }
+int64_t ProjWeights::k() const { return seat != nullptr ? seat->weight().k() : host.shape[1]; }
+
+DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
+                             const frt_kernel_table& decode, const frt_kernel_table* linear,
+                             const frt_kernel_table* ffn)
+    : cfg_(std::move(config)), w_(std::move(weights)), decode_(decode), linear_(linear), ffn_(ffn) {
+  const DecodeConfig& c = cfg_;
+  check(decode_.struct_size >= static_cast<int32_t>(sizeof(frt_kernel_table)) &&
+            decode_.dense_run != nullptr && decode_.attention_run != nullptr,
+        std::string("package '") + decode_.package + "' has no decode primitives (ABI < 1.1)");
+  check(c.layers == static_cast<int64_t>(w_.layers.size()) && c.layers > 0, "layer count");
+  check(c.heads % c.kv_heads == 0, "heads " + std::to_string(c.heads) +
+                                       " not a multiple of kv heads " + std::to_string(c.kv_heads));
+  check(static_cast<int64_t>(c.inv_freq.size()) * 2 == c.head_dim,
+        "rotary frequencies for head_dim " + std::to_string(c.head_dim));
+  check(w_.embed.rank == 2 && w_.embed.dtype == DType::f32 && w_.embed.shape[1] == c.hidden &&
+            w_.embed.strides[1] == 1,
+        "embedding " + w_.embed.describe() + ", expected f32[vocab, " + std::to_string(c.hidden) +
+            "] with contiguous rows");
+  auto proj = [&](const ProjWeights& p, int64_t n, int64_t k, const std::string& name) {
+    check(p.n() == n && p.k() == k, name + " is [" + std::to_string(p.n()) + "x" +
+                                        std::to_string(p.k()) + "], expected [" +
+                                        std::to_string(n) + "x" + std::to_string(k) + "]");
+    if (p.seat == nullptr)
+      check(p.host.rank == 2 && p.host.strides[1] == 1 && p.host.data != nullptr,
+            name + " weight " + p.host.describe() + " needs contiguous rows");
+    else
+      check(linear_ != nullptr, name + " is seated but the linear package is unavailable");
+  };
+  const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    check(L.input_norm && L.post_norm, at + "norm weights");
+    check(!c.qk_norm || (L.q_norm && L.k_norm), at + "q/k norm weights");
+    proj(L.q, qd, c.hidden, at + "q");
+    proj(L.k, kvd, c.hidden, at + "k");
+    proj(L.v, kvd, c.hidden, at + "v");
+    proj(L.o, c.hidden, qd, at + "o");
+    if (L.mlp.seat != nullptr) {
+      check(ffn_ != nullptr, at + "ffn is seated but the ffn package is unavailable");
+      check(L.mlp.seat->gate().k() == c.hidden && L.mlp.seat->down().n() == c.hidden,
+            at + "seated ffn widths");
+    } else {
+      proj(L.mlp.gate, c.intermediate, c.hidden, at + "gate");
+      proj(L.mlp.up, c.intermediate, c.hidden, at + "up");
+      proj(L.mlp.down, c.hidden, c.intermediate, at + "down");
+    }
+  }
+  check(w_.final_norm != nullptr, "final norm weight");
+  proj(w_.head, c.vocab, c.hidden, "head");
+  h_.resize(c.hidden);
+  xn_.resize(c.hidden);
+  q_.resize(qd);
+  k_.resize(kvd);
+  v_.resize(kvd);
+  attn_.resize(qd);
+  o_.resize(c.hidden);
+  gate_.resize(c.intermediate);
+  up_.resize(c.intermediate);
+  mlp_out_.resize(c.hidden);
+  scores_.resize(c.heads * c.max_len);
+  logits_.resize(c.vocab);
+  cos_.resize(c.head_dim / 2);
+  sin_.resize(c.head_dim / 2);
+  k_cache_.assign(c.layers, std::vector<float>(c.max_len * kvd));
+  v_cache_.assign(c.layers, std::vector<float>(c.max_len * kvd));
+}
+
+void DecodeProgram::project(const ProjWeights& p, const float* x, float* y) {
+  if (p.seat != nullptr) {
+    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, 1, p.k(), p.k());
+    const TensorView yv = TensorView::matrix(y, DType::f32, 1, p.n(), p.n());
+    run_linear(p.seat->table(), process_parallel(), p.seat->weight(), p.seat->bias(), xv, yv);
+    return;
+  }
+  frt_dense_args a{};
+  a.w_dtype = p.host.dtype == DType::f32 ? FRT_F32 : FRT_BF16;
+  a.m = 1;
+  a.n = p.n();
+  a.k = p.k();
+  a.x = x;
+  a.ldx = a.k;
+  a.w = p.host.data;
+  a.ldw = p.host.strides[0];
+  a.bias = p.bias;
+  a.y = y;
+  a.ldy = a.n;
+  parallel(decode_.dense_run, a, "dense");
+}
+
+void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y) {
+  if (f.seat != nullptr) {
+    const int64_t hidden = cfg_.hidden;
+    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, 1, hidden, hidden);
+    const TensorView yv = TensorView::matrix(y, DType::f32, 1, hidden, hidden);
+    run_ffn(f.seat->table(), process_parallel(), f.seat->gate(), f.seat->up(), f.seat->down(),
+            f.seat->activation(), xv, yv);
+    return;
+  }
+  project(f.gate, x, gate_.data());
+  project(f.up, x, up_.data());
+  for (int64_t i = 0; i < cfg_.intermediate; ++i) {
+    const float g = gate_[i];
+    const float a = f.act == Activation::silu
+                        ? g / (1.0f + std::exp(-g))
+                        : 0.5f * g *
+                              (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    gate_[i] = a * up_[i];
+  }
+  project(f.down, gate_.data(), y);
+}
+
+void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t width) {
+  frt_rmsnorm_args a{rows, width, x, width, w, cfg_.eps, x, width};
+  parallel(decode_.rmsnorm_run, a, "rmsnorm");
+}
+
+int64_t DecodeProgram::step(int64_t token, int64_t pos) {
+  const DecodeConfig& c = cfg_;
+  if (token < 0 || token >= w_.embed.shape[0])
+    throw InvalidArgument("decode_loop: token " + std::to_string(token) + " outside the vocabulary");
+  if (pos < 0 || pos >= c.max_len)
+    throw InvalidArgument("decode_loop: position " + std::to_string(pos) +
+                          " outside the static window of " + std::to_string(c.max_len));
+  std::memcpy(h_.data(), static_cast<const float*>(w_.embed.data) + token * w_.embed.strides[0],
+              c.hidden * sizeof(float));
+  // The host computes cos/sin in fp32 as (pos * inv_freq), scaled; so does the loop.
+  for (size_t i = 0; i < cos_.size(); ++i) {
+    const float f = static_cast<float>(pos) * c.inv_freq[i];
+    cos_[i] = std::cos(f) * c.attention_scaling;
+    sin_[i] = std::sin(f) * c.attention_scaling;
+  }
+  const int64_t kvd = c.kv_heads * c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const LayerWeights& L = w_.layers[l];
+    std::memcpy(xn_.data(), h_.data(), c.hidden * sizeof(float));
+    norm_rows(L.input_norm, xn_.data(), 1, c.hidden);
+    project(L.q, xn_.data(), q_.data());
+    project(L.k, xn_.data(), k_.data());
+    project(L.v, xn_.data(), v_.data());
+    if (c.qk_norm) {
+      norm_rows(L.q_norm, q_.data(), c.heads, c.head_dim);
+      norm_rows(L.k_norm, k_.data(), c.kv_heads, c.head_dim);
+    }
+    frt_rotary_args rq{c.heads, c.head_dim, q_.data(), cos_.data(), sin_.data()};
+    parallel(decode_.rotary_run, rq, "rotary");
+    frt_rotary_args rk{c.kv_heads, c.head_dim, k_.data(), cos_.data(), sin_.data()};
+    parallel(decode_.rotary_run, rk, "rotary");
+    std::memcpy(k_cache_[l].data() + pos * kvd, k_.data(), kvd * sizeof(float));
+    std::memcpy(v_cache_[l].data() + pos * kvd, v_.data(), kvd * sizeof(float));
+    frt_attention_args at{c.heads,    c.kv_heads,          c.head_dim, pos + 1,
+                          q_.data(),  k_cache_[l].data(),  v_cache_[l].data(),
+                          scale,      attn_.data(),        scores_.data(),
+                          c.max_len};
+    parallel(decode_.attention_run, at, "attention");
+    project(L.o, attn_.data(), o_.data());
+    for (int64_t i = 0; i < c.hidden; ++i) h_[i] += o_[i];
+    std::memcpy(xn_.data(), h_.data(), c.hidden * sizeof(float));
+    norm_rows(L.post_norm, xn_.data(), 1, c.hidden);
+    ffn(L.mlp, xn_.data(), mlp_out_.data());
+    for (int64_t i = 0; i < c.hidden; ++i) h_[i] += mlp_out_[i];
+  }
+  norm_rows(w_.final_norm, h_.data(), 1, c.hidden);
+  project(w_.head, h_.data(), logits_.data());
+  int64_t best = 0;
+  for (int64_t i = 1; i < c.vocab; ++i)
+    if (logits_[i] > logits_[best]) best = i;
+  return best;
+}
+
+void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const float* v) {
+  if (layer < 0 || layer >= cfg_.layers || n < 0 || n > cfg_.max_len)
+    throw InvalidArgument("decode_loop: cache of layer " + std::to_string(layer) + " with " +
+                          std::to_string(n) + " positions does not fit the window of " +
+                          std::to_string(cfg_.max_len));
+  const int64_t kvd = cfg_.kv_heads * cfg_.head_dim;
+  std::memcpy(k_cache_[layer].data(), k, n * kvd * sizeof(float));
+  std::memcpy(v_cache_[layer].data(), v, n * kvd * sizeof(float));
+}
+
+int64_t DecodeProgram::weight_bytes() const {
+  auto bytes = [](const ProjWeights& p) -> int64_t {
+    if (p.seat != nullptr) return p.seat->weight().nbytes();
+    return p.n() * p.k() * (p.host.dtype == DType::f32 ? 4 : 2);
+  };
+  int64_t total = bytes(w_.head);
+  for (const LayerWeights& L : w_.layers) {
+    total += bytes(L.q) + bytes(L.k) + bytes(L.v) + bytes(L.o);
+    if (L.mlp.seat != nullptr)
+      total += L.mlp.seat->gate().nbytes() + L.mlp.seat->up().nbytes() +
+               L.mlp.seat->down().nbytes();
+    else
+      total += bytes(L.mlp.gate) + bytes(L.mlp.up) + bytes(L.mlp.down);
+  }
+  return total;
+}
+
+}  // namespace frt
