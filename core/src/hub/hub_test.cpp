@@ -154,7 +154,7 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
   c.bundled_root = FRT_TEST_KERNEL_ROOT;
   KernelHub hub(c);
   const std::string tier = hub.cpu().tier();
-  for (const std::string repo : {"flashrt/linear", "flashrt/ffn"}) {
+  for (const std::string repo : {"flashrt/linear", "flashrt/ffn", "flashrt/decode"}) {
     const PackageResolution& r = hub.resolve(repo);
     ASSERT_NE(r.table, nullptr) << report_text(hub);
     EXPECT_EQ(r.source, "bundled");
@@ -168,7 +168,8 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
     }
   }
   EXPECT_TRUE(hub.unavailable_report().empty()) << report_text(hub);
-  EXPECT_EQ(hub.visible_packages(), (std::vector<std::string>{"flashrt/ffn", "flashrt/linear"}));
+  EXPECT_EQ(hub.visible_packages(),
+            (std::vector<std::string>{"flashrt/decode", "flashrt/ffn", "flashrt/linear"}));
 }
 
 // (2)

@@ -1,0 +1,134 @@
+"""decode_loop on real hosts: greedy tokens against the host's own generate, teacher-forced
+agreement for the seated forms, determinism, and the stacks it must refuse."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
+
+import flashrt_structures as S
+
+import hosts
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def host_generate(model, ids, new):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+
+
+def first_divergence(model, got, want, prompt):
+    """(step, host top-2 margin there) for the first differing token, else None."""
+    diff = (got[0] != want[0]).nonzero()
+    if len(diff) == 0:
+        return None
+    pos = int(diff[0])
+    with torch.no_grad():
+        logits = model(want[:, :pos]).logits[0, -1]
+    top = logits.topk(2).values
+    return pos - prompt, float(top[0] - top[1])
+
+
+def teacher_forced_agreement(model, loop, seq):
+    with torch.no_grad():
+        host = model(seq).logits[0].argmax(-1).tolist()
+    mine = loop.teacher_forced(seq)
+    return sum(a == b for a, b in zip(mine, host)) / len(host)
+
+
+@pytest.mark.parametrize("make", [hosts.qwen3, hosts.llama])
+def test_greedy_tokens_equal_the_hosts_generate(make):
+    model = make()
+    ids = hosts.ids(9, seed=4)
+    loop = S.decode_loop(model, max_len=64)
+    want = host_generate(model, ids, 24)
+    got = loop.generate(ids, 24)
+    assert got.shape == want.shape == (1, 33) and got.dtype == torch.long
+    div = first_divergence(model, got, want, 9)
+    if div is not None:  # allowed only inside the rounding of two summation orders
+        step, margin = div
+        assert margin < 1e-4, f"diverged at step {step} with host top-2 margin {margin}"
+    assert teacher_forced_agreement(model, loop, want[:, :-1]) >= 0.999
+
+
+def test_two_runs_and_generate_from_give_the_same_tokens():
+    model = hosts.qwen3()
+    ids = hosts.ids(7, seed=5)
+    loop = S.decode_loop(model, max_len=48)
+    a, b = loop.generate(ids, 16), loop.generate(ids, 16)
+    c = loop.generate_from(ids, 16)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    assert loop.timing["prefill_tokens"] == 7 and loop.timing["decode_steps"] == 15
+
+
+@pytest.mark.parametrize("scheme,floor", [("w8a16_decode", 0.8), ("w4a16_decode", 0.5)])
+def test_the_loop_runs_what_is_attached(scheme, floor):
+    model = hosts.qwen3()
+    ids = hosts.ids(8, seed=6)
+    seq = host_generate(model, ids, 24)[:, :-1]
+    base = S.decode_loop(model, max_len=64)
+    handle = S.auto_swaps(model, lambda: model(ids[:, :1]), scheme=scheme).attach(model)
+    loop = S.decode_loop(model, max_len=64)
+    calls_before = handle.summary()["guarded_calls"]
+    agreement = teacher_forced_agreement(model, loop, seq)
+    handle.detach()
+    assert loop.seated == 7  # q and o per layer, 2 FFNs, the head (k/v are kept at host)
+    assert loop.weight_bytes < base.weight_bytes
+    assert handle.summary()["guarded_calls"] >= calls_before  # the loop reads packs, not modules
+    print(f"{scheme}: teacher-forced top-1 agreement {agreement:.3f}")
+    assert agreement >= floor
+
+
+def test_refusals_leave_the_host_untouched():
+    model = hosts.qwen3(1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(S.Refused, match="batch 1"):
+        S.decode_loop(model, max_len=32).generate(torch.zeros(2, 3, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="static window of 16"):
+        S.decode_loop(model, max_len=16).generate(hosts.ids(10), 8)
+    assert all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
+
+
+def test_sliding_window_is_refused():
+    cfg = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                      sliding_window=16, max_window_layers=0)
+    with pytest.raises(S.Refused, match="sliding-window attention"):
+        S.decode_loop(Qwen2ForCausalLM(cfg).eval(), max_len=32)
+
+
+def test_an_unsupported_rotary_form_is_refused_by_name():
+    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=4,
+                      rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(S.Refused, match="rotary form 'dynamic'"):
+        S.decode_loop(LlamaForCausalLM(cfg).eval(), max_len=32)
+
+
+def test_a_fused_qkv_projection_is_refused():
+    cfg = Phi3Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                     num_attention_heads=4, num_key_value_heads=4, pad_token_id=0)
+    with pytest.raises(S.Refused, match="fused qkv projection"):
+        S.decode_loop(Phi3ForCausalLM(cfg).eval(), max_len=32)
+
+
+def test_a_bf16_host_is_refused():
+    model = hosts.qwen3(1).to(torch.bfloat16)
+    with pytest.raises(S.Refused, match="host dtype torch.bfloat16"):
+        S.decode_loop(model, max_len=32)
+
+
+def test_a_different_norm_form_is_refused():
+    # Gemma's RMSNorm multiplies by (1 + w): not the x*w/rms(x) the loop computes.
+    with pytest.raises(S.Refused, match="different norm form"):
+        S.decode_loop(hosts.gemma(1), max_len=32)
+
+
+def test_a_stack_without_the_slots_is_refused():
+    with pytest.raises(S.Refused, match="a required slot is absent on this host"):
+        S.decode_loop(hosts.gpt2(), max_len=32)

@@ -1,0 +1,179 @@
+// flashrt/decode's primitives in every variant this CPU runs, against float64 references on fresh
+// random inputs, outputs poisoned first.
+#include <flashrt/abi/frt_kernel_abi.h>
+#include <flashrt/cpu_features.h>
+#include <flashrt/hub.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace frt {
+namespace {
+
+const frt_kernel_table* open_decode(const std::string& isa, std::string* skip) {
+  for (const std::string& f : tier_features(isa))
+    if (!detect_cpu().has(f)) {
+      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
+      return nullptr;
+    }
+  const std::string path = std::string(FRT_TEST_KERNEL_ROOT) +
+                           "/flashrt/decode/build/cpu-x86_64-linux-" + isa + "/libfrt_decode.so";
+  std::string why;
+  const frt_kernel_table* t = open_variant_library(path, &why);
+  if (t == nullptr) ADD_FAILURE() << path << ": " << why;
+  return t;
+}
+
+std::vector<float> randn(int64_t n, std::mt19937_64& rng, float sd = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Runs a single-phase op on 3 "threads" (sequentially), as the core's pool would split it.
+template <typename Args, typename Fn>
+void run3(Fn fn, const Args& a) {
+  for (int ith = 0; ith < 3; ++ith) {
+    frt_error err{};
+    ASSERT_EQ(fn(&a, ith, 3, &err), FRT_OK) << err.message;
+  }
+}
+
+class DecodeKernels : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string skip;
+    t_ = open_decode(GetParam(), &skip);
+    if (t_ == nullptr) GTEST_SKIP() << skip;
+    rng_.seed(std::random_device{}());
+  }
+  const frt_kernel_table* t_ = nullptr;
+  std::mt19937_64 rng_;
+};
+
+TEST_P(DecodeKernels, RmsnormMatchesFloat64) {
+  for (int64_t width : {1, 7, 64, 1000}) {
+    const int64_t rows = 5;
+    std::vector<float> x = randn(rows * width, rng_), w = randn(width, rng_);
+    std::vector<float> y(rows * width, std::nanf(""));
+    frt_rmsnorm_args a{rows, width, x.data(), width, w.data(), 1e-6f, y.data(), width};
+    run3(t_->rmsnorm_run, a);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < width; ++i) ss += double(x[r * width + i]) * x[r * width + i];
+      const double inv = 1.0 / std::sqrt(ss / width + 1e-6);
+      for (int64_t i = 0; i < width; ++i)
+        ASSERT_NEAR(y[r * width + i], w[i] * x[r * width + i] * inv,
+                    1e-5 * (1 + std::fabs(w[i] * x[r * width + i] * inv)))
+            << width << " " << r << " " << i;
+    }
+  }
+}
+
+TEST_P(DecodeKernels, RotaryMatchesFloat64) {
+  const int64_t heads = 3, d = 64;
+  std::vector<float> x = randn(heads * d, rng_), orig = x, c(d / 2), s(d / 2);
+  for (int64_t i = 0; i < d / 2; ++i) c[i] = std::cos(0.37f * i), s[i] = std::sin(0.37f * i);
+  frt_rotary_args a{heads, d, x.data(), c.data(), s.data()};
+  run3(t_->rotary_run, a);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double a1 = orig[h * d + i], a2 = orig[h * d + i + d / 2];
+      ASSERT_NEAR(x[h * d + i], a1 * c[i] - a2 * s[i], 1e-5);
+      ASSERT_NEAR(x[h * d + i + d / 2], a2 * c[i] + a1 * s[i], 1e-5);
+    }
+  frt_rotary_args odd{1, 7, x.data(), c.data(), s.data()};
+  frt_error err{};
+  EXPECT_NE(t_->rotary_run(&odd, 0, 1, &err), FRT_OK);
+  EXPECT_NE(std::string(err.message).find("head_dim must be even"), std::string::npos);
+}
+
+TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64) {
+  for (int64_t positions : {1, 2, 37}) {
+    const int64_t heads = 8, kv = 2, d = 48, stride = 40;
+    std::vector<float> q = randn(heads * d, rng_), k = randn(positions * kv * d, rng_),
+                       v = randn(positions * kv * d, rng_);
+    std::vector<float> out(heads * d, std::nanf("")), scores(heads * stride);
+    const float scale = 1.0f / std::sqrt(float(d));
+    frt_attention_args a{heads,    kv,    d,          positions,     q.data(), k.data(),
+                         v.data(), scale, out.data(), scores.data(), stride};
+    run3(t_->attention_run, a);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / (heads / kv);
+      std::vector<double> p(positions);
+      double mx = -1e300, total = 0;
+      for (int64_t t = 0; t < positions; ++t) {
+        double dot = 0;
+        for (int64_t i = 0; i < d; ++i) dot += double(q[h * d + i]) * k[(t * kv + g) * d + i];
+        p[t] = dot * scale;
+        mx = std::max(mx, p[t]);
+      }
+      for (double& x : p) total += (x = std::exp(x - mx));
+      for (int64_t i = 0; i < d; ++i) {
+        double want = 0;
+        for (int64_t t = 0; t < positions; ++t) want += p[t] / total * v[(t * kv + g) * d + i];
+        ASSERT_NEAR(out[h * d + i], want, 2e-5) << positions << " " << h << " " << i;
+      }
+    }
+  }
+}
+
+TEST_P(DecodeKernels, DenseMatchesFloat64ForF32AndBf16Weights) {
+  for (int64_t k : {1, 9, 128, 1003})
+    for (int32_t wdt : {FRT_F32, FRT_BF16}) {
+      const int64_t m = 3, n = 21, ldw = k + 4;
+      std::vector<float> x = randn(m * k, rng_), wf = randn(n * ldw, rng_), bias = randn(n, rng_);
+      std::vector<uint16_t> wb(n * ldw);
+      for (int64_t i = 0; i < n * ldw; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &wf[i], 4);
+        wb[i] = static_cast<uint16_t>(bits >> 16);
+        bits &= 0xffff0000u;
+        std::memcpy(&wf[i], &bits, 4);  // the value the bf16 weight holds
+      }
+      std::vector<float> y(m * n, std::nanf(""));
+      frt_dense_args a{wdt,
+                       m,
+                       n,
+                       k,
+                       x.data(),
+                       k,
+                       wdt == FRT_F32 ? static_cast<const void*>(wf.data()) : wb.data(),
+                       ldw,
+                       bias.data(),
+                       y.data(),
+                       n};
+      run3(t_->dense_run, a);
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < n; ++c) {
+          double want = bias[c], mag = std::fabs(bias[c]);
+          for (int64_t i = 0; i < k; ++i) {
+            want += double(x[r * k + i]) * wf[c * ldw + i];
+            mag += std::fabs(double(x[r * k + i]) * wf[c * ldw + i]);
+          }
+          ASSERT_NEAR(y[r * n + c], want, 1e-5 * mag + 1e-6) << k << " " << r << " " << c;
+        }
+    }
+}
+
+TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
+  frt_error err{};
+  frt_dense_args d{};
+  EXPECT_NE(t_->dense_run(&d, 0, 1, &err), FRT_OK);
+  frt_attention_args at{};
+  at.heads = 3;
+  at.kv_heads = 2;
+  EXPECT_NE(t_->attention_run(&at, 0, 1, &err), FRT_OK);
+  EXPECT_NE(t_->rmsnorm_run(nullptr, 0, 1, &err), FRT_OK);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, DecodeKernels,
+                         ::testing::Values("generic", "avx2", "avx512vnni"));
+
+}  // namespace
+}  // namespace frt
