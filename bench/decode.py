@@ -102,11 +102,26 @@ def main() -> int:
     bytes_per_token = {"host": host_weight_bytes(model), "attached_w8": None,
                        **{n: l.weight_bytes for n, l in loops.items()}}
     bytes_per_token["attached_w8"] = bytes_per_token["loop_w8"]
+    peers = {"llama_cpp": "not measured: needs llama-cpp-python (a source build of llama.cpp) and "
+                          "a GGUF with a tokenizer written for these random weights"}
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        peer = qwen3_06b(args.layers)  # same seed: the same weights
+        assert torch.equal(peer.lm_head.weight, model.lm_head.weight)
+        quantize_(peer, Int8WeightOnlyConfig())
+        arms["torchao_int8"] = lambda: host_arm(peer, prompt, NEW)
+        bytes_per_token["torchao_int8"] = sum(
+            m.weight.numel() for m in peer.modules() if isinstance(m, torch.nn.Linear)) + sum(
+            m.out_features * 4 for m in peer.modules() if isinstance(m, torch.nn.Linear))
+        peers["torchao"] = "int8 weight-only (quantize_, Int8WeightOnlyConfig), eager"
+    except ImportError:
+        peers["torchao"] = "not installed (optional peer: pip install torchao)"
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth = []
     for _ in range(args.rounds):
-        bandwidth.append(ops.read_bandwidth_gbps(1 << 30, repeats=3))
-        for name, fn in arms.items():
+        for name, fn in arms.items():  # the machine's bandwidth drifts: sample it between arms
+            bandwidth.append(ops.read_bandwidth_gbps(1 << 30, repeats=2))
             samples[name].append(fn())
     bw = max(bandwidth)
     host_tokens = samples["host"][0][2]
@@ -132,13 +147,6 @@ def main() -> int:
         print(f"{name:<13}{row['prefill_tok_s']:>14.1f}{row['decode_tok_s']:>14.2f}"
               f"{row['decode_speedup_vs_host']:>8.2f}x{floor:>13.1f}{row['frac_of_floor']:>10.0%}"
               f"{same:>15.0%}")
-    peers = {}
-    for peer in ("torchao", "llama_cpp"):
-        try:
-            __import__(peer)
-            peers[peer] = "importable but not wired into this benchmark yet"
-        except ImportError:
-            peers[peer] = "not installed (optional peer)"
     print(f"peers: {peers}")
     result = {"machine": {"cores": os.cpu_count(), "torch": torch.__version__,
                           "parallel": S.PARALLEL_BACKEND},
