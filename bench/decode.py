@@ -19,7 +19,6 @@ they are measured when importable and reported as not installed otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -30,6 +29,8 @@ import torch
 
 import flashrt_structures as S
 from flashrt_structures import ops
+
+from _common import machine, write_result
 
 PROMPT, NEW = 128, 128
 
@@ -61,9 +62,6 @@ def host_weight_bytes(model) -> int:
 
 
 def main() -> int:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from door import qwen3_06b  # the same host as the door benchmark
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -148,14 +146,11 @@ def main() -> int:
               f"{row['decode_speedup_vs_host']:>8.2f}x{floor:>13.1f}{row['frac_of_floor']:>10.0%}"
               f"{same:>15.0%}")
     print(f"peers: {peers}")
-    result = {"machine": {"cores": os.cpu_count(), "torch": torch.__version__,
-                          "parallel": S.PARALLEL_BACKEND},
+    result = {"machine": machine(),
               "read_bandwidth_gbps": bw, "read_bandwidth_samples": bandwidth,
               "layers": args.layers, "prompt": PROMPT, "new_tokens": NEW, "rounds": args.rounds,
               "rows": rows, "peers": peers}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_result(args.json, result)
     return 0
 
 

@@ -14,7 +14,6 @@ read bandwidth.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -26,6 +25,8 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 import flashrt_structures as S
 from flashrt_structures import ops
+
+from _common import machine, write_result
 
 PROMPT, NEW = 128, 64
 
@@ -151,14 +152,11 @@ def main() -> int:
         print(f"{name:<14}{row['seats']:>6}{row['refused']:>8}{pre:>11.3f}"
               f"{row['prefill_vs_host']:>8.3f}x{1 / stp:>14.2f}{row['decode_speedup_vs_host']:>8.2f}x"
               f"{floor_tps:>13.1f}{row['frac_of_floor']:>10.0%}{same:>13.0%}")
-    result = {"machine": {"cores": os.cpu_count(), "torch": torch.__version__,
-                          "parallel": S.PARALLEL_BACKEND},
+    result = {"machine": machine(),
               "read_bandwidth_gbps": bandwidth, "layers": args.layers, "prompt": PROMPT,
               "new_tokens": NEW, "rounds": args.rounds, "prefill_rounds": args.prefill_rounds,
               "rows": rows}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_result(args.json, result)
     return 0
 
 

@@ -11,9 +11,7 @@ gbps counts the bytes each arm must read (weights, plus scales and zeros for the
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -22,23 +20,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-import flashrt_structures as frt
+from _common import cpu_model, write_result
 from flashrt_structures import impls, ops
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
 ROWS = [1, 2, 4, 8]
 CACHE_BYTES = 3 * 32 * 2**20  # three times this machine's 32 MiB L3
 INT4_GROUP = 32
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def copies_for(nbytes: int) -> int:
@@ -213,9 +201,7 @@ def main() -> int:
     print(f"threading: int8 4096x12288 M=1 {s['kernel_gbps_1_thread']:.1f} GB/s on 1 thread, "
           f"{s['kernel_gbps_2_threads']:.1f} on 2; next to a torch op: "
           f"{s['interleave_overhead_seconds'] * 1e6:+.1f} us per pair")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    write_result(args.json, result)
     return 0
 
 

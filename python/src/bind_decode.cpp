@@ -65,8 +65,8 @@ void bind_decode(nb::module_& m) {
             const DecodeConfig& c = p.config();
             for (const TensorView* t : {&kv, &vv})
               if (t->dtype != DType::f32 || t->rank != 3 || t->shape[1] != c.kv_heads ||
-                  t->shape[2] != c.head_dim || t->strides[2] != 1 ||
-                  t->strides[1] != c.head_dim || t->strides[0] != c.kv_heads * c.head_dim)
+                  t->shape[2] != c.head_dim || t->strides[2] != 1 || t->strides[1] != c.head_dim ||
+                  t->strides[0] != c.kv_heads * c.head_dim)
                 throw Refused("decode_loop: cache " + t->describe() +
                               ", expected contiguous f32[positions, kv_heads, head_dim]");
             p.load_cache(layer, kv.shape[0], static_cast<const float*>(kv.data),

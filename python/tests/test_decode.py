@@ -132,3 +132,18 @@ def test_a_different_norm_form_is_refused():
 def test_a_stack_without_the_slots_is_refused():
     with pytest.raises(S.Refused, match="a required slot is absent on this host"):
         S.decode_loop(hosts.gpt2(), max_len=32)
+
+
+def test_a_scaled_rotary_form_the_host_declares_is_followed():
+    # llama3 scaling: the loop takes the host's own (scaled) rotary frequencies.
+    cfg = LlamaConfig(vocab_size=hosts.VOCAB, hidden_size=128, intermediate_size=256,
+                      num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=256,
+                      rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64})
+    torch.manual_seed(7)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = hosts.ids(6, seed=8)
+    loop = S.decode_loop(model, max_len=40)
+    want = host_generate(model, ids, 20)
+    assert teacher_forced_agreement(model, loop, want[:, :-1]) >= 0.999

@@ -344,3 +344,38 @@ def test_get_bind_refuses_a_module_the_structure_does_not_describe():
         S.get("decoder_ffn").bind(intermediate, calibration=[torch.randn(1, 384)])
     with pytest.raises(KeyError, match="unknown structure"):
         S.get("conv2d")
+
+
+def test_with_every_kernel_package_unavailable_everything_is_refused_and_outputs_are_the_hosts(
+        tmp_path):
+    # A fresh interpreter whose kernel path holds only broken packages: every seam is refused
+    # with the package named, nothing is swapped, and the host's output is untouched.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    for repo in ("flashrt/linear", "flashrt/ffn"):
+        (tmp_path / repo).mkdir(parents=True)
+        (tmp_path / repo / "metadata.json").write_text("{ not json")
+    code = (
+        "import sys, json, torch\n"
+        f"sys.path.insert(0, {str(os.path.dirname(__file__))!r})\n"
+        "import hosts, flashrt_structures as S\n"
+        "m = hosts.qwen3(1); x = hosts.ids(3)\n"
+        "with torch.no_grad(): want = m(x).logits\n"
+        "plan = S.auto_swaps(m, lambda: m(x), scheme='w8a16_decode', min_seat_weights=0)\n"
+        "with torch.no_grad(): same = torch.equal(m(x).logits, want)\n"
+        "print(json.dumps({'swaps': len(plan.swaps), 'refused': plan.notes['refused'],\n"
+        "  'unavailable': plan.notes['kernel_unavailable'], 'same': same}))\n"
+    )
+    env = dict(os.environ, FLASHRT_KERNEL_PATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["swaps"] == 0 and out["same"]
+    assert len(out["refused"]) == 6  # q, k, v, o, the FFN, the head
+    assert all("kernel package flashrt/linear unavailable" in r for _, r in out["refused"])
+    assert {e["repo"] for e in out["unavailable"]} == {"flashrt/linear", "flashrt/ffn"}
+    assert all(e["error"] == "corrupt metadata" for e in out["unavailable"])

@@ -20,7 +20,7 @@ struct DecodeConfig {
   int64_t vocab = 0, max_len = 0;
   float eps = 1e-6f;
   bool qk_norm = false;
-  std::vector<float> inv_freq;  // head_dim / 2 rotary frequencies, taken from the host
+  std::vector<float> inv_freq;     // head_dim / 2 rotary frequencies, taken from the host
   float attention_scaling = 1.0f;  // the host's rotary cos/sin scale
 };
 

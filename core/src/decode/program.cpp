@@ -136,10 +136,10 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y) {
   project(f.up, x, up_.data());
   for (int64_t i = 0; i < cfg_.intermediate; ++i) {
     const float g = gate_[i];
-    const float a = f.act == Activation::silu
-                        ? g / (1.0f + std::exp(-g))
-                        : 0.5f * g *
-                              (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    const float a =
+        f.act == Activation::silu
+            ? g / (1.0f + std::exp(-g))
+            : 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
     gate_[i] = a * up_[i];
   }
   project(f.down, gate_.data(), y);
@@ -153,7 +153,8 @@ void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t wi
 int64_t DecodeProgram::step(int64_t token, int64_t pos) {
   const DecodeConfig& c = cfg_;
   if (token < 0 || token >= w_.embed.shape[0])
-    throw InvalidArgument("decode_loop: token " + std::to_string(token) + " outside the vocabulary");
+    throw InvalidArgument("decode_loop: token " + std::to_string(token) +
+                          " outside the vocabulary");
   if (pos < 0 || pos >= c.max_len)
     throw InvalidArgument("decode_loop: position " + std::to_string(pos) +
                           " outside the static window of " + std::to_string(c.max_len));
@@ -184,10 +185,9 @@ int64_t DecodeProgram::step(int64_t token, int64_t pos) {
     parallel(decode_.rotary_run, rk, "rotary");
     std::memcpy(k_cache_[l].data() + pos * kvd, k_.data(), kvd * sizeof(float));
     std::memcpy(v_cache_[l].data() + pos * kvd, v_.data(), kvd * sizeof(float));
-    frt_attention_args at{c.heads,    c.kv_heads,          c.head_dim, pos + 1,
-                          q_.data(),  k_cache_[l].data(),  v_cache_[l].data(),
-                          scale,      attn_.data(),        scores_.data(),
-                          c.max_len};
+    frt_attention_args at{c.heads,      c.kv_heads,         c.head_dim,         pos + 1,
+                          q_.data(),    k_cache_[l].data(), v_cache_[l].data(), scale,
+                          attn_.data(), scores_.data(),     c.max_len};
     parallel(decode_.attention_run, at, "attention");
     project(L.o, attn_.data(), o_.data());
     for (int64_t i = 0; i < c.hidden; ++i) h_[i] += o_[i];
@@ -223,8 +223,8 @@ int64_t DecodeProgram::weight_bytes() const {
   for (const LayerWeights& L : w_.layers) {
     total += bytes(L.q) + bytes(L.k) + bytes(L.v) + bytes(L.o);
     if (L.mlp.seat != nullptr)
-      total += L.mlp.seat->gate().nbytes() + L.mlp.seat->up().nbytes() +
-               L.mlp.seat->down().nbytes();
+      total +=
+          L.mlp.seat->gate().nbytes() + L.mlp.seat->up().nbytes() + L.mlp.seat->down().nbytes();
     else
       total += bytes(L.mlp.gate) + bytes(L.mlp.up) + bytes(L.mlp.down);
   }

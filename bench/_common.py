@@ -1,0 +1,34 @@
+"""What every benchmark shares: the machine it ran on, and writing its JSON result."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import flashrt_structures as S
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "parallel": S.PARALLEL_BACKEND}
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
