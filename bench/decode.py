@@ -145,6 +145,19 @@ def main() -> int:
         print(f"{name:<13}{row['prefill_tok_s']:>14.1f}{row['decode_tok_s']:>14.2f}"
               f"{row['decode_speedup_vs_host']:>8.2f}x{floor:>13.1f}{row['frac_of_floor']:>10.0%}"
               f"{same:>15.0%}")
+    # Teacher-forced top-1 agreement: every loop fed the host's own greedy sequence, its argmax
+    # after each prefix against the host's, over the generated positions.
+    seq = torch.tensor([prompt[0].tolist() + host_tokens[:-1]])
+    with torch.no_grad():
+        host_next = model(seq).logits[0].argmax(-1).tolist()
+    agreement = {}
+    for name, lp in loops.items():
+        mine = lp.teacher_forced(seq)
+        span = range(PROMPT - 1, seq.shape[1])
+        agreement[name] = sum(mine[i] == host_next[i] for i in span) / len(span)
+        next(r for r in rows if r["arm"] == name)["teacher_forced_top1"] = agreement[name]
+    print("teacher-forced top-1 agreement with the host: " +
+          ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
     print(f"peers: {peers}")
     result = {"machine": machine(),
               "read_bandwidth_gbps": bw, "read_bandwidth_samples": bandwidth,

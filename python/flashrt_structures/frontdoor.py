@@ -116,7 +116,7 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     units: dict[str, dict[str, Any]] = {}
     winners: dict[str, Any] = {}
     for unit, swaps in families.items():
-        handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={})
+        handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
         try:
             with torch.no_grad():
                 got, _ = output_tensor(score())
@@ -126,7 +126,8 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
             for _ in range(rounds):
                 handle.detach()
                 host_t.append(_time(score, iters))
-                handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={})
+                handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={},
+                                     log_line=False)
                 arm_t.append(_time(score, iters))
         finally:
             handle.detach()

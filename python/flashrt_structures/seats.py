@@ -55,7 +55,7 @@ class SeatModule(nn.Module):
         raise RuntimeError(f"flashrt: load_state_dict into {self.site} refused while attached; "
                            "call handle.detach() first")
 
-    def _miss(self, verdict: int, args: tuple) -> torch.Tensor:
+    def _miss(self, verdict: int, args: tuple, kwargs: dict | None = None) -> torch.Tensor:
         ledger = self._seat.ledger
         reason = ledger.last_reason
         if verdict == RAISE:
@@ -63,7 +63,7 @@ class SeatModule(nn.Module):
         if verdict != BAND and self._seat.first_time(reason):
             warnings.warn(f"flashrt: {self.site} ran the host: {reason}", RuntimeWarning,
                           stacklevel=3)
-        out = self._host(*args)
+        out = self._host(*args, **(kwargs or {}))
         if verdict == RESTORE:
             warnings.warn(f"flashrt: {self.site} fell back {_core.SELF_DETACH_AFTER} times in a "
                           f"row ({reason}); the host module is back for good", RuntimeWarning,
@@ -122,7 +122,7 @@ class FfnSeatModule(SeatModule):
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         if args or kwargs:
-            return self._miss(self._seat.miss("extra forward arguments"), (x, *args))
+            return self._miss(self._seat.miss("extra forward arguments"), (x, *args), kwargs)
         return self._seated_call(x, self.hidden, self.hidden)
 
     def extra_repr(self) -> str:

@@ -107,7 +107,8 @@ class AttachHandle:
 
 
 def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str = "fallback",
-           allow_training: bool = False, notes: dict[str, Any] | None = None) -> AttachHandle:
+           allow_training: bool = False, notes: dict[str, Any] | None = None,
+           log_line: bool = True) -> AttachHandle:
     """Seats `swaps` ({module path: seat module}) in `root`, all or nothing."""
     if on_guard_fail not in ("fallback", "raise"):
         raise ValueError(f"on_guard_fail {on_guard_fail!r} not in {{'fallback', 'raise'}}")
@@ -135,5 +136,6 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
         raise
     _ACTIVE[root] = handle
     refused = handle.notes.setdefault("refused", [])
-    log.warning("[flashrt] %d seats, %d refused", len(records), len(refused))
+    if log_line:  # the gated door's trial attaches stay quiet; its final one logs
+        log.warning("[flashrt] %d seats, %d refused", len(records), len(refused))
     return handle
