@@ -56,6 +56,26 @@ def loop_arm(loop, prompt, new):
     return loop.timing["prefill_s"], loop.timing["decode_s"], out[0, PROMPT:].tolist()
 
 
+def llama_arm(llm, prompt, new):
+    """llama.cpp through llama-cpp-python: prefill the prompt in one batch, then one token per
+    eval, greedy (argmax of the last logits)."""
+    import numpy as np
+
+    def last_argmax() -> int:  # llama-cpp-python keeps no scores without logits_all
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt[0].tolist())
+    prefill = time.perf_counter() - t0
+    tokens = [last_argmax()]
+    t0 = time.perf_counter()
+    for _ in range(new - 1):
+        llm.eval([tokens[-1]])
+        tokens.append(last_argmax())
+    return prefill, time.perf_counter() - t0, tokens
+
+
 def host_weight_bytes(model) -> int:
     return sum(m.weight.numel() * m.weight.element_size()
                for m in model.modules() if isinstance(m, torch.nn.Linear))
@@ -100,8 +120,26 @@ def main() -> int:
     bytes_per_token = {"host": host_weight_bytes(model), "attached_w8": None,
                        **{n: l.weight_bytes for n, l in loops.items()}}
     bytes_per_token["attached_w8"] = bytes_per_token["loop_w8"]
-    peers = {"llama_cpp": "not measured: needs llama-cpp-python (a source build of llama.cpp) and "
-                          "a GGUF with a tokenizer written for these random weights"}
+    peers = {}
+    try:
+        import tempfile
+
+        import llama_cpp
+
+        from gguf_export import export_qwen3
+
+        gguf_dir = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
+        for quant in ("Q8_0", "Q4_0"):
+            path = export_qwen3(model, gguf_dir / f"qwen3-{quant}.gguf", quant)
+            llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=PROMPT,
+                                  n_threads=os.cpu_count(), logits_all=False, verbose=False)
+            arms[f"llama.cpp_{quant}"] = lambda llm=llm: llama_arm(llm, prompt, NEW)
+            # Every weight is read once per step; the tied embedding is the head.
+            bytes_per_token[f"llama.cpp_{quant}"] = path.stat().st_size
+        peers["llama_cpp"] = (f"llama-cpp-python {llama_cpp.__version__}: GGUF written from the "
+                              "same weights by the gguf package (Q8_0, Q4_0 with a Q8_0 head)")
+    except ImportError as e:
+        peers["llama_cpp"] = f"not measured: {e} (optional peer: pip install llama-cpp-python gguf)"
     try:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 

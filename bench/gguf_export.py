@@ -1,0 +1,75 @@
+"""Writes a Qwen3-shaped transformers model as a GGUF file llama.cpp loads (for the decode
+benchmark's llama.cpp peer), with the `gguf` package: the same weights, quantized to Q8_0 or
+Q4_0 by gguf's own quantizers (norms stay F32; the tied embedding/head stays Q8_0 in both, as
+w4a16_decode keeps its head at int8).
+
+The random-weight hosts have no tokenizer, so the file carries a placeholder vocabulary (one
+token per id, one placeholder merge): the benchmark feeds token ids and never text.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import gguf
+
+
+def _tensor(writer: gguf.GGUFWriter, name: str, t: torch.Tensor, qtype) -> None:
+    data = t.detach().float().contiguous().numpy()
+    if qtype == gguf.GGMLQuantizationType.F32 or data.ndim == 1:
+        writer.add_tensor(name, data.astype(np.float32))
+        return
+    writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+def export_qwen3(model, path: Path, weights: str) -> Path:
+    """weights: "Q8_0" or "Q4_0" (projections and FFN); the embedding/head is Q8_0."""
+    qtype = getattr(gguf.GGMLQuantizationType, weights)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    cfg = model.config
+    arch = "qwen3"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    params = getattr(cfg, "rope_parameters", None) or {}
+    w.add_rope_freq_base(float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if weights == "Q8_0"
+                    else gguf.LlamaFileType.MOSTLY_Q4_0)
+    vocab = cfg.vocab_size
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([f"<t{i}>" for i in range(vocab)])
+    w.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    w.add_token_merges(["<t0> <t1>"])  # llama.cpp requires the key; an empty array is not written
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    inner = model.model
+    _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
+    _tensor(w, "output_norm.weight", inner.norm.weight, gguf.GGMLQuantizationType.F32)
+    if not cfg.tie_word_embeddings:
+        _tensor(w, "output.weight", model.lm_head.weight, q8)
+    for i, layer in enumerate(inner.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        for name, t in (("attn_norm", layer.input_layernorm.weight),
+                        ("ffn_norm", layer.post_attention_layernorm.weight),
+                        ("attn_q_norm", a.q_norm.weight), ("attn_k_norm", a.k_norm.weight)):
+            _tensor(w, f"blk.{i}.{name}.weight", t, gguf.GGMLQuantizationType.F32)
+        for name, mod in (("attn_q", a.q_proj), ("attn_k", a.k_proj), ("attn_v", a.v_proj),
+                          ("attn_output", a.o_proj), ("ffn_gate", mlp.gate_proj),
+                          ("ffn_up", mlp.up_proj), ("ffn_down", mlp.down_proj)):
+            _tensor(w, f"blk.{i}.{name}.weight", mod.weight, qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
