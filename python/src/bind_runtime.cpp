@@ -8,7 +8,6 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
-#include <cstring>
 #include <memory>
 
 #include "convert.h"
@@ -36,15 +35,7 @@ std::vector<float> bias_values(nb::handle bias, int64_t n) {
   if (b.rank != 1 || b.shape[0] != n)
     throw Refused("bias " + b.describe() + ": expected [" + std::to_string(n) + "]");
   std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    if (b.dtype == DType::f32) {
-      out[i] = static_cast<const float*>(b.data)[i * b.strides[0]];
-    } else {
-      uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(b.data)[i * b.strides[0]])
-                      << 16;
-      std::memcpy(&out[i], &bits, 4);
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = b.element(i * b.strides[0]);
   return out;
 }
 

@@ -21,6 +21,9 @@ struct TensorView {
   static TensorView matrix(void* data, DType dt, int64_t rows, int64_t cols, int64_t row_stride);
   // "bf16[4, 1024] strides (1024, 1)": what refusals quote.
   std::string describe() const;
+  // The element `offset` elements from data, as fp32 (a bf16 value widened exactly). For bind-
+  // and gate-time reads; hot paths hand the whole view to a kernel instead.
+  float element(int64_t offset) const;
 };
 
 }  // namespace frt

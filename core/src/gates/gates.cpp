@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <sstream>
 
 namespace frt {
@@ -28,13 +27,7 @@ void check_pair(const TensorView& got, const TensorView& want) {
   }
 }
 
-double at(const TensorView& t, int64_t i) {
-  if (t.dtype == DType::f32) return static_cast<const float*>(t.data)[i];
-  uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(t.data)[i]) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+double at(const TensorView& t, int64_t i) { return t.element(i); }
 
 double cosine(const TensorView& a, const TensorView& b, int64_t begin, int64_t end) {
   double dot = 0, na = 0, nb = 0;

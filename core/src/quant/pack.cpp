@@ -24,12 +24,7 @@ void* aligned_zeroed(int64_t bytes) {
 }
 
 float load_element(const TensorView& w, int64_t row, int64_t col) {
-  const int64_t at = row * w.strides[0] + col * w.strides[1];
-  if (w.dtype == DType::f32) return static_cast<const float*>(w.data)[at];
-  uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(w.data)[at]) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return w.element(row * w.strides[0] + col * w.strides[1]);
 }
 
 void check_weight(const TensorView& w) {

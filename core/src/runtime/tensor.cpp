@@ -1,5 +1,6 @@
 #include <flashrt/tensor.h>
 
+#include <cstring>
 #include <sstream>
 
 namespace frt {
@@ -15,6 +16,14 @@ TensorView TensorView::matrix(void* data, DType dt, int64_t rows, int64_t cols,
   v.shape = {rows, cols, 0, 0};
   v.strides = {row_stride, 1, 0, 0};
   return v;
+}
+
+float TensorView::element(int64_t offset) const {
+  if (dtype == DType::f32) return static_cast<const float*>(data)[offset];
+  const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(data)[offset]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
 }
 
 std::string TensorView::describe() const {
