@@ -69,7 +69,7 @@ def weight_bytes(model, plan_swaps: dict | None) -> int:
     total = 0
     for name, mod in model.named_modules():
         if name in seated:
-            total += plan_swaps[name].seat.nbytes if hasattr(plan_swaps[name].seat, "nbytes") else 0
+            total += plan_swaps[name].seat.nbytes
             continue
         if any(name.startswith(s + ".") for s in seated):
             continue

@@ -22,7 +22,8 @@ class GuardRefused(RuntimeError):
     """An out-of-form call on a seat attached with on_guard_fail="raise"."""
 
 
-def _refuse_while_attached(what: str) -> Callable:
+def refusing(what: str) -> Callable:
+    """A stand-in for a host method that must not run while seats are attached."""
     def refuse(*_args, **_kwargs):
         raise RuntimeError(f"flashrt: {what} refused while attached; call handle.detach() first")
     return refuse
@@ -127,7 +128,3 @@ class FfnSeatModule(SeatModule):
 
     def extra_repr(self) -> str:
         return f"{self._seat.form.describe()}"
-
-
-def refusing(what: str) -> Callable:
-    return _refuse_while_attached(what)

@@ -91,6 +91,7 @@ void bind_runtime(nb::module_& m) {
       .def("first_time", &Seat::first_time)
       .def_prop_ro("form", &Seat::form)
       .def_prop_ro("ledger", &Seat::ledger)
+      .def_prop_ro("nbytes", &Seat::nbytes)
       .def_prop_rw(
           "mode",
           [](const Seat& s) {
@@ -99,7 +100,6 @@ void bind_runtime(nb::module_& m) {
           [](Seat& s, const std::string& m) { s.set_mode(guard_mode(m)); });
 
   nb::class_<LinearSeat, Seat>(m, "LinearSeat")
-      .def_prop_ro("nbytes", [](const LinearSeat& s) { return s.weight().nbytes(); })
       .def_prop_ro("pack_rel_err", [](const LinearSeat& s) { return s.weight().stats().rel_err; });
   nb::class_<FfnSeat, Seat>(m, "FfnSeat");
 

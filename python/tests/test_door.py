@@ -379,3 +379,12 @@ def test_with_every_kernel_package_unavailable_everything_is_refused_and_outputs
     assert all("kernel package flashrt/linear unavailable" in r for _, r in out["refused"])
     assert {e["repo"] for e in out["unavailable"]} == {"flashrt/linear", "flashrt/ffn"}
     assert all(e["error"] == "corrupt metadata" for e in out["unavailable"])
+
+
+def test_every_seat_reports_the_packed_bytes_it_streams():
+    model = hosts.qwen3(1)
+    plan = all_seats(model)
+    ffn = plan.swaps["model.layers.0.mlp"].seat
+    # gate and up: 768 x 256 int8 + 768 scales; down: 256 x 768 int8 + 256 scales (fp32)
+    assert ffn.nbytes == 2 * (768 * 256 + 768 * 4) + (256 * 768 + 256 * 4)
+    assert plan.swaps["lm_head"].seat.nbytes == hosts.VOCAB * 256 + hosts.VOCAB * 4

@@ -69,6 +69,8 @@ class Seat {
   std::thread::id owner() const { return owner_; }
   GuardMode mode() const;
   const frt_kernel_table& table() const { return table_; }
+  // Packed bytes one call streams (the floor's numerator).
+  virtual int64_t nbytes() const = 0;
   void set_mode(GuardMode mode);  // swap.attach(on_guard_fail=...) sets it on a planned seat
 
  protected:
@@ -90,6 +92,7 @@ class LinearSeat : public Seat {
              std::vector<float> bias);
   const PackedLinear& weight() const { return weight_; }
   const float* bias() const { return bias_.empty() ? nullptr : bias_.data(); }
+  int64_t nbytes() const override { return weight_.nbytes(); }
 
  private:
   std::string refusal(const TensorView& x, const TensorView& y) const override;
@@ -106,6 +109,7 @@ class FfnSeat : public Seat {
   const PackedLinear& up() const { return up_; }
   const PackedLinear& down() const { return down_; }
   Activation activation() const { return act_; }
+  int64_t nbytes() const override { return gate_.nbytes() + up_.nbytes() + down_.nbytes(); }
 
  private:
   std::string refusal(const TensorView& x, const TensorView& y) const override;

@@ -4,7 +4,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <mutex>
+
+#include "runtime/run_on_threads.h"
 
 namespace frt {
 namespace {
@@ -12,17 +13,9 @@ namespace {
 template <typename Args, typename Fn>
 void parallel(Fn fn, const Args& args, const char* what) {
   Parallel& par = process_parallel();
-  const int nth = par.size();
-  std::mutex mu;
-  std::string error;
-  par.run(nth, [&](int ith) {
-    frt_error err{};
-    if (fn(&args, ith, nth, &err) != FRT_OK) {
-      std::lock_guard lock(mu);
-      error = err.message;
-    }
+  detail::run_on_threads(par, par.size(), what, [&](int ith, int nth, frt_error* err) {
+    return fn(&args, ith, nth, err);
   });
-  if (!error.empty()) throw InvalidArgument(std::string(what) + ": " + error);
 }
 
 void check(bool ok, const std::string& what) {
@@ -216,7 +209,7 @@ void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const f
 
 int64_t DecodeProgram::weight_bytes() const {
   auto bytes = [](const ProjWeights& p) -> int64_t {
-    if (p.seat != nullptr) return p.seat->weight().nbytes();
+    if (p.seat != nullptr) return p.seat->nbytes();
     return p.n() * p.k() * (p.host.dtype == DType::f32 ? 4 : 2);
   };
   int64_t total = bytes(w_.head);

@@ -1,6 +1,8 @@
 #include <flashrt/errors.h>
 #include <flashrt/kernel_ops.h>
 
+#include "runtime/run_on_threads.h"
+
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #include <xmmintrin.h>
@@ -84,19 +86,10 @@ void* workspace(int64_t bytes) {
 template <typename Args, typename Run>
 void run_phases(Parallel& pool, int threads, int32_t phases, const Args& args, Run run) {
   const int nth = threads > 0 ? std::min(threads, pool.size()) : pool.size();
-  std::atomic<bool> failed{false};
-  frt_error first{};
-  std::mutex mu;
-  for (int32_t phase = 0; phase < phases && !failed.load(); ++phase) {
-    pool.run(nth, [&](int ith) {
-      frt_error err{};
-      if (run(&args, phase, ith, nth, &err) != FRT_OK) {
-        std::lock_guard lock(mu);
-        if (!failed.exchange(true)) first = err;
-      }
+  for (int32_t phase = 0; phase < phases; ++phase)
+    detail::run_on_threads(pool, nth, "kernel failed", [&](int ith, int n, frt_error* err) {
+      return run(&args, phase, ith, n, err);
     });
-  }
-  if (failed.load()) throw InvalidArgument(std::string("kernel failed: ") + first.message);
 }
 
 frt_linear_args linear_args(const PackedLinear& w, const float* bias, const TensorView& x,
