@@ -104,16 +104,21 @@ def main() -> int:
             handle.detach()
     samples: dict[str, list[dict]] = {name: [] for name in arms}
     prefills: dict[str, list[float]] = {name: [] for name in arms}
-    for _ in range(args.prefill_rounds):  # prefill alone: one 128-row forward per arm per round
-        for name, arm in arms.items():
+    def rotated(r: int) -> list[tuple[str, dict]]:
+        """The arms in a different order each round, so no arm always runs first or last."""
+        items = list(arms.items())
+        return items[r % len(items):] + items[:r % len(items)]
+
+    for r in range(args.prefill_rounds):  # prefill alone: one 128-row forward per arm per round
+        for name, arm in rotated(r):
             handle = arm["plan"].attach(model) if arm["swaps"] else None
             try:
                 prefills[name].append(run_arm(model, prompt, 1)["prefill_s"])
             finally:
                 if handle is not None:
                     handle.detach()
-    for _ in range(args.rounds):
-        for name, arm in arms.items():
+    for r in range(args.rounds):
+        for name, arm in rotated(r):
             handle = arm["plan"].attach(model) if arm["swaps"] else None
             try:
                 samples[name].append(run_arm(model, prompt, NEW))
