@@ -17,6 +17,9 @@ if grep -rnE '#include *[<"](Python\.h|nanobind/|torch/|ATen/|pybind11/)' core k
   echo "forbidden include in core/ or kernels/"; exit 1
 fi
 
+echo "== one home per fact: no structure, scheme or activation name in the planner or gates"
+python scripts/check_catalog_names.py
+
 echo "== clang-format"
 mapfile -t sources < <(git ls-files 'core/*.cpp' 'core/*.h' 'kernels/*.cpp' 'kernels/*.h' \
   'kernels/*.c' 'python/src/*.cpp' 'python/src/*.h' 'tests/*.cpp' 'tests/*.c')

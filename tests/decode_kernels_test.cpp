@@ -3,6 +3,7 @@
 #include <flashrt/abi/frt_kernel_abi.h>
 #include <flashrt/cpu_features.h>
 #include <flashrt/hub.h>
+#include <flashrt/kernel_ops.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -35,12 +36,23 @@ std::vector<float> randn(int64_t n, std::mt19937_64& rng, float sd = 1.0f) {
   return v;
 }
 
+// Runs the package's single-phase op of `kind` once (phase 0, thread ith of nth). A package that
+// does not list the op, or lists it with more than one phase, fails the test.
+int32_t run_op(const frt_kernel_table& t, OpKind kind, const void* args, int32_t ith, int32_t nth,
+               frt_error* err) {
+  const frt_op* op = find_op(t, kind);
+  EXPECT_NE(op, nullptr) << t.package << " lists no " << name_of(kind) << " op";
+  if (op == nullptr) return FRT_E_UNSUPPORTED;
+  EXPECT_EQ(op->phases, 1) << name_of(kind) << " is a single-phase primitive";
+  return op->run(args, 0, ith, nth, err);
+}
+
 // Runs a single-phase op on 3 "threads" (sequentially), as the core's pool would split it.
-template <typename Args, typename Fn>
-void run3(Fn fn, const Args& a) {
+template <typename Args>
+void run3(const frt_kernel_table& t, OpKind kind, const Args& a) {
   for (int ith = 0; ith < 3; ++ith) {
     frt_error err{};
-    ASSERT_EQ(fn(&a, ith, 3, &err), FRT_OK) << err.message;
+    ASSERT_EQ(run_op(t, kind, &a, ith, 3, &err), FRT_OK) << err.message;
   }
 }
 
@@ -62,7 +74,7 @@ TEST_P(DecodeKernels, RmsnormMatchesFloat64) {
     std::vector<float> x = randn(rows * width, rng_), w = randn(width, rng_);
     std::vector<float> y(rows * width, std::nanf(""));
     frt_rmsnorm_args a{rows, width, x.data(), width, w.data(), 1e-6f, y.data(), width};
-    run3(t_->rmsnorm_run, a);
+    run3(*t_, OpKind::rmsnorm, a);
     for (int64_t r = 0; r < rows; ++r) {
       double ss = 0;
       for (int64_t i = 0; i < width; ++i) ss += double(x[r * width + i]) * x[r * width + i];
@@ -80,7 +92,7 @@ TEST_P(DecodeKernels, RotaryMatchesFloat64) {
   std::vector<float> x = randn(heads * d, rng_), orig = x, c(d / 2), s(d / 2);
   for (int64_t i = 0; i < d / 2; ++i) c[i] = std::cos(0.37f * i), s[i] = std::sin(0.37f * i);
   frt_rotary_args a{heads, d, x.data(), c.data(), s.data()};
-  run3(t_->rotary_run, a);
+  run3(*t_, OpKind::rotary, a);
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t i = 0; i < d / 2; ++i) {
       const double a1 = orig[h * d + i], a2 = orig[h * d + i + d / 2];
@@ -89,7 +101,7 @@ TEST_P(DecodeKernels, RotaryMatchesFloat64) {
     }
   frt_rotary_args odd{1, 7, x.data(), c.data(), s.data()};
   frt_error err{};
-  EXPECT_NE(t_->rotary_run(&odd, 0, 1, &err), FRT_OK);
+  EXPECT_NE(run_op(*t_, OpKind::rotary, &odd, 0, 1, &err), FRT_OK);
   EXPECT_NE(std::string(err.message).find("head_dim must be even"), std::string::npos);
 }
 
@@ -102,7 +114,7 @@ TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64) {
     const float scale = 1.0f / std::sqrt(float(d));
     frt_attention_args a{heads,    kv,    d,          positions,     q.data(), k.data(),
                          v.data(), scale, out.data(), scores.data(), stride};
-    run3(t_->attention_run, a);
+    run3(*t_, OpKind::attention, a);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t g = h / (heads / kv);
       std::vector<double> p(positions);
@@ -148,7 +160,7 @@ TEST_P(DecodeKernels, DenseMatchesFloat64ForF32AndBf16Weights) {
                        bias.data(),
                        y.data(),
                        n};
-      run3(t_->dense_run, a);
+      run3(*t_, OpKind::dense, a);
       for (int64_t r = 0; r < m; ++r)
         for (int64_t c = 0; c < n; ++c) {
           double want = bias[c], mag = std::fabs(bias[c]);
@@ -164,12 +176,38 @@ TEST_P(DecodeKernels, DenseMatchesFloat64ForF32AndBf16Weights) {
 TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
   frt_error err{};
   frt_dense_args d{};
-  EXPECT_NE(t_->dense_run(&d, 0, 1, &err), FRT_OK);
+  EXPECT_NE(run_op(*t_, OpKind::dense, &d, 0, 1, &err), FRT_OK);
   frt_attention_args at{};
   at.heads = 3;
   at.kv_heads = 2;
-  EXPECT_NE(t_->attention_run(&at, 0, 1, &err), FRT_OK);
-  EXPECT_NE(t_->rmsnorm_run(nullptr, 0, 1, &err), FRT_OK);
+  EXPECT_NE(run_op(*t_, OpKind::attention, &at, 0, 1, &err), FRT_OK);
+  EXPECT_NE(run_op(*t_, OpKind::rmsnorm, nullptr, 0, 1, &err), FRT_OK);
+}
+
+TEST_P(DecodeKernels, ListsItsPrimitivesAndAnswersPlanTimeQuestions) {
+  EXPECT_EQ(t_->n_ops, 4);
+  for (OpKind kind : {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}) {
+    const frt_op* op = find_op(*t_, kind);
+    ASSERT_NE(op, nullptr) << name_of(kind);
+    EXPECT_EQ(op->phases, 1) << name_of(kind);
+  }
+  EXPECT_EQ(find_op(*t_, OpKind::linear), nullptr);
+  frt_op_desc dense{};
+  dense.op = FRT_OP_DENSE;
+  dense.rows_max = FRT_MAX_ROWS;
+  EXPECT_EQ(form_refusal(*t_, dense), "");
+  dense.rows_max = FRT_MAX_ROWS + 1;
+  EXPECT_NE(form_refusal(*t_, dense).find("outside 1..16"), std::string::npos)
+      << form_refusal(*t_, dense);
+  frt_op_desc linear{};
+  linear.op = FRT_OP_LINEAR;
+  EXPECT_NE(form_refusal(*t_, linear).find("provides no linear op"), std::string::npos)
+      << form_refusal(*t_, linear);
+  // A primitive has one phase: asking for a second is an error, not a silent no-op.
+  std::vector<float> x(8, 1.0f), w(8, 1.0f), y(8);
+  frt_rmsnorm_args a{1, 8, x.data(), 8, w.data(), 1e-6f, y.data(), 8};
+  frt_error err{};
+  EXPECT_NE(find_op(*t_, OpKind::rmsnorm)->run(&a, 1, 0, 1, &err), FRT_OK);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, DecodeKernels,

@@ -286,7 +286,34 @@ INSTANTIATE_TEST_SUITE_P(Variants, LinearKernel, ::testing::ValuesIn(kIsas));
 
 double act64(Activation a, double g) {
   if (a == Activation::silu) return g / (1.0 + std::exp(-g));
-  return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+  if (a == Activation::gelu) return 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
+  if (a == Activation::gelu_tanh)
+    return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+  ADD_FAILURE() << "no reference for activation " << name_of(a);
+  return std::nan("");
+}
+
+// The gated op's operands: y = down(act(gate(x)) * up(x)).
+FfnOperands gated(const PackedLinear& gate, const PackedLinear& up, const PackedLinear& down,
+                  Activation act) {
+  FfnOperands f;
+  f.gate = &gate;
+  f.up = &up;
+  f.down = &down;
+  f.act = act;
+  return f;
+}
+
+// The ungated op's operands: y = down(act(up(x) + up_bias)) + down_bias.
+FfnOperands ungated(const PackedLinear& up, const PackedLinear& down, const float* up_bias,
+                    const float* down_bias, Activation act) {
+  FfnOperands f;
+  f.up = &up;
+  f.down = &down;
+  f.up_bias = up_bias;
+  f.down_bias = down_bias;
+  f.act = act;
+  return f;
 }
 
 class FfnKernel : public ::testing::TestWithParam<std::string> {};
@@ -315,7 +342,7 @@ TEST_P(FfnKernel, MatchesFloat64ReferenceEveryFormatActivationAndDtype) {
                                     dd = dequant64(d.view());
           Rows x(dt, c.m, c.hidden, c.hidden, rng);
           Out y(dt, c.m, c.hidden);
-          run_ffn(*t, pool, g, u, d, act, x.view(), y.view());
+          run_ffn(*t, pool, gated(g, u, d, act), x.view(), y.view());
           for (int64_t r = 0; r < c.m; ++r) {
             std::vector<double> h(c.inter), hmag(c.inter);
             for (int64_t j = 0; j < c.inter; ++j) {
@@ -355,24 +382,286 @@ TEST_P(FfnKernel, RefusesMismatchedShapesFormatsAndRows) {
                      int4_gate = pack(kFormats[1], a, 128, 64);
   Rows x(DType::f32, 2, 64, 64, rng);
   Out y(DType::f32, 2, 64);
-  EXPECT_EQ("", ffn_refusal(*t, gate, gate, down, Activation::silu, x.view(), y.view()));
-  EXPECT_NE(ffn_refusal(*t, gate, gate, bad_down, Activation::silu, x.view(), y.view())
+  EXPECT_EQ("", ffn_refusal(*t, gated(gate, gate, down, Activation::silu), x.view(), y.view()));
+  EXPECT_NE(ffn_refusal(*t, gated(gate, gate, bad_down, Activation::silu), x.view(), y.view())
                 .find("do not chain"),
             std::string::npos);
-  EXPECT_NE(ffn_refusal(*t, int4_gate, gate, down, Activation::silu, x.view(), y.view())
+  EXPECT_NE(ffn_refusal(*t, gated(int4_gate, gate, down, Activation::silu), x.view(), y.view())
                 .find("one weight format"),
             std::string::npos);
   Rows many(DType::f32, 32, 64, 64, rng);
   Out y32(DType::f32, 32, 64);
-  EXPECT_NE(ffn_refusal(*t, gate, gate, down, Activation::silu, many.view(), y32.view())
+  EXPECT_NE(ffn_refusal(*t, gated(gate, gate, down, Activation::silu), many.view(), y32.view())
                 .find("decode band"),
+            std::string::npos);
+  // The gated op is bias-free and computes silu and gelu_tanh only.
+  std::vector<float> bias(128, 0.5f);
+  FfnOperands biased = gated(gate, gate, down, Activation::silu);
+  biased.up_bias = bias.data();
+  EXPECT_NE(ffn_refusal(*t, biased, x.view(), y.view()).find("takes no biases"), std::string::npos);
+  EXPECT_NE(ffn_refusal(*t, gated(gate, gate, down, Activation::gelu), x.view(), y.view())
+                .find("not in {silu, gelu_tanh}"),
             std::string::npos);
   std::string why;
   const frt_kernel_table* linear = open_variant_library(library("linear", GetParam()), &why);
   ASSERT_NE(linear, nullptr) << why;
-  EXPECT_NE(ffn_refusal(*linear, gate, gate, down, Activation::silu, x.view(), y.view())
+  EXPECT_NE(ffn_refusal(*linear, gated(gate, gate, down, Activation::silu), x.view(), y.view())
+                .find("provides no gated_ffn op"),
+            std::string::npos);
+  EXPECT_NE(ffn_refusal(*linear, ungated(gate, down, nullptr, nullptr, Activation::gelu), x.view(),
+                        y.view())
                 .find("provides no ffn op"),
             std::string::npos);
+}
+
+// The ungated op: y = down(act(up(x) + up_bias)) + down_bias, biases optional, against float64.
+TEST_P(FfnKernel, UngatedMatchesFloat64ReferenceEveryFormatActivationBiasAndDtype) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  struct Case {
+    int64_t m, hidden, inter;
+  };
+  // Odd widths (not a multiple of the panel, or of any group) run on int8 only: an int4 pack
+  // needs every input width divisible by its group.
+  const std::vector<Case> cases = {{1, 128, 384}, {3, 256, 128}, {8, 128, 256}, {16, 384, 128},
+                                   {2, 100, 75},  {5, 33, 200},  {16, 17, 9}};
+  int runs = 0;
+  for (const Format& f : kFormats)
+    for (const Case& c : cases) {
+      if (f.int4 && (c.hidden % f.group != 0 || c.inter % f.group != 0)) continue;
+      for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu})
+        for (DType dt : {DType::f32, DType::bf16}) {
+          // Bit 0: up bias, bit 1: down bias. The six runs of a format and case cycle through
+          // all four combinations.
+          const int biases = runs % 4;
+          const bool with_up_bias = biases & 1, with_down_bias = biases & 2;
+          std::vector<float> wu = random_weight(c.inter, c.hidden, rng);
+          std::vector<float> wdn = random_weight(c.hidden, c.inter, rng);
+          std::vector<float> bu(c.inter), bd(c.hidden);
+          for (float& b : bu) b = std::normal_distribution<float>(0, 0.5f)(rng);
+          for (float& b : bd) b = std::normal_distribution<float>(0, 0.5f)(rng);
+          const PackedLinear u = pack(f, wu, c.inter, c.hidden),
+                             d = pack(f, wdn, c.hidden, c.inter);
+          const std::vector<double> ud = dequant64(u.view()), dd = dequant64(d.view());
+          Rows x(dt, c.m, c.hidden, c.hidden + 3, rng);  // strided rows
+          Out y(dt, c.m, c.hidden);
+          const FfnOperands ops = ungated(u, d, with_up_bias ? bu.data() : nullptr,
+                                          with_down_bias ? bd.data() : nullptr, act);
+          ASSERT_EQ(ffn_refusal(*t, ops, x.view(), y.view()), "");
+          run_ffn(*t, pool, ops, x.view(), y.view());
+          ++runs;
+          const std::string where = std::string(f.name) + " m" + std::to_string(c.m) + " hidden" +
+                                    std::to_string(c.hidden) + " inter" + std::to_string(c.inter) +
+                                    " " + name_of(act) + " " + dtype_name(dt) + " biases " +
+                                    std::to_string(biases);
+          for (int64_t r = 0; r < c.m; ++r) {
+            std::vector<double> h(c.inter);
+            for (int64_t j = 0; j < c.inter; ++j) {
+              double uv = with_up_bias ? bu[j] : 0.0;
+              for (int64_t i = 0; i < c.hidden; ++i)
+                uv += x.value[r * c.hidden + i] * ud[j * c.hidden + i];
+              h[j] = act64(act, uv);
+            }
+            for (int64_t col = 0; col < c.hidden; ++col) {
+              double want = with_down_bias ? bd[col] : 0.0, mag = std::fabs(want);
+              for (int64_t j = 0; j < c.inter; ++j) {
+                want += h[j] * dd[col * c.inter + j];
+                mag += std::fabs(h[j] * dd[col * c.inter + j]);
+              }
+              // h carries fp32 rounding from its dot product: allow 1e-4 relative.
+              const double got = y.at(r, col);
+              ASSERT_TRUE(std::isfinite(got)) << where << " unwritten [" << r << "," << col << "]";
+              ASSERT_NEAR(got, want,
+                          1e-4 * mag + (dt == DType::bf16 ? std::fabs(want) / 128 : 0) + 1e-6)
+                  << where << " [" << r << "," << col << "]";
+            }
+            for (int64_t col = c.hidden; col < y.ld; ++col)
+              ASSERT_TRUE(y.gap_untouched(r, col)) << where << ": wrote past the row at " << col;
+          }
+        }
+    }
+  EXPECT_GT(runs, 0);
+}
+
+// With identity projections the op's output is act(x + up_bias) + down_bias itself, so the
+// activation is checked tightly enough to tell gelu (erf) from its tanh approximation (they
+// differ by up to ~5e-4 near |x| = 2.7), which the general reference's tolerance could not.
+TEST_P(FfnKernel, UngatedComputesTheNamedActivation) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  const int64_t w = 64, m = 2;
+  std::vector<float> eye(w * w, 0.0f);
+  for (int64_t i = 0; i < w; ++i) eye[i * w + i] = 1.0f;
+  const PackedLinear up = PackedLinear::int8(TensorView::matrix(eye.data(), DType::f32, w, w, w));
+  const PackedLinear down = PackedLinear::int8(TensorView::matrix(eye.data(), DType::f32, w, w, w));
+  std::vector<float> x(m * w), bu(w), bd(w);
+  for (int64_t i = 0; i < m * w; ++i) x[i] = -4.0f + 8.0f * static_cast<float>(i) / (m * w - 1);
+  for (int64_t i = 0; i < w; ++i) {
+    bu[i] = 0.125f * static_cast<float>(i % 5) - 0.25f;
+    bd[i] = 0.0625f * static_cast<float>(i % 3);
+  }
+  const std::vector<Activation> acts = {Activation::silu, Activation::gelu_tanh, Activation::gelu};
+  for (Activation act : acts) {
+    std::vector<float> y(m * w, std::nanf(""));
+    run_ffn(*t, pool, ungated(up, down, bu.data(), bd.data(), act),
+            TensorView::matrix(x.data(), DType::f32, m, w, w),
+            TensorView::matrix(y.data(), DType::f32, m, w, w));
+    for (Activation other : acts) {
+      double worst = 0;
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t c = 0; c < w; ++c) {
+          const double want = act64(other, static_cast<double>(x[r * w + c]) + bu[c]) + bd[c];
+          worst = std::max(worst, std::fabs(y[r * w + c] - want));
+        }
+      if (other == act) {
+        EXPECT_LT(worst, 1e-5) << name_of(act);
+      } else {
+        EXPECT_GT(worst, 1e-4) << name_of(act) << " computed what " << name_of(other) << " does";
+      }
+    }
+  }
+}
+
+TEST_P(FfnKernel, UngatedOneThreadAndTwoThreadsAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  for (const Format& f : kFormats) {
+    std::vector<float> wu = random_weight(384, 256, rng), wd = random_weight(256, 384, rng);
+    std::vector<float> bu(384, 0.25f), bd(256, -0.5f);
+    const PackedLinear u = pack(f, wu, 384, 256), d = pack(f, wd, 256, 384);
+    Rows x(DType::f32, 3, 256, 256, rng);
+    Out a(DType::f32, 3, 256), b(DType::f32, 3, 256);
+    const FfnOperands ops = ungated(u, d, bu.data(), bd.data(), Activation::gelu);
+    run_ffn(*t, pool, ops, x.view(), a.view(), 1);
+    run_ffn(*t, pool, ops, x.view(), b.view(), 2);
+    EXPECT_EQ(0, std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4)) << f.name;
+  }
+}
+
+TEST_P(FfnKernel, UngatedRefusesMismatchedShapesFormatsRowsAndActivations) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(1);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> a = random_weight(128, 64, rng), b = random_weight(64, 128, rng),
+                     c = random_weight(64, 96, rng);
+  const PackedLinear up = pack(kFormats[0], a, 128, 64), down = pack(kFormats[0], b, 64, 128),
+                     bad_down = pack(kFormats[0], c, 64, 96),
+                     int4_up = pack(kFormats[1], a, 128, 64);
+  std::vector<float> bu(128, 0.1f), bd(64, 0.1f);
+  Rows x(DType::f32, 2, 64, 64, rng);
+  Out y(DType::f32, 2, 64);
+  EXPECT_EQ("", ffn_refusal(*t, ungated(up, down, bu.data(), bd.data(), Activation::gelu), x.view(),
+                            y.view()));
+  EXPECT_EQ("", ffn_refusal(*t, ungated(up, down, nullptr, nullptr, Activation::silu), x.view(),
+                            y.view()));
+  EXPECT_NE(
+      ffn_refusal(*t, ungated(up, bad_down, nullptr, nullptr, Activation::gelu), x.view(), y.view())
+          .find("do not chain"),
+      std::string::npos);
+  EXPECT_NE(ffn_refusal(*t, ungated(int4_up, down, nullptr, nullptr, Activation::gelu), x.view(),
+                        y.view())
+                .find("one weight format"),
+            std::string::npos);
+  const std::string relu =
+      ffn_refusal(*t, ungated(up, down, nullptr, nullptr, Activation::relu), x.view(), y.view());
+  EXPECT_NE(relu.find("not in {silu, gelu, gelu_tanh}"), std::string::npos) << relu;
+  Rows many(DType::f32, 32, 64, 64, rng);
+  Out y32(DType::f32, 32, 64);
+  const FfnOperands ops = ungated(up, down, bu.data(), bd.data(), Activation::gelu);
+  EXPECT_NE(ffn_refusal(*t, ops, many.view(), y32.view()).find("decode band"), std::string::npos);
+  EXPECT_THROW(run_ffn(*t, pool, ops, many.view(), y32.view()), Refused);
+  Rows narrow(DType::f32, 2, 32, 32, rng);
+  EXPECT_NE(ffn_refusal(*t, ops, narrow.view(), y.view()).find("width 32, expected 64"),
+            std::string::npos);
+}
+
+// Plan time: supports_op answers for a described form, before any tensor exists.
+TEST_P(FfnKernel, FormRefusalAnswersForTheDescribedForm) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  frt_op_desc good{};
+  good.op = FRT_OP_FFN;
+  good.wformat = FRT_W_INT4_GROUP;
+  good.group = 32;
+  good.act = FRT_ACT_GELU;
+  good.x_dtype = FRT_BF16;
+  good.y_dtype = FRT_BF16;
+  good.has_bias = 1;
+  good.rows_max = FRT_MAX_ROWS;
+  good.n = 128;
+  good.k = 128;
+  good.inner = 512;
+  EXPECT_EQ(form_refusal(*t, good), "");
+  frt_op_desc int8 = good;
+  int8.wformat = FRT_W_INT8_CHANNEL;
+  int8.group = 0;
+  int8.n = int8.k = 100;  // int8 takes any width
+  int8.inner = 75;
+  EXPECT_EQ(form_refusal(*t, int8), "");
+  frt_op_desc gated_desc = good;
+  gated_desc.op = FRT_OP_GATED_FFN;
+  gated_desc.act = FRT_ACT_SILU;
+  gated_desc.has_bias = 0;
+  EXPECT_EQ(form_refusal(*t, gated_desc), "");
+
+  // An op kind the package does not own: the message names the package and the op.
+  frt_op_desc linear_desc = good;
+  linear_desc.op = FRT_OP_LINEAR;
+  const std::string not_owned = form_refusal(*t, linear_desc);
+  EXPECT_NE(not_owned.find("flashrt/ffn"), std::string::npos) << not_owned;
+  EXPECT_NE(not_owned.find("linear"), std::string::npos) << not_owned;
+  frt_op_desc rms = good;
+  rms.op = FRT_OP_RMSNORM;
+  EXPECT_NE(form_refusal(*t, rms).find("rmsnorm"), std::string::npos) << form_refusal(*t, rms);
+
+  frt_op_desc indivisible = good;
+  indivisible.k = 100;  // up's input width is not a multiple of group 32
+  EXPECT_NE(form_refusal(*t, indivisible).find("k=100 is not a multiple of group 32"),
+            std::string::npos)
+      << form_refusal(*t, indivisible);
+  frt_op_desc inner = good;
+  inner.inner = 80;  // down's input width is the intermediate
+  EXPECT_NE(form_refusal(*t, inner).find("k=80 is not a multiple of group 32"), std::string::npos)
+      << form_refusal(*t, inner);
+
+  frt_op_desc rows = good;
+  rows.rows_max = FRT_MAX_ROWS + 1;
+  EXPECT_NE(form_refusal(*t, rows).find("outside the decode band 1..16"), std::string::npos)
+      << form_refusal(*t, rows);
+
+  frt_op_desc biased_gated = gated_desc;
+  biased_gated.has_bias = 1;
+  EXPECT_NE(form_refusal(*t, biased_gated).find("takes no biases"), std::string::npos)
+      << form_refusal(*t, biased_gated);
+  frt_op_desc gelu_gated = gated_desc;
+  gelu_gated.act = FRT_ACT_GELU;
+  EXPECT_NE(form_refusal(*t, gelu_gated), "");
+  frt_op_desc relu = good;
+  relu.act = static_cast<int32_t>(Activation::relu);
+  EXPECT_NE(form_refusal(*t, relu), "");
+
+  // The linear package owns the linear op only.
+  std::string why;
+  const frt_kernel_table* linear = open_variant_library(library("linear", GetParam()), &why);
+  ASSERT_NE(linear, nullptr) << why;
+  frt_op_desc lin = good;
+  lin.op = FRT_OP_LINEAR;
+  EXPECT_EQ(form_refusal(*linear, lin), "");
+  EXPECT_NE(form_refusal(*linear, good).find("provides no ffn op"), std::string::npos)
+      << form_refusal(*linear, good);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, FfnKernel, ::testing::ValuesIn(kIsas));

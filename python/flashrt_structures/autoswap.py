@@ -11,13 +11,11 @@ from typing import Any, Iterable
 
 from torch import nn
 
-from . import _core, swap
+from . import _core, catalog, seats, swap
 from .observe import Forward, normalise_forwards, observe
-from .seats import FfnSeatModule, LinearSeatModule, SeatModule
+from .seats import SeatModule
 
 log = logging.getLogger("flashrt")
-
-DEFAULT_STRUCTURES = ("linear_proj", "decoder_ffn", "lm_head")
 
 
 @dataclass
@@ -33,34 +31,9 @@ class AutoPlan:
         return swap.attach(model, self.swaps, on_guard_fail=on_guard_fail, notes=self.notes)
 
 
-def _linear_seat(site: str, host: nn.Linear, sp: _core.SeatPlan, dtype: str) -> LinearSeatModule:
-    f = sp.form
-    seat = _core.make_linear_seat(site, sp.seam.structure, sp.impl, sp.package, host.weight,
-                                  host.bias, dtype, f.format, f.group, f.symmetric, sp.band_min,
-                                  sp.band_max, "fallback")
-    return LinearSeatModule(site, host, seat)
-
-
 def build_swaps(model: nn.Module, plan: _core.Plan) -> dict[str, SeatModule]:
-    swaps: dict[str, SeatModule] = {}
-    for sp in plan.seats:
-        seam = sp.seam
-        dtype = seam.act_dtype or seam.weight_dtype
-        if seam.structure == "decoder_ffn" and sp.impl.startswith("ffn_as_projections"):
-            for slot in ("gate", "up", "down"):
-                path = seam.slots[slot]
-                swaps[path] = _linear_seat(path, model.get_submodule(path), sp, dtype)
-        elif seam.structure == "decoder_ffn":
-            host = model.get_submodule(seam.site)
-            g, u, d = (model.get_submodule(seam.slots[s]) for s in ("gate", "up", "down"))
-            f = sp.form
-            seat = _core.make_ffn_seat(seam.site, sp.impl, sp.package, g.weight, u.weight,
-                                       d.weight, seam.activation, dtype, f.format, f.group,
-                                       f.symmetric, sp.band_min, sp.band_max, "fallback")
-            swaps[seam.site] = FfnSeatModule(seam.site, host, seat, seam.in_features)
-        else:
-            swaps[seam.site] = _linear_seat(seam.site, model.get_submodule(seam.site), sp, dtype)
-    return swaps
+    """One seat module per planned seat, keyed by the module it stands in for."""
+    return {sp.site: seats.build(model, sp) for sp in plan.seats}
 
 
 def notes_of(plan: _core.Plan) -> dict[str, Any]:
@@ -76,25 +49,29 @@ def notes_of(plan: _core.Plan) -> dict[str, Any]:
 
 
 def auto_swaps(model: nn.Module, forward: Forward | Iterable[Forward], *,
-               structures: Iterable[str] = DEFAULT_STRUCTURES, scheme: str = "auto",
+               structures: Iterable[str] | None = None, scheme: str = "auto",
                min_seat_weights: int | None = None) -> AutoPlan:
-    """Observes one real forward (or several), plans in the core, builds the seat modules."""
+    """Observes one real forward (or several), plans in the core, builds the seat modules.
+    structures: catalog names to look for (default: every structure in the catalog)."""
     forwards = normalise_forwards(forward)
     graph = observe(model, forwards)
     options = _core.PlanOptions()
-    options.structures = list(structures)
+    options.structures = list(structures or [])
     options.scheme = scheme
-    if min_seat_weights is not None:
-        options.min_seat_weights = min_seat_weights
-    core_plan = _core.plan(graph, options)
+    options.min_seat_weights = min_seat_weights
+    core_plan = _core.plan(graph, catalog.shipped(), options)
     return AutoPlan(build_swaps(model, core_plan), notes_of(core_plan), list(core_plan.seats),
                     core_plan)
 
 
-def explain(plan: AutoPlan | _core.Plan) -> str:
-    """Every seat, keep-at-host and refusal with its reason, and the counts."""
+def explain(plan: Any) -> str:
+    """Every seat, keep-at-host and refusal with its reason, and the counts. Takes an AutoPlan,
+    a core Plan, a DecodePlan or a DecodeLoop (whose plan it prints)."""
+    plan = getattr(plan, "plan", plan)  # a DecodeLoop carries its DecodePlan
+    if isinstance(plan, _core.DecodePlan):
+        return _core.explain_decode(plan)
     return _core.explain(plan.core if isinstance(plan, AutoPlan) else plan)
 
 
 def list_schemes() -> list[str]:
-    return list(_core.scheme_names())
+    return list(_core.scheme_names(catalog.shipped()))

@@ -15,40 +15,45 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from . import _core, swap
-from .autoswap import DEFAULT_STRUCTURES, auto_swaps
+from . import _core, catalog, swap
+from .autoswap import auto_swaps
 from .observe import Forward, normalise_forwards
 
 log = logging.getLogger("flashrt")
 
 
-def output_tensor(out: Any) -> tuple[torch.Tensor, str]:
+def output_tensor(out: Any) -> tuple[torch.Tensor, _core.OutputKind]:
     """The scored tensor of a forward's return and its kind: logits are a distribution,
     anything else values."""
     logits = getattr(out, "logits", None)
     if logits is None and isinstance(out, dict):
         logits = out.get("logits")
+    values = _core.OutputKind.values
     if isinstance(logits, torch.Tensor):
-        return logits, "distribution"
+        return logits, _core.OutputKind.distribution
     if isinstance(out, torch.Tensor):
-        return out, "values"
+        return out, values
     for name in ("last_hidden_state", "sample"):
         t = getattr(out, name, None)
         if isinstance(t, torch.Tensor):
-            return t, "values"
+            return t, values
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0], "values"
+        return out[0], values
     raise ValueError(f"flashrt: cannot find a tensor to score in a {type(out).__name__}")
 
 
-def parity(got: torch.Tensor, want: torch.Tensor, kind: str) -> dict[str, float]:
+def parity(got: torch.Tensor, want: torch.Tensor, kind: _core.OutputKind) -> dict[str, Any]:
+    """The parity figures by output kind, and their band under the catalog's gates."""
     g, w = got.detach().float().contiguous(), want.detach().float().contiguous()
-    if kind == "distribution":
-        m = _core.distribution_metrics(g, w)
-        return {"top1_agreement": m.top1_agreement, "last_position_cosine": m.last_position_cosine,
-                "max_abs": m.max_abs, "band": _core.distribution_band(m.top1_agreement)}
-    m = _core.value_metrics(g, w)
-    return {"cosine": m.cosine, "max_abs": m.max_abs, "band": _core.value_band(m.cosine)}
+    if kind == _core.OutputKind.distribution:
+        d = _core.distribution_metrics(g, w)
+        m = {"top1_agreement": d.top1_agreement, "last_position_cosine": d.last_position_cosine,
+             "max_abs": d.max_abs}
+    else:
+        v = _core.value_metrics(g, w)
+        m = {"cosine": v.cosine, "max_abs": v.max_abs}
+    band = catalog.shipped().band(kind)
+    return {**m, "band": _core.band_name(_core.parity_band(band, m[band.metric]))}
 
 
 def _time(fn: Callable[[], Any], iters: int) -> float:
@@ -91,10 +96,11 @@ class FrontDoorResult:
 
 
 def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
-           structures: Iterable[str] = DEFAULT_STRUCTURES, scheme: str = "auto",
+           structures: Iterable[str] | None = None, scheme: str = "auto",
            output: Forward | None = None, floors: dict[str, float] | None = None,
-           min_speedup: float = 1.02, rounds: int = 5, iters: int = 3,
+           min_speedup: float | None = None, rounds: int = 5, iters: int = 3,
            on_guard_fail: str = "fallback") -> FrontDoorResult:
+    """min_speedup: None takes each unit's structure's own (catalog gates.latency)."""
     forwards = normalise_forwards(forward)
     score = output or forwards[-1]
     if model.training:
@@ -131,19 +137,16 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
                 arm_t.append(_time(score, iters))
         finally:
             handle.detach()
-        verdict = _core.latency_verdict(host_t, arm_t, min_speedup)
-        shortfall = _core.floors_shortfall(
-            {k: v for k, v in metrics.items() if k != "band"}, dict(floors or {}))
-        decision = "activated"
-        if fallbacks:
-            decision = f"refused: {fallbacks} fallbacks in the ledger (fallback parity is the host's)"
-        elif shortfall:
-            decision = f"refused: {shortfall}"
-        elif not verdict.activates:
-            decision = (f"refused: median speedup {verdict.median_ratio:.3f}x < "
-                        f"{min_speedup}x")
-        units[unit] = {"seats": len(swaps), "parity": metrics, "speedup": verdict.median_ratio,
-                       "ratios": list(verdict.ratios), "decision": decision}
+        unit_speedup = (min_speedup if min_speedup is not None
+                        else catalog.load(unit).gate.min_speedup)
+        verdict = _core.judge_unit(catalog.shipped().band(kind),
+                                   {k: v for k, v in metrics.items() if k != "band"}, fallbacks,
+                                   host_t, arm_t, unit_speedup, dict(floors or {}))
+        decision = verdict.text
+        units[unit] = {"seats": len(swaps), "parity": metrics,
+                       "speedup": verdict.latency.median_ratio,
+                       "ratios": list(verdict.latency.ratios), "decision": decision,
+                       "min_speedup": unit_speedup}
         if decision == "activated":
             winners.update(swaps)
         else:
@@ -167,7 +170,7 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
         log.warning("[flashrt] 0 seats, %d refused (whole host refused: nothing passed its gates; "
                     "the model is untouched)", len(refused))
     notes["refused"] = refused
-    receipt = {"scheme": notes["scheme"], "output_kind": kind, "units": units,
+    receipt = {"scheme": notes["scheme"], "output_kind": kind.name, "units": units,
                "floors": dict(floors or {}), "min_speedup": min_speedup, "rounds": rounds,
                "torch": torch.__version__}
     return FrontDoorResult(handle, units, notes, receipt)

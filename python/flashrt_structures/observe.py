@@ -15,15 +15,16 @@ import torch
 from torch import nn
 
 from . import _core
+from .seats import SeatModule
 
 Forward = Callable[[], object]
 
-_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
-           torch.float64: "f64"}
+_DTYPES = {torch.float32: _core.DType.f32, torch.bfloat16: _core.DType.bf16,
+           torch.float16: _core.DType.f16, torch.float64: _core.DType.f64}
 
 
-def dtype_name(dt: torch.dtype) -> str:
-    return _DTYPES.get(dt, str(dt).replace("torch.", ""))
+def dtype_of(dt: torch.dtype) -> _core.DType:
+    return _DTYPES.get(dt, _core.DType.other)
 
 
 def normalise_forwards(forward: Forward | Iterable[Forward]) -> list[Forward]:
@@ -37,15 +38,17 @@ def normalise_forwards(forward: Forward | Iterable[Forward]) -> list[Forward]:
 
 
 _PROBE = torch.linspace(-6.0, 6.0, 121)
-_REFERENCE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": torch.nn.functional.silu,
-    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
-    "gelu": torch.nn.functional.gelu,
-    "relu": torch.relu,
+# The torch reference of each activation the core names (flashrt/types.h): what a module is
+# measured against. Names come from the core's enum, so there is one list of them.
+_REFERENCE_ACTIVATIONS: dict[_core.Activation, Callable[[torch.Tensor], torch.Tensor]] = {
+    _core.Activation.silu: torch.nn.functional.silu,
+    _core.Activation.gelu_tanh: lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+    _core.Activation.gelu: torch.nn.functional.gelu,
+    _core.Activation.relu: torch.relu,
 }
 
 
-def measure_activation(module: nn.Module) -> str | None:
+def measure_activation(module: nn.Module) -> _core.Activation | None:
     """What a parameter-free leaf module computes elementwise, by evaluating it; None when it is
     not an elementwise nonlinearity (it fails on a probe, changes the shape, or is the identity)."""
     if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.children()):
@@ -59,10 +62,42 @@ def measure_activation(module: nn.Module) -> str | None:
         return None
     if torch.equal(y, _PROBE):
         return None
-    for name, fn in _REFERENCE_ACTIVATIONS.items():
+    for act, fn in _REFERENCE_ACTIVATIONS.items():
         if torch.allclose(y, fn(_PROBE), atol=1e-5, rtol=1e-5):
-            return name
-    return "unknown"
+            return act
+    return _core.Activation.unknown
+
+
+def measure_norm(module: nn.Module) -> tuple[int, dict[str, str]] | None:
+    """(width, {"form", "eps"}) for a leaf module with a 1-D weight that normalises its input's
+    last dimension, by evaluating it: "rms" is x·w/rms(x), "rms_one_plus" x·(1+w)/rms(x), "other"
+    anything else it computes over that width. None when the module is not such a leaf."""
+    w = getattr(module, "weight", None)
+    if (not isinstance(w, torch.Tensor) or w.dim() != 1 or any(True for _ in module.children())
+            or w.dtype not in _DTYPES or w.device.type != "cpu"):
+        return None
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(eps, (int, float)):
+        return None
+    width = w.shape[0]
+    probe = torch.randn(2, width, generator=torch.Generator().manual_seed(5)).to(w.dtype)
+    try:
+        with torch.no_grad():
+            got = module(probe)
+    except Exception:  # noqa: BLE001 - not a norm over its weight's width
+        return None
+    if not isinstance(got, torch.Tensor) or got.shape != probe.shape:
+        return None
+    with torch.no_grad():
+        p = probe.float()
+        normed = p * torch.rsqrt(p.pow(2).mean(-1, keepdim=True) + eps)
+        forms = {"rms": normed * w.float(), "rms_one_plus": normed * (1.0 + w.float())}
+    form = "other"
+    for name, want in forms.items():
+        if torch.allclose(got.float(), want, rtol=1e-4, atol=1e-5):
+            form = name
+            break
+    return width, {"form": form, "eps": repr(float(eps))}
 
 
 def _path_of(model: nn.Module, target: nn.Module | None) -> str:
@@ -78,41 +113,104 @@ def _rows(t: torch.Tensor) -> int:
     return math.prod(t.shape[:-1]) if t.dim() >= 1 else 1
 
 
-def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
+def _rope_type(config: object) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not params:
+        return "default"
+    return str(params.get("rope_type", params.get("type", "default")))
+
+
+def config_attributes(model: nn.Module) -> dict[str, str]:
+    """What the host's configuration declares that the structure of its modules cannot show:
+    head counts, the rotary form, a sliding window that applies."""
+    cfg = getattr(model, "config", None)
+    out: dict[str, str] = {}
+    first = next(iter(model.parameters()), None)
+    if first is not None:
+        out["dtype"] = str(first.dtype)
+    if cfg is None:
+        return out
+    for key, name in (("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"),
+                      ("head_dim", "head_dim"), ("intermediate", "intermediate_size")):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int):
+            out[key] = str(value)
+    out["rope_type"] = _rope_type(cfg)
+    window = getattr(cfg, "sliding_window", None)
+    sliding = getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (
+        getattr(cfg, "layer_types", None) or [])
+    out["sliding_window"] = str(window) if window and sliding else ""
+    return out
+
+
+def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
+    """One module as the core sees it, and whether its calls are worth observing."""
+    hm = _core.HostModule()
+    hm.path = path
+    hm.type_name = type(mod).__name__
+    hm.children = [f"{path}.{n}" if path else n for n, _ in mod.named_children()]
+    if isinstance(mod, SeatModule):
+        # A seat stands here: it computes what its host did, with the op its form names.
+        form = mod.seat.form
+        hm.kind = _core.ModuleKind.module
+        hm.in_features, hm.out_features = form.width, form.out
+        hm.has_bias = getattr(mod.host, "bias", None) is not None
+        hm.attributes = {"seated": form.op.name}
+        return hm, False
+    if isinstance(mod, nn.Linear):
+        hm.kind = _core.ModuleKind.linear
+        hm.in_features, hm.out_features = mod.in_features, mod.out_features
+        hm.has_bias = mod.bias is not None
+        hm.weight_dtype = dtype_of(mod.weight.dtype)
+        hm.weight_device = mod.weight.device.type
+        hm.weight_id = mod.weight.data_ptr()
+        return hm, True
+    if isinstance(mod, nn.Embedding):
+        hm.kind = _core.ModuleKind.embedding
+        hm.in_features, hm.out_features = mod.num_embeddings, mod.embedding_dim
+        hm.weight_dtype = dtype_of(mod.weight.dtype)
+        hm.weight_id = mod.weight.data_ptr()
+        return hm, False
+    if (act := measure_activation(mod)) is not None:
+        hm.kind = _core.ModuleKind.activation
+        hm.activation = act
+        return hm, True
+    if (norm := measure_norm(mod)) is not None:
+        hm.kind = _core.ModuleKind.norm
+        hm.in_features = norm[0]
+        hm.weight_dtype = dtype_of(mod.weight.dtype)
+        hm.attributes = norm[1]
+        return hm, False
+    hm.kind = _core.ModuleKind.module
+    inv_freq = getattr(mod, "inv_freq", None)  # a rotary embedding's own frequencies
+    if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
+        hm.values = inv_freq.detach().float().tolist()
+        hm.attributes = {"attention_scaling": repr(float(getattr(mod, "attention_scaling", 1.0)))}
+    return hm, False
+
+
+def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn.Module]]]:
+    """The module tree as a HostGraph (no calls yet), and the modules whose calls to observe."""
     graph = _core.HostGraph()
     modules = []
     hooked: list[tuple[str, nn.Module]] = []
     for path, mod in model.named_modules():
-        hm = _core.HostModule()
-        hm.path = path
-        hm.type_name = type(mod).__name__
-        hm.children = [f"{path}.{n}" if path else n for n, _ in mod.named_children()]
-        if isinstance(mod, nn.Linear):
-            hm.kind = "linear"
-            hm.in_features, hm.out_features = mod.in_features, mod.out_features
-            hm.has_bias = mod.bias is not None
-            hm.weight_dtype = dtype_name(mod.weight.dtype)
-            hm.weight_device = mod.weight.device.type
-            hm.weight_id = mod.weight.data_ptr()
-            hooked.append((path, mod))
-        elif isinstance(mod, nn.Embedding):
-            hm.kind = "embedding"
-            hm.in_features, hm.out_features = mod.num_embeddings, mod.embedding_dim
-            hm.weight_dtype = dtype_name(mod.weight.dtype)
-            hm.weight_id = mod.weight.data_ptr()
-        elif (act := measure_activation(mod)) is not None:
-            hm.kind = "activation"
-            hm.activation = act
-            hooked.append((path, mod))
-        else:
-            hm.kind = "module"
+        hm, hook = _describe(path, mod)
         modules.append(hm)
+        if hook:
+            hooked.append((path, mod))
     graph.modules = modules
-
+    graph.attributes = config_attributes(model)
     get_out = getattr(model, "get_output_embeddings", None)
     get_in = getattr(model, "get_input_embeddings", None)
     graph.output_head = _path_of(model, get_out()) if callable(get_out) else ""
     graph.input_embedding = _path_of(model, get_in()) if callable(get_in) else ""
+    return graph, hooked
+
+
+def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
+    """The tree and what the forwards showed: rows, dtypes and which calls shared a tensor."""
+    graph, hooked = describe_tree(model)
 
     calls: list[_core.HostCall] = []
     keep: list[torch.Tensor] = []  # holds every observed tensor so no id is reused meanwhile
@@ -126,7 +224,7 @@ def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
             c.path = path
             c.rows = _rows(x)
             c.width = x.shape[-1] if x.dim() else 1
-            c.dtype = dtype_name(x.dtype)
+            c.dtype = dtype_of(x.dtype)
             c.input_id, c.output_id = id(x), id(output)
             keep.extend((x, output))
             calls.append(c)

@@ -1,8 +1,10 @@
 """Seat modules: what stands in the host's tree where a seam was seated.
 
-A seat module keeps the host's own parameters (the same objects, under the same names, so
-`state_dict()` is the host's schema and bytes), runs the core seat on every call and, on any
-verdict other than "ran", runs the retained host module with the same arguments (DESIGN §6).
+A seat module holds a core seat (built by the core from the plan and the host's tensors) and the
+host module it stands in for. It keeps the host's own parameters and children (the same objects,
+under the same names, so `state_dict()` is the host's schema and bytes), runs the core seat on
+every call and, on any verdict other than "ran", runs the retained host module with the same
+arguments (DESIGN §6). It converts tensors; it decides nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ def refusing(what: str) -> Callable:
 
 
 class SeatModule(nn.Module):
-    """Common part of every seat: the host module, the core seat, and the miss path."""
+    """A seated region: the core seat, the host module, and the miss path."""
 
     def __init__(self, site: str, host: nn.Module, seat: _core.Seat) -> None:
         super().__init__()
@@ -38,6 +40,17 @@ class SeatModule(nn.Module):
         self._seat = seat
         self.site = site
         self._on_restore: Callable[[SeatModule], None] | None = None
+        # The host's own parameters and children, same objects and names: state_dict() is the
+        # host's, and whoever reads `module.weight` still finds the host's tensor.
+        for name, param in host._parameters.items():
+            self.register_parameter(name, param)
+        for name, child in host.named_children():
+            self.add_module(name, child)
+        for attr in ("in_features", "out_features"):  # what callers of a projection may read
+            if hasattr(host, attr):
+                setattr(self, attr, getattr(host, attr))
+        form = seat.form
+        self.width, self.out_width = form.width, form.out
         self.train(host.training)
 
     @property
@@ -73,7 +86,10 @@ class SeatModule(nn.Module):
                 self._on_restore(self)
         return out
 
-    def _seated_call(self, x: torch.Tensor, width: int, out_features: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if args or kwargs:
+            return self._miss(self._seat.miss("extra forward arguments"), (x, *args), kwargs)
+        width = self.width
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != width:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             return self._miss(self._seat.miss(f"input {shape} is not [..., {width}]"), (x,))
@@ -89,42 +105,21 @@ class SeatModule(nn.Module):
             return self._miss(self._seat.miss(
                 f"input {tuple(x.shape)} strides {x.stride()} not viewable as rows without a copy"),
                 (x,))
-        out = torch.empty((rows, out_features), dtype=x.dtype)
+        out = torch.empty((rows, self.out_width), dtype=x.dtype)
         verdict = self._seat.run(x2, out, self.training)
         if verdict == RAN:
-            return out.view(*x.shape[:-1], out_features)
+            return out.view(*x.shape[:-1], self.out_width)
         return self._miss(verdict, (x,))
 
-
-class LinearSeatModule(SeatModule):
-    """Seats a projection (linear_proj or lm_head): y = x W^T (+ b) with packed W."""
-
-    def __init__(self, site: str, host: nn.Linear, seat: _core.Seat) -> None:
-        super().__init__(site, host, seat)
-        self.in_features, self.out_features = host.in_features, host.out_features
-        self.weight = host.weight  # the host's Parameter object itself
-        self.register_parameter("bias", host.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._seated_call(x, self.in_features, self.out_features)
-
     def extra_repr(self) -> str:
         return f"{self._seat.form.describe()}"
 
 
-class FfnSeatModule(SeatModule):
-    """Seats a gated feed-forward: down(act(gate(x)) * up(x)), fused, with packed weights."""
-
-    def __init__(self, site: str, host: nn.Module, seat: _core.Seat, hidden: int) -> None:
-        super().__init__(site, host, seat)
-        for name, child in host.named_children():  # same objects, same state_dict keys
-            self.add_module(name, child)
-        self.hidden = hidden
-
-    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        if args or kwargs:
-            return self._miss(self._seat.miss("extra forward arguments"), (x, *args), kwargs)
-        return self._seated_call(x, self.hidden, self.hidden)
-
-    def extra_repr(self) -> str:
-        return f"{self._seat.form.describe()}"
+def build(model: nn.Module, plan: _core.SeatPlan, on_guard_fail: str = "fallback") -> SeatModule:
+    """The seat module for one planned seat: the host tensor of each operand, read in place."""
+    tensors = {}
+    for operand, slot in plan.slots.items():
+        tensor = getattr(model.get_submodule(slot.module), slot.tensor)
+        tensors[operand] = tensor.detach()
+    seat = _core.build_seat(plan, tensors, on_guard_fail=on_guard_fail)
+    return SeatModule(plan.site, model.get_submodule(plan.site), seat)

@@ -23,10 +23,13 @@ class StructureHandle:
         self.name = name
 
     def bind(self, module: nn.Module, calibration: Sequence[torch.Tensor], *,
-             scheme: str = "w8a16_decode", gate_cos: float = 0.999) -> SeatModule:
+             scheme: str = "w8a16_decode", gate_cos: float | None = None) -> SeatModule:
         """Binds `module` as this structure and checks it against the module itself on every
-        calibration sample; raises GateRefused when the worst cosine is below gate_cos and
-        ValueError when the module is not this structure (with the planner's reason)."""
+        calibration sample; raises GateRefused when the worst cosine is below gate_cos (default:
+        the structure's own parity pass band) and ValueError when the module is not this
+        structure (with the planner's reason)."""
+        if gate_cos is None:
+            gate_cos = self.spec.gate.pass_
         if not calibration:
             raise ValueError("bind: calibration needs at least one sample")
         plan = auto_swaps(module, [lambda x=x: module(x) for x in calibration],

@@ -73,10 +73,68 @@ void bind_catalog(nb::module_& m) {
         return "StructureSpec(" + s.name + " v" + std::to_string(s.version) + ", " + s.digest + ")";
       });
 
+  nb::class_<WeightForm>(m, "WeightForm")
+      .def_ro("name", &WeightForm::name)
+      .def_ro("format", &WeightForm::format)
+      .def_ro("group", &WeightForm::group)
+      .def_ro("symmetric", &WeightForm::symmetric)
+      .def_ro("tag", &WeightForm::tag)
+      .def("describe", &WeightForm::describe);
+
+  nb::class_<SchemeSpec>(m, "SchemeSpec")
+      .def_ro("name", &SchemeSpec::name)
+      .def_ro("description", &SchemeSpec::description)
+      .def_ro("formats", &SchemeSpec::formats)
+      .def_ro("requires_packages", &SchemeSpec::requires_packages)
+      .def_ro("indivisible", &SchemeSpec::indivisible);
+
+  nb::class_<SchemePolicy>(m, "SchemePolicy")
+      .def_ro("forms", &SchemePolicy::forms)
+      .def_ro("schemes", &SchemePolicy::schemes)
+      .def_ro("auto_order", &SchemePolicy::auto_order)
+      .def_ro("min_seat_weights", &SchemePolicy::min_seat_weights);
+
+  nb::class_<Rung>(m, "Rung")
+      .def_ro("impl", &Rung::impl)
+      .def_ro("package", &Rung::package)
+      .def_ro("op", &Rung::op)
+      .def_ro("per_node", &Rung::per_node);
+
+  nb::class_<OutputBand>(m, "OutputBand")
+      .def_ro("kind", &OutputBand::kind)
+      .def_ro("metric", &OutputBand::metric)
+      .def_ro("pass_", &OutputBand::pass)
+      .def_ro("warn", &OutputBand::warn);
+
+  nb::class_<BindingSlot>(m, "BindingSlot")
+      .def_ro("name", &BindingSlot::name)
+      .def_ro("path", &BindingSlot::path)
+      .def_ro("required", &BindingSlot::required);
+
+  nb::class_<BindingSpec>(m, "BindingSpec")
+      .def_ro("name", &BindingSpec::name)
+      .def_ro("description", &BindingSpec::description)
+      .def_ro("layers", &BindingSpec::layers)
+      .def_ro("stack", &BindingSpec::stack)
+      .def_ro("layer", &BindingSpec::layer)
+      .def_ro("fused_forms", &BindingSpec::fused_forms)
+      .def_ro("attributes", &BindingSpec::attributes);
+
   nb::class_<Catalog>(m, "Catalog")
       .def("names", &Catalog::names)
       .def("get", &Catalog::get, nb::arg("name"), nb::rv_policy::reference_internal)
-      .def_prop_ro("dir", &Catalog::dir);
+      .def_prop_ro("dir", &Catalog::dir)
+      .def_prop_ro("schemes", &Catalog::schemes, nb::rv_policy::reference_internal)
+      .def("ladder", &Catalog::ladder, nb::arg("structure"), nb::rv_policy::reference_internal)
+      .def("band", &Catalog::band, nb::arg("kind"), nb::rv_policy::reference_internal)
+      .def("binding", &Catalog::binding, nb::arg("name"), nb::rv_policy::reference_internal)
+      .def_prop_ro("bindings",
+                   [](const Catalog& c) {
+                     std::vector<std::string> out;
+                     for (const auto& kv : c.bindings()) out.push_back(kv.first);
+                     return out;
+                   })
+      .def("missing_packages", &Catalog::missing_packages, nb::arg("visible"));
 
   m.def("load_catalog", &Catalog::load, nb::arg("dir"));
 }

@@ -1,7 +1,11 @@
+#include <flashrt/catalog.h>
 #include <flashrt/decode.h>
+#include <flashrt/decode_plan.h>
 #include <flashrt/errors.h>
 #include <flashrt/hub.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -54,6 +58,25 @@ void bind_decode(nb::module_& m) {
       .def_rw("qk_norm", &DecodeConfig::qk_norm)
       .def_rw("inv_freq", &DecodeConfig::inv_freq)
       .def_rw("attention_scaling", &DecodeConfig::attention_scaling);
+
+  nb::class_<DecodeLayerPlan>(m, "DecodeLayerPlan")
+      .def_ro("slots", &DecodeLayerPlan::slots)
+      .def_ro("mlp_seated", &DecodeLayerPlan::mlp_seated)
+      .def_ro("activation", &DecodeLayerPlan::activation);
+  nb::class_<DecodePlan>(m, "DecodePlan")
+      .def_ro("binding", &DecodePlan::binding)
+      .def_ro("config", &DecodePlan::config)
+      .def_ro("embed", &DecodePlan::embed)
+      .def_ro("head", &DecodePlan::head)
+      .def_ro("stack", &DecodePlan::stack)
+      .def_ro("layers", &DecodePlan::layers)
+      .def_ro("seated", &DecodePlan::seated)
+      .def_ro("refused", &DecodePlan::refused)
+      .def_ro("assumed", &DecodePlan::assumed)
+      .def_prop_ro("ok", &DecodePlan::ok);
+  m.def("plan_decode", &plan_decode, nb::arg("graph"), nb::arg("catalog"), nb::arg("binding"),
+        nb::arg("max_len"));
+  m.def("explain_decode", nb::overload_cast<const DecodePlan&>(&explain), nb::arg("plan"));
 
   nb::class_<DecodeProgram>(m, "DecodeProgram")
       .def("step", &DecodeProgram::step, nb::arg("token"), nb::arg("pos"),
@@ -108,14 +131,7 @@ void bind_decode(nb::module_& m) {
             L.mlp.gate = proj_of(get("gate"), nb::none(), at + "gate");
             L.mlp.up = proj_of(get("up"), nb::none(), at + "up");
             L.mlp.down = proj_of(get("down"), nb::none(), at + "down");
-            const std::string act = nb::cast<std::string>(get("act"));
-            if (act == "silu")
-              L.mlp.act = Activation::silu;
-            else if (act == "gelu_tanh")
-              L.mlp.act = Activation::gelu_tanh;
-            else
-              throw Refused("decode_loop: " + at + "activation '" + act +
-                            "' outside {silu, gelu_tanh}");
+            L.mlp.act = nb::cast<Activation>(get("act"));
           }
           w.layers.push_back(L);
         }

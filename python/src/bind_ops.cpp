@@ -6,6 +6,8 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 
+#include <optional>
+
 #include "convert.h"
 
 namespace nb = nanobind;
@@ -16,9 +18,23 @@ namespace {
 const frt_kernel_table& table_for(const char* repo) { return process_hub().table(repo); }
 
 Activation activation(const std::string& name) {
-  if (name == "silu") return Activation::silu;
-  if (name == "gelu_tanh") return Activation::gelu_tanh;
-  throw InvalidArgument("activation '" + name + "' not in {silu, gelu_tanh}");
+  const std::optional<Activation> a = parse_activation(name);
+  if (!a || !kernel_activation(*a))
+    throw InvalidArgument("activation '" + name + "': kernels compute silu, gelu_tanh, gelu");
+  return *a;
+}
+
+// gate None: the ungated form down(act(up(x) + up_bias)) + down_bias.
+FfnOperands operands(const PackedLinear* gate, const PackedLinear& up, const PackedLinear& down,
+                     const float* up_bias, const float* down_bias, const std::string& act) {
+  FfnOperands f;
+  f.gate = gate;
+  f.up = &up;
+  f.down = &down;
+  f.up_bias = up_bias;
+  f.down_bias = down_bias;
+  f.act = activation(act);
+  return f;
 }
 
 const float* bias_data(nb::handle bias, int64_t n) {
@@ -69,25 +85,31 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "ffn_refusal",
-      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up, const PackedLinear& down,
-         const std::string& act, nb::handle out) {
-        return ffn_refusal(table_for("flashrt/ffn"), gate, up, down, activation(act),
-                           view_of(x, "input"), view_of(out, "output"));
+      [](nb::handle x, const PackedLinear* gate, const PackedLinear& up, const PackedLinear& down,
+         const std::string& act, nb::handle out, nb::handle up_bias, nb::handle down_bias) {
+        const FfnOperands f = operands(gate, up, down, bias_data(up_bias, up.n()),
+                                       bias_data(down_bias, down.n()), act);
+        return ffn_refusal(table_for("flashrt/ffn"), f, view_of(x, "input"),
+                           view_of(out, "output"));
       },
-      nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("act"),
-      nb::arg("out"));
+      nb::arg("x"), nb::arg("gate").none(), nb::arg("up"), nb::arg("down"), nb::arg("act"),
+      nb::arg("out"), nb::arg("up_bias").none() = nb::none(),
+      nb::arg("down_bias").none() = nb::none());
   m.def(
       "ffn",
-      [](nb::handle x, const PackedLinear& gate, const PackedLinear& up, const PackedLinear& down,
-         const std::string& act, nb::handle out, int threads) {
+      [](nb::handle x, const PackedLinear* gate, const PackedLinear& up, const PackedLinear& down,
+         const std::string& act, nb::handle out, int threads, nb::handle up_bias,
+         nb::handle down_bias) {
         const frt_kernel_table& t = table_for("flashrt/ffn");
         const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
-        const Activation a = activation(act);
+        const FfnOperands f = operands(gate, up, down, bias_data(up_bias, up.n()),
+                                       bias_data(down_bias, down.n()), act);
         nb::gil_scoped_release release;
-        run_ffn(t, process_parallel(), gate, up, down, a, xv, yv, threads);
+        run_ffn(t, process_parallel(), f, xv, yv, threads);
       },
-      nb::arg("x"), nb::arg("gate"), nb::arg("up"), nb::arg("down"), nb::arg("act"), nb::arg("out"),
-      nb::arg("threads") = 0);
+      nb::arg("x"), nb::arg("gate").none(), nb::arg("up"), nb::arg("down"), nb::arg("act"),
+      nb::arg("out"), nb::arg("threads") = 0, nb::arg("up_bias").none() = nb::none(),
+      nb::arg("down_bias").none() = nb::none());
 
   m.def("measure_read_bandwidth", &measure_read_bandwidth, nb::arg("bytes"), nb::arg("threads"),
         nb::arg("repeats"), nb::call_guard<nb::gil_scoped_release>());

@@ -1,8 +1,12 @@
+// The planner seen from Python: HostGraph in (filled by the door's observation), Plan out, as
+// bound classes and enums (STYLE (d): never string dicts).
+#include <flashrt/catalog.h>
 #include <flashrt/host_graph.h>
 #include <flashrt/hub.h>
 #include <flashrt/plan.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -24,6 +28,8 @@ void bind_planner(nb::module_& m) {
       .def_rw("weight_device", &HostModule::weight_device)
       .def_rw("weight_id", &HostModule::weight_id)
       .def_rw("activation", &HostModule::activation)
+      .def_rw("attributes", &HostModule::attributes)
+      .def_rw("values", &HostModule::values)
       .def_rw("children", &HostModule::children);
 
   nb::class_<HostCall>(m, "HostCall")
@@ -40,34 +46,42 @@ void bind_planner(nb::module_& m) {
       .def_rw("modules", &HostGraph::modules)
       .def_rw("calls", &HostGraph::calls)
       .def_rw("output_head", &HostGraph::output_head)
-      .def_rw("input_embedding", &HostGraph::input_embedding);
+      .def_rw("input_embedding", &HostGraph::input_embedding)
+      .def_rw("attributes", &HostGraph::attributes);
 
   nb::class_<Seam>(m, "Seam")
       .def_ro("site", &Seam::site)
       .def_ro("structure", &Seam::structure)
+      .def_ro("nodes", &Seam::nodes)
       .def_ro("slots", &Seam::slots)
+      .def_ro("dims", &Seam::dims)
       .def_ro("activation", &Seam::activation)
-      .def_ro("in_features", &Seam::in_features)
-      .def_ro("out_features", &Seam::out_features)
-      .def_ro("intermediate", &Seam::intermediate)
       .def_ro("weight_dtype", &Seam::weight_dtype)
       .def_ro("act_dtype", &Seam::act_dtype)
       .def_ro("rows_seen", &Seam::rows_seen)
-      .def_ro("tied", &Seam::tied);
+      .def_ro("tied", &Seam::tied)
+      .def_ro("shape", &Seam::shape)
+      .def_ro("weight_count", &Seam::weight_count);
 
-  nb::class_<WeightForm>(m, "WeightForm")
-      .def_ro("format", &WeightForm::format)
-      .def_ro("group", &WeightForm::group)
-      .def_ro("symmetric", &WeightForm::symmetric)
-      .def("describe", &WeightForm::describe);
+  nb::class_<SlotTensor>(m, "SlotTensor")
+      .def_ro("module", &SlotTensor::module)
+      .def_ro("tensor", &SlotTensor::tensor)
+      .def("__repr__",
+           [](const SlotTensor& t) { return "SlotTensor(" + t.module + "." + t.tensor + ")"; });
 
   nb::class_<SeatPlan>(m, "SeatPlan")
       .def_ro("seam", &SeatPlan::seam)
+      .def_ro("site", &SeatPlan::site)
+      .def_ro("replaces", &SeatPlan::replaces)
       .def_ro("impl", &SeatPlan::impl)
       .def_ro("package", &SeatPlan::package)
+      .def_ro("op", &SeatPlan::op)
       .def_ro("form", &SeatPlan::form)
       .def_ro("band_min", &SeatPlan::band_min)
       .def_ro("band_max", &SeatPlan::band_max)
+      .def_ro("slots", &SeatPlan::slots)
+      .def_ro("activation", &SeatPlan::activation)
+      .def_ro("act_dtype", &SeatPlan::act_dtype)
       .def_ro("ladder", &SeatPlan::ladder);
 
   nb::class_<Scheme>(m, "Scheme").def_ro("name", &Scheme::name).def_ro("formats", &Scheme::formats);
@@ -92,12 +106,16 @@ void bind_planner(nb::module_& m) {
       .def_ro("kernel_unavailable", &Plan::kernel_unavailable)
       .def_ro("seams_found", &Plan::seams_found);
 
-  m.def("discover", &discover, nb::arg("graph"), nb::arg("structures"));
+  m.def("discover", &discover, nb::arg("graph"), nb::arg("catalog"), nb::arg("structures"));
   m.def(
-      "plan", [](const HostGraph& g, const PlanOptions& o) { return plan(g, o, process_hub()); },
-      nb::arg("graph"), nb::arg("options"), nb::call_guard<nb::gil_scoped_release>());
+      "plan",
+      [](const HostGraph& g, const Catalog& c, const PlanOptions& o) {
+        return plan(g, c, o, process_hub());
+      },
+      nb::arg("graph"), nb::arg("catalog"), nb::arg("options"),
+      nb::call_guard<nb::gil_scoped_release>());
   m.def("explain", &explain, nb::arg("plan"));
-  m.def("scheme_names", &scheme_names);
+  m.def("scheme_names", &scheme_names, nb::arg("catalog"));
 }
 
 }  // namespace frt::py

@@ -1,6 +1,7 @@
 #include <flashrt/errors.h>
 #include <flashrt/gates.h>
 #include <flashrt/hub.h>
+#include <flashrt/plan.h>
 #include <flashrt/seat.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
@@ -23,28 +24,6 @@ GuardMode guard_mode(const std::string& on_guard_fail) {
   throw InvalidArgument("on_guard_fail '" + on_guard_fail + "' not in {fallback, raise}");
 }
 
-PackedLinear pack(const TensorView& w, const std::string& format, int group, bool symmetric) {
-  if (format == "int8") return PackedLinear::int8(w);
-  if (format == "int4") return PackedLinear::int4(w, group, symmetric);
-  throw InvalidArgument("weight format '" + format + "' not in {int8, int4}");
-}
-
-std::vector<float> bias_values(nb::handle bias, int64_t n) {
-  if (bias.is_none()) return {};
-  const TensorView b = view_of(bias, "bias");
-  if (b.rank != 1 || b.shape[0] != n)
-    throw Refused("bias " + b.describe() + ": expected [" + std::to_string(n) + "]");
-  std::vector<float> out(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) out[i] = b.element(i * b.strides[0]);
-  return out;
-}
-
-DType dtype_named(const std::string& name) {
-  if (name == "f32") return DType::f32;
-  if (name == "bf16") return DType::bf16;
-  throw Refused("activation dtype " + name + "; seats take f32, bf16");
-}
-
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
@@ -60,7 +39,8 @@ void bind_runtime(nb::module_& m) {
       .def_ro("site", &SeatForm::site)
       .def_ro("structure", &SeatForm::structure)
       .def_ro("impl", &SeatForm::impl)
-      .def_prop_ro("dtype", [](const SeatForm& f) { return std::string(dtype_name(f.dtype)); })
+      .def_ro("op", &SeatForm::op)
+      .def_ro("dtype", &SeatForm::dtype)
       .def_ro("width", &SeatForm::width)
       .def_ro("out", &SeatForm::out)
       .def_ro("band_min", &SeatForm::band_min)
@@ -101,57 +81,23 @@ void bind_runtime(nb::module_& m) {
 
   nb::class_<LinearSeat, Seat>(m, "LinearSeat")
       .def_prop_ro("pack_rel_err", [](const LinearSeat& s) { return s.weight().stats().rel_err; });
-  nb::class_<FfnSeat, Seat>(m, "FfnSeat");
+  nb::class_<FfnSeat, Seat>(m, "FfnSeat")
+      .def_prop_ro("gated", [](const FfnSeat& s) { return s.gate() != nullptr; })
+      .def_prop_ro("activation", &FfnSeat::activation);
 
-  // Bind-time: pack the host's weights (read in place, never kept) and build the seat.
+  // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
+  // (plan.slots resolved on its tree); the core packs them (read in place, never kept).
   m.def(
-      "make_linear_seat",
-      [](const std::string& site, const std::string& structure, const std::string& impl,
-         const std::string& package, nb::handle weight, nb::handle bias, const std::string& dtype,
-         const std::string& format, int group, bool symmetric, int64_t band_min, int64_t band_max,
+      "build_seat",
+      [](const SeatPlan& plan, const std::map<std::string, nb::handle>& tensors,
          const std::string& on_guard_fail) {
-        const frt_kernel_table& table = process_hub().table(package);
-        const TensorView w = view_of(weight, "weight");
-        std::vector<float> b = bias_values(bias, w.shape[0]);
+        std::map<std::string, TensorView> views;
+        for (const auto& [name, t] : tensors) views[name] = view_of(t, name.c_str());
         const GuardMode mode = guard_mode(on_guard_fail);
         nb::gil_scoped_release release;
-        PackedLinear packed = pack(w, format, group, symmetric);
-        SeatForm form{site,       structure, impl,     dtype_named(dtype), packed.k(),
-                      packed.n(), band_min,  band_max, packed.form()};
-        return std::make_unique<LinearSeat>(form, table, mode, std::move(packed), std::move(b));
+        return build_seat(plan, views, mode, process_hub());
       },
-      nb::arg("site"), nb::arg("structure"), nb::arg("impl"), nb::arg("package"), nb::arg("weight"),
-      nb::arg("bias").none(), nb::arg("dtype"), nb::arg("format"), nb::arg("group"),
-      nb::arg("symmetric"), nb::arg("band_min"), nb::arg("band_max"), nb::arg("on_guard_fail"));
-
-  m.def(
-      "make_ffn_seat",
-      [](const std::string& site, const std::string& impl, const std::string& package,
-         nb::handle gate, nb::handle up, nb::handle down, const std::string& act,
-         const std::string& dtype, const std::string& format, int group, bool symmetric,
-         int64_t band_min, int64_t band_max, const std::string& on_guard_fail) {
-        const frt_kernel_table& table = process_hub().table(package);
-        const TensorView g = view_of(gate, "gate"), u = view_of(up, "up"),
-                         d = view_of(down, "down");
-        Activation a;
-        if (act == "silu")
-          a = Activation::silu;
-        else if (act == "gelu_tanh")
-          a = Activation::gelu_tanh;
-        else
-          throw InvalidArgument("activation '" + act + "' not in {silu, gelu_tanh}");
-        const GuardMode mode = guard_mode(on_guard_fail);
-        nb::gil_scoped_release release;
-        PackedLinear pg = pack(g, format, group, symmetric), pu = pack(u, format, group, symmetric),
-                     pd = pack(d, format, group, symmetric);
-        SeatForm form{site,   "decoder_ffn", impl,     dtype_named(dtype), pg.k(),
-                      pd.n(), band_min,      band_max, pg.form()};
-        return std::make_unique<FfnSeat>(form, table, mode, std::move(pg), std::move(pu),
-                                         std::move(pd), a);
-      },
-      nb::arg("site"), nb::arg("impl"), nb::arg("package"), nb::arg("gate"), nb::arg("up"),
-      nb::arg("down"), nb::arg("act"), nb::arg("dtype"), nb::arg("format"), nb::arg("group"),
-      nb::arg("symmetric"), nb::arg("band_min"), nb::arg("band_max"), nb::arg("on_guard_fail"));
+      nb::arg("plan"), nb::arg("tensors"), nb::arg("on_guard_fail") = "fallback");
 }
 
 void bind_gates(nb::module_& m) {
@@ -174,8 +120,24 @@ void bind_gates(nb::module_& m) {
   m.def("distribution_metrics", [](nb::handle got, nb::handle want) {
     return distribution_metrics(view_of(got, "got"), view_of(want, "want"));
   });
-  m.def("value_band", [](double c) { return std::string(band_name(value_band(c))); });
-  m.def("distribution_band", [](double t) { return std::string(band_name(distribution_band(t))); });
+  nb::enum_<ParityBand>(m, "ParityBand")
+      .value("pass_", ParityBand::pass)
+      .value("warn", ParityBand::warn)
+      .value("low", ParityBand::low);
+  nb::enum_<UnitDecision>(m, "UnitDecision")
+      .value("activated", UnitDecision::activated)
+      .value("refused_fallbacks", UnitDecision::refused_fallbacks)
+      .value("refused_floor", UnitDecision::refused_floor)
+      .value("refused_latency", UnitDecision::refused_latency);
+  nb::class_<UnitVerdict>(m, "UnitVerdict")
+      .def_ro("decision", &UnitVerdict::decision)
+      .def_ro("text", &UnitVerdict::text)
+      .def_ro("band", &UnitVerdict::band)
+      .def_ro("latency", &UnitVerdict::latency);
+  m.def("band_name", [](ParityBand b) { return std::string(band_name(b)); });
+  m.def("parity_band", &parity_band, nb::arg("band"), nb::arg("metric"));
+  m.def("judge_unit", &judge_unit, nb::arg("band"), nb::arg("metrics"), nb::arg("fallbacks"),
+        nb::arg("host_seconds"), nb::arg("arm_seconds"), nb::arg("min_speedup"), nb::arg("floors"));
   m.def("latency_verdict", &latency_verdict, nb::arg("host_seconds"), nb::arg("arm_seconds"),
         nb::arg("min_speedup"));
   m.def("floors_shortfall", &floors_shortfall, nb::arg("metrics"), nb::arg("floors"));

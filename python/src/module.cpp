@@ -6,6 +6,7 @@
 namespace nb = nanobind;
 
 namespace frt::py {
+void bind_types(nb::module_& m);
 void bind_convert(nb::module_& m);
 void bind_catalog(nb::module_& m);
 void bind_hub(nb::module_& m);
@@ -23,6 +24,7 @@ NB_MODULE(_core, m) {
   // std::invalid_argument), Refused and KernelUnavailable -> their own classes.
   nb::exception<frt::Refused>(m, "Refused", PyExc_RuntimeError);
   nb::exception<frt::KernelUnavailable>(m, "KernelUnavailable", PyExc_ValueError);
+  frt::py::bind_types(m);
   frt::py::bind_convert(m);
   frt::py::bind_catalog(m);
   frt::py::bind_hub(m);

@@ -17,7 +17,9 @@ SHIPPED = ["decoder_ffn", "linear_proj", "lm_head"]
 def test_catalog_dir_is_inside_the_installed_package():
     assert catalog.CATALOG_DIR.is_dir()
     assert catalog.CATALOG_DIR.parent.name == "flashrt_structures"
-    assert sorted(p.stem for p in catalog.CATALOG_DIR.glob("*.yaml")) == SHIPPED
+    assert sorted(p.stem for p in (catalog.CATALOG_DIR / "structures").glob("*.yaml")) == SHIPPED
+    for policy in ("schemes.yaml", "ladders.yaml", "gates.yaml", "bindings/llama_decode.yaml"):
+        assert (catalog.CATALOG_DIR / policy).is_file(), policy
 
 
 def test_list_structures_names_the_shipped_specs():
@@ -37,7 +39,7 @@ def test_each_spec_loads_with_a_distinct_digest():
         assert spec.gate.min_speedup == pytest.approx(1.02)
         assert spec.outputs[0].dtype_of == "x"
     assert len({s.digest for s in specs}) == 3
-    assert catalog._catalog() is catalog._catalog()  # loaded once per process
+    assert catalog.shipped() is catalog.shipped()  # loaded once per process
 
 
 def test_linear_proj():
@@ -46,11 +48,11 @@ def test_linear_proj():
         ("weight", ["out_features", "in_features"], True),
         ("bias", ["out_features"], False),
     ]
-    assert spec.gate.kind == "values"
+    assert spec.gate.kind == _core.OutputKind.values
     assert (spec.gate.pass_, spec.gate.warn) == (0.999, 0.995)
     assert spec.points == [("x", "input"), ("y", "output")]
     assert [t.name for t in spec.inputs] == ["x"]
-    assert spec.inputs[0].dtypes == ["f32", "bf16"]
+    assert spec.inputs[0].dtypes == [_core.DType.f32, _core.DType.bf16]
     assert not spec.tied_allowed
 
 
@@ -70,7 +72,7 @@ def test_lm_head():
     spec = catalog.load("lm_head")
     assert spec.tied_allowed
     assert spec.slots == [("weight", ["vocab", "hidden"], True)]
-    assert spec.gate.kind == "distribution"
+    assert spec.gate.kind == _core.OutputKind.distribution
     assert (spec.gate.pass_, spec.gate.warn) == (0.95, 0.85)
 
 
@@ -80,10 +82,11 @@ def test_unknown_name_is_a_key_error_listing_the_known_ones():
 
 
 def test_bad_spec_is_a_value_error_naming_file_and_field(tmp_path: Path):
-    shutil.copy(catalog.CATALOG_DIR / "linear_proj.yaml", tmp_path / "linear_proj.yaml")
-    text = (tmp_path / "linear_proj.yaml").read_text()
-    (tmp_path / "linear_proj.yaml").write_text(text.replace("[f32, bf16], required: true",
-                                                            "[f32, fp16], required: true"))
+    (tmp_path / "structures").mkdir()
+    spec = tmp_path / "structures" / "linear_proj.yaml"
+    shutil.copy(catalog.CATALOG_DIR / "structures" / "linear_proj.yaml", spec)
+    spec.write_text(spec.read_text().replace("[f32, bf16], required: true",
+                                             "[f32, fp16], required: true"))
     with pytest.raises(ValueError, match=r"linear_proj\.yaml: slots\.weight\.dtypes\[1\]: "
                                          r"unknown dtype 'fp16'"):
         _core.load_catalog(str(tmp_path))
@@ -92,3 +95,12 @@ def test_bad_spec_is_a_value_error_naming_file_and_field(tmp_path: Path):
 def test_missing_dir_is_a_value_error(tmp_path: Path):
     with pytest.raises(ValueError, match="does not exist"):
         _core.load_catalog(str(tmp_path / "nope"))
+
+
+def test_a_ladder_naming_a_package_not_on_the_kernel_path_is_refused_at_load(tmp_path: Path):
+    shutil.copytree(catalog.CATALOG_DIR, tmp_path / "catalog")
+    ladders = tmp_path / "catalog" / "ladders.yaml"
+    ladders.write_text(ladders.read_text().replace("package: flashrt/ffn", "package: flashrt/fnn"))
+    with pytest.raises(ValueError, match=r"ladders\.yaml: ladders\.decoder_ffn\[0\]\.package: "
+                                         r"'flashrt/fnn' is not on the kernel path"):
+        catalog.load_catalog(tmp_path / "catalog")

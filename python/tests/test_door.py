@@ -52,7 +52,7 @@ def test_discovery_counts_match_the_architecture(make, layers):
 def test_gemma_head_is_found_tied_and_its_gelu_tanh_ffn_seated():
     plan = all_seats(hosts.gemma())
     ffn = [sp for sp in plan.seams if sp.seam.structure == "decoder_ffn"]
-    assert {sp.seam.activation for sp in ffn} == {"gelu_tanh"}
+    assert {sp.seam.activation for sp in ffn} == {S._core.Activation.gelu_tanh}
     head = next(sp for sp in plan.seams if sp.seam.structure == "lm_head")
     assert head.seam.tied
     assert any("tied" in a for a in plan.notes["assumed"])
@@ -294,8 +294,10 @@ def test_qwen3_logit_parity_band_is_reported(scheme, floor):
     with torch.no_grad():
         got = model(x).logits
     handle.detach()
-    p = S.frontdoor.parity(got, want, "distribution")
-    assert p["band"] == S._core.distribution_band(p["top1_agreement"])
+    kind = S._core.OutputKind.distribution
+    p = S.frontdoor.parity(got, want, kind)
+    bands = S.catalog.shipped().band(kind)
+    assert p["band"] == S._core.band_name(S._core.parity_band(bands, p["top1_agreement"]))
     assert 0 < p["top1_agreement"] <= 1
     assert p["last_position_cosine"] >= floor, p
 

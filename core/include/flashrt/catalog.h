@@ -1,9 +1,15 @@
-// The catalog: structure specifications loaded from catalog/<name>.yaml. A structure is the
-// definition layer of DESIGN §3: what one kind of seam looks like (boundary tensors in symbolic
-// dims, weight slots, calibration points, gates, the reference formula), independent of any host
-// family or impl. The loader validates every file and fails loudly, naming the file and field:
-// a declaration nobody checks is a comment (DESIGN §10).
+// The catalog: the one home of what the planner knows (docs/architecture.md, "The catalog").
+//   structures/<name>.yaml  what one kind of seam looks like (boundary tensors in symbolic dims,
+//                           weight slots, how discovery finds it, gates, the reference formula)
+//   schemes.yaml            weight forms, and per scheme the form of each structure
+//   ladders.yaml            per structure, the impls tried best first (kernel package + op)
+//   gates.yaml              parity bands per output kind for the gated door
+//   bindings/<name>.yaml    where a host family's slots sit (decode_loop's stack)
+// The loader validates every file and every cross-reference and fails loudly, naming the file
+// and field: a declaration nobody checks is a comment (DESIGN §10).
 #pragma once
+
+#include <flashrt/types.h>
 
 #include <cstdint>
 #include <map>
@@ -28,7 +34,7 @@ struct DimSpec {
 struct TensorSpec {
   std::string name;
   std::vector<std::string> shape;
-  std::vector<std::string> dtypes;  // subset of {f32, bf16}
+  std::vector<DType> dtypes;  // subset of {f32, bf16}
   bool required = true;
   // Set on an output whose dtype must equal that input's (a seat never changes the host's dtype);
   // dtypes then holds that input's allowed dtypes.
@@ -36,10 +42,44 @@ struct TensorSpec {
 };
 
 struct GateSpec {
-  std::string kind;  // "values" (cosine) | "distribution" (teacher-forced top-1 agreement)
+  OutputKind kind = OutputKind::values;  // values: cosine; distribution: top-1 agreement
   double pass = 0.0;
   double warn = 0.0;
   double min_speedup = 0.0;
+};
+
+// Note [Match patterns]: discovery reads a structure's `match` section; the planner knows node
+// kinds and flow relations, never structure names. A node is a module of the host: a linear
+// (weight [out, in] in the structure's dims, optionally the graph's output head) or an
+// elementwise activation (what it computes becomes an attribute). Flow relations come from the
+// observed forward: same_input (both read one tensor), feeds (a's output is b's input),
+// not_feeds. The site is the node's own module (one node) or the parent holding all nodes.
+enum class NodeKind : int32_t { linear, activation };
+enum class FlowKind : int32_t { same_input, feeds, not_feeds };
+enum class SiteKind : int32_t { node, parent };
+
+struct MatchNode {
+  std::string name;
+  NodeKind kind = NodeKind::linear;
+  std::string out_dim, in_dim;  // linear: weight [out_dim, in_dim]
+  std::string weight_slot;      // linear: the slot its weight fills (the node's name)
+  std::string bias_slot;        // linear: the slot its bias fills; "" = a bias is out of bounds
+  bool output_head = false;     // linear: must be the graph's output head
+  std::string attribute;        // activation: the attribute whose allowed values it must take
+};
+
+struct FlowEdge {
+  FlowKind kind = FlowKind::feeds;
+  std::string a, b;
+};
+
+struct MatchSpec {
+  int priority = 0;            // higher claims its modules first
+  bool always_claims = false;  // claims its modules even when the caller did not ask for it
+  SiteKind site = SiteKind::node;
+  std::vector<MatchNode> nodes;
+  std::vector<FlowEdge> flow;
+  const MatchNode* node(std::string_view name) const;
 };
 
 struct StructureSpec {
@@ -53,6 +93,7 @@ struct StructureSpec {
   std::map<std::string, std::vector<std::string>> attributes;
   std::vector<std::pair<std::string, std::string>> points;  // (name, "input"|"output"|"internal")
   GateSpec gate;
+  MatchSpec match;
   std::vector<std::string> boundary_excludes;
   std::string reference;  // one-line formula: the gates' ground truth
   bool tied_allowed = false;
@@ -64,20 +105,104 @@ struct StructureSpec {
   const TensorSpec* slot(std::string_view name) const;
 };
 
+// A weight form a scheme names: "int8" -> int8 per-channel, "int4_g32" -> int4 g32 symmetric.
+struct WeightForm {
+  std::string name;  // the catalog's name for it
+  WeightFormat format = WeightFormat::int8_channel;
+  int group = 0;
+  bool symmetric = true;
+  std::string tag;               // "w8a16": the impl name's suffix
+  std::string describe() const;  // "int8 per-channel", "int4 g32 symmetric"
+};
+
+struct SchemeSpec {
+  std::string name, description;
+  std::map<std::string, std::string> formats;  // structure -> form name; absent: keep at host
+  std::vector<std::string> requires_packages;  // the scheme is usable only where these load
+  std::string indivisible;  // form used where a group form does not divide a width ("" = none)
+};
+
+struct SchemePolicy {
+  std::map<std::string, WeightForm> forms;
+  std::map<std::string, SchemeSpec> schemes;
+  std::vector<std::string> auto_order;  // "auto" = the first usable scheme in this order
+  // Seams with fewer weights stay with the host: below it a seat cannot pay for its call.
+  int64_t min_seat_weights = 0;
+};
+
+// One impl a ladder tries: a kernel package's op. per_node seats each linear node of the seam
+// on its own (the op then takes one projection) instead of the region as one call.
+struct Rung {
+  std::string impl;
+  std::string package;
+  OpKind op = OpKind::linear;
+  bool per_node = false;
+};
+
+// Parity bands of the gated door, by what the host's forward returns (DESIGN §7).
+struct OutputBand {
+  OutputKind kind = OutputKind::values;
+  std::string metric;  // "cosine" | "top1_agreement"
+  double pass = 0, warn = 0;
+};
+
+// Where a host family keeps the slots of a decode program (decode_loop): paths relative to the
+// stack and to each layer, and the attribute values it covers.
+struct BindingSlot {
+  std::string name, path;
+  bool required = true;
+};
+struct BindingSpec {
+  std::string name, description;
+  std::string layers;              // path of the layer list, e.g. "model.layers"
+  std::vector<BindingSlot> stack;  // final_norm, rotary, ... relative to the root
+  std::vector<BindingSlot> layer;  // per layer, relative to the layer
+  // Per-layer paths whose presence means a form the program does not take -> what that form is.
+  std::map<std::string, std::string> fused_forms;
+  std::map<std::string, std::vector<std::string>> attributes;  // allowed values
+};
+
+class Catalog;
+namespace detail {
+// Reads schemes.yaml, ladders.yaml, gates.yaml and bindings/ (core/src/catalog/policy.cpp).
+void load_policy(Catalog& c, const std::string& dir);
+}  // namespace detail
+
 class Catalog {
  public:
-  // Loads and validates every *.yaml in dir (other files are ignored). Throws InvalidArgument
-  // naming the file and field on the first problem; an empty or missing dir is an error.
+  // Loads and validates the catalog under dir (layout above). structures/ must hold at least one
+  // spec; the other files are optional. Throws InvalidArgument naming the file and field on the
+  // first problem, including cross-references (a scheme or ladder naming an unknown structure,
+  // form or op).
   static Catalog load(const std::string& dir);
 
-  std::vector<std::string> names() const;  // sorted
+  std::vector<std::string> names() const;  // structures, sorted
   // Throws InvalidArgument listing the known names.
   const StructureSpec& get(const std::string& name) const;
   const std::string& dir() const { return dir_; }
 
+  const SchemePolicy& schemes() const { return schemes_; }
+  // The ladder of a structure (empty when none is declared).
+  const std::vector<Rung>& ladder(const std::string& structure) const;
+  // Where each rung was declared ("ladders.yaml: ladders.linear_proj[0]"), for messages.
+  std::string rung_field(const std::string& structure, size_t index) const;
+  const std::map<std::string, std::vector<Rung>>& ladders() const { return ladders_; }
+  const OutputBand& band(OutputKind kind) const;
+  const std::map<std::string, BindingSpec>& bindings() const { return bindings_; }
+  // Throws InvalidArgument listing the known names.
+  const BindingSpec& binding(const std::string& name) const;
+  // Every package a ladder names and every scheme requires that is not in `visible` (the kernel
+  // path's packages), as "file: field: 'pkg' is not on the kernel path"; empty when all are.
+  std::vector<std::string> missing_packages(const std::vector<std::string>& visible) const;
+
  private:
+  friend void detail::load_policy(Catalog& c, const std::string& dir);
   std::string dir_;
   std::map<std::string, StructureSpec> specs_;
+  SchemePolicy schemes_;
+  std::map<std::string, std::vector<Rung>> ladders_;
+  std::map<OutputKind, OutputBand> bands_;
+  std::map<std::string, BindingSpec> bindings_;
 };
 
 }  // namespace frt

@@ -77,6 +77,7 @@ class DecodeProgram {
   DecodeConfig cfg_;
   ModelWeights w_;
   const frt_kernel_table& decode_;
+  const frt_op *dense_ = nullptr, *rmsnorm_ = nullptr, *rotary_ = nullptr, *attention_ = nullptr;
   const frt_kernel_table* linear_;
   const frt_kernel_table* ffn_;
   // Preallocated once: no allocation per step.

@@ -2,6 +2,7 @@
 // caller's floors turn a number into a refusal.
 #pragma once
 
+#include <flashrt/catalog.h>
 #include <flashrt/tensor.h>
 
 #include <cstdint>
@@ -31,8 +32,9 @@ struct DistributionMetrics {
 ValueMetrics value_metrics(const TensorView& got, const TensorView& want);
 DistributionMetrics distribution_metrics(const TensorView& got, const TensorView& want);
 
-ParityBand value_band(double cosine);       // pass >= 0.999, warn >= 0.995
-ParityBand distribution_band(double top1);  // pass >= 0.95, warn >= 0.85
+// The band of a parity metric (cosine for values, top-1 agreement for distributions) under the
+// catalog's bands for that output kind (gates.yaml). NaN is low.
+ParityBand parity_band(const OutputBand& band, double metric);
 
 // Paired latency: per-round ratios host/arm (both arms timed alternately in one process); the
 // median ratio must reach min_speedup for the unit to activate.
@@ -49,5 +51,23 @@ LatencyVerdict latency_verdict(const std::vector<double>& host_seconds,
 // measured throws InvalidArgument (a declaration nobody checks is a comment).
 std::string floors_shortfall(const std::map<std::string, double>& metrics,
                              const std::map<std::string, double>& floors);
+
+// The verdict on one unit of the gated door (DESIGN §7), judged in this order: a unit whose
+// ledger shows fallbacks did not run; a caller's floor not met; a median speedup below the
+// structure's minimum. The door runs the forwards and times them; the core decides.
+enum class UnitDecision : int32_t { activated, refused_fallbacks, refused_floor, refused_latency };
+
+struct UnitVerdict {
+  UnitDecision decision = UnitDecision::activated;
+  std::string text;  // "activated" or "refused: <reason>"
+  ParityBand band = ParityBand::low;
+  LatencyVerdict latency;
+};
+
+// metrics: the parity figures (band metric among them); fallbacks: the unit's ledger count.
+UnitVerdict judge_unit(const OutputBand& band, const std::map<std::string, double>& metrics,
+                       int64_t fallbacks, const std::vector<double>& host_seconds,
+                       const std::vector<double>& arm_seconds, double min_speedup,
+                       const std::map<std::string, double>& floors);
 
 }  // namespace frt

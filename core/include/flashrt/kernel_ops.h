@@ -6,12 +6,17 @@
 #include <flashrt/pack.h>
 #include <flashrt/tensor.h>
 #include <flashrt/thread_pool.h>
+#include <flashrt/types.h>
 
 #include <string>
 
 namespace frt {
 
-enum class Activation { silu, gelu_tanh };
+// The op of `kind` the package owns, or nullptr.
+const frt_op* find_op(const frt_kernel_table& table, OpKind kind);
+// Plan time: "" when the package runs the described form, else its reason (naming the op when
+// the package does not own it).
+std::string form_refusal(const frt_kernel_table& table, const frt_op_desc& desc);
 
 // "" when the table's linear op takes this call, else the reason.
 std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
@@ -20,13 +25,22 @@ std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
 void run_linear(const frt_kernel_table& table, Parallel& pool, const PackedLinear& w,
                 const float* bias, const TensorView& x, const TensorView& y, int threads = 0);
 
-std::string ffn_refusal(const frt_kernel_table& table, const PackedLinear& gate,
-                        const PackedLinear& up, const PackedLinear& down, Activation act,
-                        const TensorView& x, const TensorView& y);
-// y = down(act(gate(x)) * up(x)).
-void run_ffn(const frt_kernel_table& table, Parallel& pool, const PackedLinear& gate,
-             const PackedLinear& up, const PackedLinear& down, Activation act, const TensorView& x,
-             const TensorView& y, int threads = 0);
+// The weights of a fused feed-forward. gate set: y = down(act(gate(x)) * up(x)) (gated_ffn);
+// gate null: y = down(act(up(x) + up_bias)) + down_bias (ffn), biases fp32 or null.
+struct FfnOperands {
+  const PackedLinear* gate = nullptr;
+  const PackedLinear* up = nullptr;
+  const PackedLinear* down = nullptr;
+  const float* up_bias = nullptr;
+  const float* down_bias = nullptr;
+  Activation act = Activation::silu;
+  OpKind kind() const { return gate != nullptr ? OpKind::gated_ffn : OpKind::ffn; }
+};
+
+std::string ffn_refusal(const frt_kernel_table& table, const FfnOperands& f, const TensorView& x,
+                        const TensorView& y);
+void run_ffn(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f,
+             const TensorView& x, const TensorView& y, int threads = 0);
 
 // Streams `bytes` of memory on `threads` threads `repeats` times and returns the best read rate
 // in GB/s (1e9 bytes/s): the floor every decode kernel is measured against.

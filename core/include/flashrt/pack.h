@@ -4,6 +4,7 @@
 
 #include <flashrt/abi/frt_kernel_abi.h>
 #include <flashrt/tensor.h>
+#include <flashrt/types.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -12,8 +13,6 @@
 #include <vector>
 
 namespace frt {
-
-enum class WeightFormat { int8_channel, int4_group };
 
 // Round-trip error of a pack against the host's weight, over every element.
 struct PackStats {

@@ -1,13 +1,17 @@
 // The planner: discovery of seams on a HostGraph, qualification of impls per seam, schemes and
-// ladders, into a Plan that is explained before anything is swapped (DESIGN §4). The door
-// executes a plan; it decides nothing the plan should.
+// ladders, into a Plan that is explained before anything is swapped (DESIGN §4). Every structure,
+// scheme, form and ladder comes from the catalog; the planner knows node kinds, flow relations
+// and op kinds, never a structure's name. The door executes a plan; it decides nothing.
 #pragma once
 
+#include <flashrt/catalog.h>
 #include <flashrt/host_graph.h>
 #include <flashrt/hub.h>
+#include <flashrt/types.h>
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,14 +20,18 @@ namespace frt {
 
 // One region a structure describes, as found on the host.
 struct Seam {
-  std::string site;                          // module path the seat replaces
-  std::string structure;                     // "linear_proj", "decoder_ffn", "lm_head"
-  std::map<std::string, std::string> slots;  // slot -> module path holding it
-  std::string activation;                    // decoder_ffn
-  int64_t in_features = 0, out_features = 0, intermediate = 0;
-  std::string weight_dtype, act_dtype;
+  std::string site;                             // module path of the region
+  std::string structure;                        // a catalog structure's name
+  std::map<std::string, std::string> nodes;     // match node -> module path
+  std::map<std::string, std::string> slots;     // weight / bias slot -> module path holding it
+  std::map<std::string, int64_t> dims;          // the structure's dims bound on this host
+  Activation activation = Activation::unknown;  // when the pattern has an activation node
+  DType weight_dtype = DType::f32;
+  std::optional<DType> act_dtype;  // from the observed forward
   std::vector<int64_t> rows_seen;
-  bool tied = false;  // lm_head sharing the input embedding's weight
+  bool tied = false;  // an output head sharing the input embedding's weight
+  std::string shape;  // "gate/up [640x256], down [256x640]": what refusals and explain quote
+  int64_t weight_count = 0;
 };
 
 using SiteReason = std::pair<std::string, std::string>;
@@ -34,43 +42,46 @@ struct Discovery {
   std::vector<std::string> assumed;
 };
 
-// Finds the seams of `structures` (names from the catalog) on the host.
-Discovery discover(const HostGraph& graph, const std::vector<std::string>& structures);
+// Finds the seams of `structures` (catalog names; empty = every structure) on the host. Throws
+// InvalidArgument for a name the catalog does not hold.
+Discovery discover(const HostGraph& graph, const Catalog& catalog,
+                   const std::vector<std::string>& structures);
 
-// A weight format an impl runs.
-struct WeightForm {
-  std::string format;  // "int8" or "int4"
-  int group = 0;
-  bool symmetric = true;
-  std::string describe() const;  // "int8 per-channel", "int4 g32 symmetric"
+// A tensor of the host a seat reads: `tensor` ("weight", "bias") of the module at `module`.
+struct SlotTensor {
+  std::string module, tensor;
 };
 
-// One seat the plan decided on.
+// One seat the plan decided on: what it replaces, the op it runs and the tensor of each operand.
 struct SeatPlan {
   Seam seam;
-  std::string impl;     // "linear_w8a16", "ffn_w4a16", ...
-  std::string package;  // kernel package it runs on
+  std::string site;                   // the module the seat stands in for
+  std::vector<std::string> replaces;  // the modules it computes: the site, or the site's nodes
+  std::string impl;                   // "linear_w8a16", "ffn_w4a16", ...
+  std::string package;                // kernel package it runs on
+  OpKind op = OpKind::linear;
   WeightForm form;
-  int64_t band_min = 1, band_max = 16;  // decode rows; others run the host (band dispatch)
-  std::vector<std::string> ladder;      // each step aside on the way to this impl
+  int64_t band_min = 1, band_max = 1;  // rows; others run the host (band dispatch)
+  // Operand -> host tensor: linear {weight, bias?}; gated_ffn {gate, up, down};
+  // ffn {up, down, up_bias?, down_bias?}.
+  std::map<std::string, SlotTensor> slots;
+  Activation activation = Activation::unknown;  // ffn ops
+  DType act_dtype = DType::f32;                 // the activation dtype it is bound for
+  std::vector<std::string> ladder;              // each step aside on the way to this impl
 };
 
 struct Scheme {
-  std::string name;                              // "none", "w8a16_decode", ...
-  std::map<std::string, WeightForm> formats;     // structure -> form
-  std::map<std::string, std::string> keep_host;  // site -> reason (filled by plan())
+  std::string name;
+  std::map<std::string, WeightForm> formats;  // structure -> form
 };
 
-// The schemes plan() knows: none, w8a16_decode, w4a16_decode, and auto (resolved here).
-std::vector<std::string> scheme_names();
+// "auto" and the catalog's schemes.
+std::vector<std::string> scheme_names(const Catalog& catalog);
 
 struct PlanOptions {
-  std::vector<std::string> structures = {"linear_proj", "decoder_ffn", "lm_head"};
+  std::vector<std::string> structures;  // empty: every structure in the catalog
   std::string scheme = "auto";
-  // Seams with fewer weights than this stay with the host. A count, not yet a per-machine
-  // measurement: 65,536 int8 weights stream in ~2.5 us at ~26 GB/s, about what the door adds
-  // to every seated call (~2 us measured), so below it a seat cannot pay for itself.
-  int64_t min_seat_weights = 1 << 16;
+  std::optional<int64_t> min_seat_weights;  // unset: the catalog's keep_host rule
 };
 
 struct Plan {
@@ -84,7 +95,8 @@ struct Plan {
 };
 
 // Throws InvalidArgument for an unknown scheme or structure name.
-Plan plan(const HostGraph& graph, const PlanOptions& options, KernelHub& hub);
+Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& options,
+          KernelHub& hub);
 
 // What a pass decided, before anything is swapped: every seat, keep-at-host and refusal with
 // its reason, and the counts.

@@ -2,12 +2,15 @@
 // against it, runs its kernel or tells the door to run the host, and keeps the ledger.
 #pragma once
 
+#include <flashrt/hub.h>
 #include <flashrt/kernel_ops.h>
 #include <flashrt/pack.h>
+#include <flashrt/plan.h>
 #include <flashrt/tensor.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -30,6 +33,7 @@ inline constexpr int64_t kSelfDetachAfter = 32;
 
 struct SeatForm {
   std::string site, structure, impl;
+  OpKind op = OpKind::linear;
   DType dtype = DType::f32;  // activation dtype the seat was bound for
   int64_t width = 0;         // input features
   int64_t out = 0;           // output features
@@ -101,21 +105,36 @@ class LinearSeat : public Seat {
   std::vector<float> bias_;
 };
 
+// A fused feed-forward: gated (gate set, bias-free) or ungated (no gate, biases optional).
 class FfnSeat : public Seat {
  public:
-  FfnSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, PackedLinear gate,
-          PackedLinear up, PackedLinear down, Activation act);
-  const PackedLinear& gate() const { return gate_; }
+  FfnSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode,
+          std::optional<PackedLinear> gate, PackedLinear up, PackedLinear down,
+          std::vector<float> up_bias, std::vector<float> down_bias, Activation act);
+  const PackedLinear* gate() const { return gate_ ? &*gate_ : nullptr; }
   const PackedLinear& up() const { return up_; }
   const PackedLinear& down() const { return down_; }
   Activation activation() const { return act_; }
-  int64_t nbytes() const override { return gate_.nbytes() + up_.nbytes() + down_.nbytes(); }
+  FfnOperands operands() const;
+  int64_t nbytes() const override {
+    return (gate_ ? gate_->nbytes() : 0) + up_.nbytes() + down_.nbytes();
+  }
 
  private:
   std::string refusal(const TensorView& x, const TensorView& y) const override;
   void execute(const TensorView& x, const TensorView& y) override;
-  PackedLinear gate_, up_, down_;
+  std::optional<PackedLinear> gate_;
+  PackedLinear up_, down_;
+  std::vector<float> up_bias_, down_bias_;
   Activation act_;
 };
+
+// Builds the seat a plan decided on from the host tensors of its slots (operand name -> view,
+// "weight"/"bias" for a linear, "gate"/"up"/"down" and the biases for an ffn). Packs the weights
+// (read in place, never kept), resolves the plan's package and checks every operand's shape;
+// throws Refused naming the operand and its shape when a tensor does not fit the plan.
+std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
+                                 const std::map<std::string, TensorView>& tensors, GuardMode mode,
+                                 KernelHub& hub);
 
 }  // namespace frt

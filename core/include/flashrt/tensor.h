@@ -1,19 +1,19 @@
 // A non-owning view of a CPU tensor as the door hands it over: no copy, strides in elements.
 #pragma once
 
+#include <flashrt/types.h>
+
 #include <array>
 #include <cstdint>
 #include <string>
 
 namespace frt {
 
-enum class DType { f32, bf16 };
-
-const char* dtype_name(DType dt);
+inline const char* dtype_name(DType dt) { return name_of(dt); }
 
 struct TensorView {
   void* data = nullptr;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // f32 or bf16: the door refuses anything else
   int rank = 0;
   std::array<int64_t, 4> shape{};
   std::array<int64_t, 4> strides{};  // in elements

@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "catalog/yaml_fields.h"
 #include "flashrt/errors.h"
 #include "hub/sha256.h"
 
@@ -19,45 +20,38 @@ namespace frt {
 namespace {
 
 namespace fs = std::filesystem;
+using detail::child;
+using detail::YamlFields;
 
 // The dtypes a boundary or slot may declare. A new one is a core change (every impl's contract
 // check must learn it), not a catalog edit.
 constexpr std::array<std::string_view, 2> kDtypes = {"f32", "bf16"};
 constexpr std::array<std::string_view, 3> kPointSides = {"input", "output", "internal"};
-constexpr std::array<std::string_view, 2> kGateKinds = {"values", "distribution"};
 // Only regions so far; a stage pipeline has a different shape and would need its own parser.
 constexpr std::array<std::string_view, 1> kKinds = {"region"};
-
-template <typename Range>
-std::string join(const Range& items, std::string_view sep = ", ") {
-  std::string out;
-  for (const auto& item : items) {
-    if (!out.empty()) out += sep;
-    out += item;
-  }
-  return out;
-}
 
 template <size_t N>
 bool one_of(const std::array<std::string_view, N>& allowed, std::string_view value) {
   return std::find(allowed.begin(), allowed.end(), value) != allowed.end();
 }
 
-std::string child(const std::string& field, std::string_view key) {
-  return field.empty() ? std::string(key) : field + "." + std::string(key);
+template <size_t N>
+std::string join(const std::array<std::string_view, N>& items) {
+  return detail::join(std::vector<std::string>(items.begin(), items.end()));
 }
 
 // Parses one spec file. Every error names the file and the dotted field path, so a catalog
 // edit that breaks fails at load with the line to fix, never later inside a planner.
-class SpecParser {
+class SpecParser : YamlFields {
  public:
-  SpecParser(std::string file, std::string stem) : file_(std::move(file)), stem_(std::move(stem)) {}
+  SpecParser(std::string file, std::string stem)
+      : YamlFields(std::move(file)), stem_(std::move(stem)) {}
 
   StructureSpec parse(const YAML::Node& root) {
     if (!root.IsMap()) fail("(top level)", "expected a mapping of spec fields");
     check_keys(root, "",
                {"name", "version", "kind", "description", "dims", "boundary", "slots", "attributes",
-                "points", "gates", "boundary_excludes", "reference", "tied_allowed"});
+                "points", "gates", "match", "boundary_excludes", "reference", "tied_allowed"});
     StructureSpec s;
     s.name = text(require(root, "", "name"), "name");
     // The file name is how a host or a receipt finds the spec; letting them differ would make
@@ -83,6 +77,7 @@ class SpecParser {
     if (const YAML::Node a = root["attributes"]) parse_attributes(a, s);
     parse_points(require(root, "", "points"), s);
     parse_gates(require(root, "", "gates"), s);
+    parse_match(require(root, "", "match"), s);
     if (const YAML::Node b = root["boundary_excludes"]) {
       s.boundary_excludes = string_list(b, "boundary_excludes", /*allow_empty=*/true);
     }
@@ -95,94 +90,6 @@ class SpecParser {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw InvalidArgument(file_ + ": " + field + ": " + what);
-  }
-
-  YAML::Node require(const YAML::Node& map, const std::string& field, std::string_view key) const {
-    const YAML::Node node = map[std::string(key)];
-    if (!node) fail(child(field, key), "missing required field");
-    return node;
-  }
-
-  // Unknown keys are errors, not ignored: a misspelt `requried: false` must not silently keep
-  // the default. yaml-cpp keeps duplicate keys and answers lookups with the first, so a second
-  // definition would be dropped unseen; refuse it instead.
-  void check_keys(const YAML::Node& map, const std::string& field,
-                  std::initializer_list<std::string_view> allowed) const {
-    std::set<std::string> seen;
-    for (const auto& kv : map) {
-      const std::string key = kv.first.Scalar();
-      if (!seen.insert(key).second)
-        fail(field.empty() ? "(top level)" : field, "duplicate key '" + key + "'");
-      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-        fail(child(field, key), "unknown field (allowed: " + join(allowed) + ")");
-      }
-    }
-  }
-
-  void expect_map(const YAML::Node& node, const std::string& field, bool allow_empty) const {
-    if (!node.IsMap()) fail(field, "expected a mapping");
-    if (!allow_empty && node.size() == 0) fail(field, "must not be empty");
-    std::set<std::string> seen;
-    for (const auto& kv : node) {
-      if (!kv.first.IsScalar()) fail(field, "keys must be plain names");
-      if (!seen.insert(kv.first.Scalar()).second) {
-        fail(field, "duplicate name '" + kv.first.Scalar() + "'");
-      }
-    }
-  }
-
-  std::string text(const YAML::Node& node, const std::string& field) const {
-    if (!node.IsScalar()) fail(field, "expected a string");
-    if (node.Scalar().empty()) fail(field, "must not be empty");
-    return node.Scalar();
-  }
-
-  int64_t integer(const YAML::Node& node, const std::string& field) const {
-    int64_t value = 0;
-    if (!node.IsScalar() || !YAML::convert<int64_t>::decode(node, value)) {
-      fail(field, "expected an integer" + got(node));
-    }
-    return value;
-  }
-
-  double number(const YAML::Node& node, const std::string& field) const {
-    double value = 0;
-    if (!node.IsScalar() || !YAML::convert<double>::decode(node, value) || !std::isfinite(value)) {
-      fail(field, "expected a finite number" + got(node));
-    }
-    return value;
-  }
-
-  bool boolean(const YAML::Node& node, const std::string& field) const {
-    bool value = false;
-    if (!node.IsScalar() || !YAML::convert<bool>::decode(node, value)) {
-      fail(field, "expected true or false" + got(node));
-    }
-    return value;
-  }
-
-  static std::string got(const YAML::Node& node) {
-    return node.IsScalar() ? ", got '" + node.Scalar() + "'" : "";
-  }
-
-  std::vector<std::string> string_list(const YAML::Node& node, const std::string& field,
-                                       bool allow_empty) const {
-    if (!node.IsSequence()) fail(field, "expected a list");
-    if (!allow_empty && node.size() == 0) fail(field, "must not be empty");
-    std::vector<std::string> out;
-    for (size_t i = 0; i < node.size(); ++i) {
-      const std::string item_field = field + "[" + std::to_string(i) + "]";
-      std::string item = text(node[i], item_field);
-      if (std::find(out.begin(), out.end(), item) != out.end()) {
-        fail(item_field, "duplicate entry '" + item + "'");
-      }
-      out.push_back(std::move(item));
-    }
-    return out;
-  }
-
   void parse_dims(const YAML::Node& node, StructureSpec& s) const {
     expect_map(node, "dims", /*allow_empty=*/false);
     for (const auto& kv : node) {
@@ -248,7 +155,7 @@ class SpecParser {
           std::vector<std::string> declared;
           for (const DimSpec& d : s.dims) declared.push_back(d.name);
           fail(child(tfield, "shape") + "[" + std::to_string(i) + "]",
-               "'" + t.shape[i] + "' is not a declared dim (dims: " + join(declared) + ")");
+               "'" + t.shape[i] + "' is not a declared dim (dims: " + detail::join(declared) + ")");
         }
       }
       if (v["dtypes"] && v["dtype_of"]) fail(tfield, "give dtypes or dtype_of, not both");
@@ -262,12 +169,14 @@ class SpecParser {
         t.dtypes = src->dtypes;
       } else {
         const std::string dfield = child(tfield, "dtypes");
-        t.dtypes = string_list(require(v, tfield, "dtypes"), dfield, /*allow_empty=*/false);
-        for (size_t i = 0; i < t.dtypes.size(); ++i) {
-          if (!one_of(kDtypes, t.dtypes[i])) {
+        const std::vector<std::string> names =
+            string_list(require(v, tfield, "dtypes"), dfield, /*allow_empty=*/false);
+        for (size_t i = 0; i < names.size(); ++i) {
+          if (!one_of(kDtypes, names[i])) {
             fail(dfield + "[" + std::to_string(i) + "]",
-                 "unknown dtype '" + t.dtypes[i] + "' (known: " + join(kDtypes) + ")");
+                 "unknown dtype '" + names[i] + "' (known: " + join(kDtypes) + ")");
           }
+          t.dtypes.push_back(*parse_dtype(names[i]));
         }
       }
       if (const YAML::Node r = v["required"]) t.required = boolean(r, child(tfield, "required"));
@@ -335,11 +244,8 @@ class SpecParser {
     if (!parity.IsMap()) fail("gates.parity", "expected a mapping with output, pass, warn");
     check_keys(parity, "gates.parity", {"output", "pass", "warn"});
     GateSpec& g = s.gate;
-    g.kind = text(require(parity, "gates.parity", "output"), "gates.parity.output");
-    if (!one_of(kGateKinds, g.kind)) {
-      fail("gates.parity.output",
-           "unknown output kind '" + g.kind + "' (known: " + join(kGateKinds) + ")");
-    }
+    g.kind = named(require(parity, "gates.parity", "output"), "gates.parity.output", "output kind",
+                   parse_output_kind, known_output_kinds());
     g.pass = number(require(parity, "gates.parity", "pass"), "gates.parity.pass");
     g.warn = number(require(parity, "gates.parity", "warn"), "gates.parity.warn");
     for (const auto& [key, value] : {std::pair{"pass", g.pass}, std::pair{"warn", g.warn}}) {
@@ -363,7 +269,100 @@ class SpecParser {
     if (g.min_speedup < 1.0) fail("gates.latency.min_speedup", "must be >= 1");
   }
 
-  std::string file_;
+  // See Note [Match patterns] in catalog.h.
+  void parse_match(const YAML::Node& node, StructureSpec& s) const {
+    if (!node.IsMap()) fail("match", "expected a mapping with nodes");
+    check_keys(node, "match", {"priority", "always_claims", "site", "nodes", "flow"});
+    MatchSpec& m = s.match;
+    if (const YAML::Node p = node["priority"]) {
+      const int64_t v = integer(p, "match.priority");
+      if (v < -1000 || v > 1000) fail("match.priority", "must be in -1000..1000");
+      m.priority = static_cast<int>(v);
+    }
+    if (const YAML::Node a = node["always_claims"])
+      m.always_claims = boolean(a, "match.always_claims");
+    if (const YAML::Node site = node["site"]) {
+      const std::string v = text(site, "match.site");
+      if (v != "node" && v != "parent") fail("match.site", "'" + v + "' is not node or parent");
+      m.site = v == "node" ? SiteKind::node : SiteKind::parent;
+    }
+    const YAML::Node nodes = require(node, "match", "nodes");
+    expect_map(nodes, "match.nodes", /*allow_empty=*/false);
+    for (const auto& kv : nodes) {
+      const std::string field = child("match.nodes", kv.first.Scalar());
+      if (!kv.second.IsMap()) fail(field, "expected a mapping with kind");
+      check_keys(kv.second, field, {"kind", "weight", "bias", "output_head", "attribute"});
+      MatchNode n;
+      n.name = kv.first.Scalar();
+      const std::string kind = text(require(kv.second, field, "kind"), child(field, "kind"));
+      if (kind == "linear") {
+        n.kind = NodeKind::linear;
+        n.weight_slot = text(require(kv.second, field, "weight"), child(field, "weight"));
+        const TensorSpec* w = s.slot(n.weight_slot);
+        if (w == nullptr) fail(child(field, "weight"), "'" + n.weight_slot + "' is not a slot");
+        if (w->shape.size() != 2)
+          fail(child(field, "weight"), "slot '" + n.weight_slot + "' is not [out, in]");
+        n.out_dim = w->shape[0];
+        n.in_dim = w->shape[1];
+        if (const YAML::Node b = kv.second["bias"]) {
+          n.bias_slot = text(b, child(field, "bias"));
+          const TensorSpec* bs = s.slot(n.bias_slot);
+          if (bs == nullptr) fail(child(field, "bias"), "'" + n.bias_slot + "' is not a slot");
+          if (bs->shape.size() != 1 || bs->shape[0] != n.out_dim)
+            fail(child(field, "bias"), "slot '" + n.bias_slot + "' is not [" + n.out_dim + "]");
+        }
+        if (const YAML::Node h = kv.second["output_head"])
+          n.output_head = boolean(h, child(field, "output_head"));
+        if (kv.second["attribute"]) fail(child(field, "attribute"), "a linear node has none");
+      } else if (kind == "activation") {
+        n.kind = NodeKind::activation;
+        n.attribute = text(require(kv.second, field, "attribute"), child(field, "attribute"));
+        if (!s.attributes.count(n.attribute))
+          fail(child(field, "attribute"), "'" + n.attribute + "' is not a declared attribute");
+        for (size_t i = 0; i < s.attributes.at(n.attribute).size(); ++i) {
+          const std::string& v = s.attributes.at(n.attribute)[i];
+          if (!parse_activation(v))
+            fail("attributes." + n.attribute + "[" + std::to_string(i) + "]",
+                 "unknown activation '" + v + "' (known: " + known_activations() + ")");
+        }
+        for (const char* k : {"weight", "bias", "output_head"})
+          if (kv.second[k]) fail(child(field, k), "an activation node has none");
+      } else {
+        fail(child(field, "kind"), "'" + kind + "' is not linear or activation");
+      }
+      m.nodes.push_back(std::move(n));
+    }
+    if (m.site == SiteKind::node && m.nodes.size() != 1)
+      fail("match.site", "site 'node' needs exactly one node");
+    if (const YAML::Node flow = node["flow"]) {
+      if (!flow.IsSequence()) fail("match.flow", "expected a list of relations");
+      for (size_t i = 0; i < flow.size(); ++i) {
+        const std::string field = "match.flow[" + std::to_string(i) + "]";
+        if (!flow[i].IsMap() || flow[i].size() != 1)
+          fail(field, "expected one relation: {same_input|feeds|not_feeds: [a, b]}");
+        const auto kv = *flow[i].begin();
+        FlowEdge e;
+        const std::string rel = kv.first.Scalar();
+        if (rel == "same_input")
+          e.kind = FlowKind::same_input;
+        else if (rel == "feeds")
+          e.kind = FlowKind::feeds;
+        else if (rel == "not_feeds")
+          e.kind = FlowKind::not_feeds;
+        else
+          fail(field, "unknown relation '" + rel + "' (known: same_input, feeds, not_feeds)");
+        const std::vector<std::string> ends =
+            string_list(kv.second, child(field, rel), /*allow_empty=*/false);
+        if (ends.size() != 2) fail(child(field, rel), "names two nodes");
+        for (const std::string& end : ends)
+          if (m.node(end) == nullptr) fail(child(field, rel), "'" + end + "' is not a node");
+        e.a = ends[0];
+        e.b = ends[1];
+        m.flow.push_back(e);
+      }
+    }
+  }
+
   std::string stem_;
 };
 
@@ -375,8 +374,10 @@ std::string canonical(const StructureSpec& s) {
   const auto tensors = [](const std::vector<TensorSpec>& ts) {
     json out = json::object();
     for (const TensorSpec& t : ts) {
+      std::vector<std::string> dtypes;
+      for (DType d : t.dtypes) dtypes.push_back(name_of(d));
       out[t.name] = {{"shape", t.shape},
-                     {"dtypes", t.dtypes},
+                     {"dtypes", dtypes},
                      {"required", t.required},
                      {"dtype_of", t.dtype_of}};
     }
@@ -391,6 +392,15 @@ std::string canonical(const StructureSpec& s) {
   }
   json points = json::object();
   for (const auto& [name, side] : s.points) points[name] = side;
+  json nodes = json::object();
+  for (const MatchNode& n : s.match.nodes)
+    nodes[n.name] = {{"kind", static_cast<int>(n.kind)},
+                     {"weight", n.weight_slot},
+                     {"bias", n.bias_slot},
+                     {"output_head", n.output_head},
+                     {"attribute", n.attribute}};
+  json flow = json::array();
+  for (const FlowEdge& e : s.match.flow) flow.push_back({static_cast<int>(e.kind), e.a, e.b});
   const json j = {
       {"name", s.name},
       {"version", s.version},
@@ -403,10 +413,16 @@ std::string canonical(const StructureSpec& s) {
       {"attributes", s.attributes},
       {"points", points},
       {"gate",
-       {{"kind", s.gate.kind},
+       {{"kind", name_of(s.gate.kind)},
         {"pass", s.gate.pass},
         {"warn", s.gate.warn},
         {"min_speedup", s.gate.min_speedup}}},
+      {"match",
+       {{"priority", s.match.priority},
+        {"always_claims", s.match.always_claims},
+        {"site", static_cast<int>(s.match.site)},
+        {"nodes", nodes},
+        {"flow", flow}}},
       {"boundary_excludes", s.boundary_excludes},
       {"reference", s.reference},
       {"tied_allowed", s.tied_allowed},
@@ -416,18 +432,7 @@ std::string canonical(const StructureSpec& s) {
 
 StructureSpec load_file(const fs::path& path) {
   const std::string file = path.string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidArgument(file + ": cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  YAML::Node root;
-  try {
-    root = YAML::Load(text.str());
-  } catch (const YAML::ParserException& e) {
-    throw InvalidArgument(file + ": YAML syntax error at line " + std::to_string(e.mark.line + 1) +
-                          ", column " + std::to_string(e.mark.column + 1) + ": " + e.msg);
-  }
-  if (root.IsNull()) throw InvalidArgument(file + ": empty spec");
+  const YAML::Node root = detail::load_yaml_file(file);
   StructureSpec spec;
   try {
     spec = SpecParser(file, path.stem().string()).parse(root);
@@ -448,6 +453,12 @@ const DimSpec* StructureSpec::dim(std::string_view dim_name) const {
   return nullptr;
 }
 
+const MatchNode* MatchSpec::node(std::string_view node_name) const {
+  for (const MatchNode& n : nodes)
+    if (n.name == node_name) return &n;
+  return nullptr;
+}
+
 const TensorSpec* StructureSpec::slot(std::string_view slot_name) const {
   for (const TensorSpec& t : slots) {
     if (t.name == slot_name) return &t;
@@ -460,11 +471,14 @@ Catalog Catalog::load(const std::string& dir) {
   if (!fs::is_directory(dir, ec)) {
     throw InvalidArgument("catalog dir '" + dir + "' does not exist or is not a directory");
   }
+  const fs::path structures = fs::path(dir) / "structures";
   std::vector<fs::path> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
-    if (e.is_regular_file() && e.path().extension() == ".yaml") files.push_back(e.path());
-  }
-  if (files.empty()) throw InvalidArgument("catalog dir '" + dir + "' holds no .yaml specs");
+  if (fs::is_directory(structures, ec))
+    for (const fs::directory_entry& e : fs::directory_iterator(structures)) {
+      if (e.is_regular_file() && e.path().extension() == ".yaml") files.push_back(e.path());
+    }
+  if (files.empty())
+    throw InvalidArgument("catalog dir '" + dir + "' holds no .yaml specs under structures/");
   // Sorted, so the first error reported does not depend on directory order.
   std::sort(files.begin(), files.end());
   Catalog c;
@@ -476,6 +490,7 @@ Catalog Catalog::load(const std::string& dir) {
       throw InvalidArgument(f.string() + ": name: duplicate structure '" + name + "'");
     }
   }
+  detail::load_policy(c, dir);
   return c;
 }
 
@@ -488,7 +503,7 @@ std::vector<std::string> Catalog::names() const {
 const StructureSpec& Catalog::get(const std::string& name) const {
   const auto it = specs_.find(name);
   if (it == specs_.end()) {
-    throw InvalidArgument("unknown structure '" + name + "' (known: " + join(names()) +
+    throw InvalidArgument("unknown structure '" + name + "' (known: " + detail::join(names()) +
                           ") in catalog '" + dir_ + "'");
   }
   return it->second;

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 
 #include "flashrt/errors.h"
+#include "flashrt/hub.h"
+#include "flashrt/plan.h"
 
 namespace frt {
 namespace {
@@ -39,7 +42,72 @@ points:
 gates:
   parity: {output: values, pass: 0.999, warn: 0.995}
   latency: {min_speedup: 1.02}
+match:
+  priority: 0
+  site: node
+  nodes:
+    proj: {kind: linear, weight: weight}
 reference: "y = x @ weight.T"
+)";
+
+// The same seam with an activation after the projection: a pattern with an activation node.
+const std::string kWithActivation = R"yaml(name: demo
+version: 1
+kind: region
+description: a test seam with an activation
+dims:
+  rows: {min: 1, max: 16, decode_band: true}
+  k: {min: 1}
+  n: {min: 1}
+boundary:
+  inputs:
+    x: {shape: [rows, k], dtypes: [f32, bf16]}
+  outputs:
+    y: {shape: [rows, n], dtype_of: x}
+slots:
+  weight: {shape: [n, k], dtypes: [f32], required: true}
+attributes:
+  activation: [silu, gelu]
+points:
+  x: input
+  y: output
+gates:
+  parity: {output: values, pass: 0.999, warn: 0.995}
+  latency: {min_speedup: 1.02}
+match:
+  site: parent
+  nodes:
+    proj: {kind: linear, weight: weight}
+    act: {kind: activation, attribute: activation}
+  flow:
+    - feeds: [proj, act]
+reference: "y = act(x @ weight.T)"
+)yaml";
+
+// Valid policy files for the demo structure; each policy error test breaks one thing in one.
+const std::string kSchemes = R"(forms:
+  int8: {format: int8_channel, tag: w8a16}
+schemes:
+  none:
+    description: every seam stays at host precision
+    formats: {}
+  w8:
+    description: int8 weights
+    requires: [flashrt/linear]
+    formats: {demo: int8}
+auto: [w8, none]
+keep_host:
+  min_seat_weights: 0
+)";
+
+const std::string kLadders = R"(ladders:
+  demo:
+    - {impl: linear, package: flashrt/linear, op: linear}
+)";
+
+const std::string kGates = R"(output_kinds:
+  values: {metric: cosine, pass: 0.999, warn: 0.995}
+  distribution: {metric: top1_agreement, pass: 0.95, warn: 0.85}
 )";
 
 std::string replaced(std::string text, const std::string& from, const std::string& to) {
@@ -64,8 +132,18 @@ class CatalogFiles : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // `file` is relative to the catalog dir ("structures/demo.yaml", "schemes.yaml").
   void write(const std::string& file, const std::string& text) {
+    fs::create_directories((dir_ / file).parent_path());
     std::ofstream(dir_ / file, std::ios::binary) << text;
+  }
+
+  // The demo structure and a valid policy for it.
+  void write_valid_catalog() {
+    write("structures/demo.yaml", kValid);
+    write("schemes.yaml", kSchemes);
+    write("ladders.yaml", kLadders);
+    write("gates.yaml", kGates);
   }
 
   std::string load_error() {
@@ -78,29 +156,53 @@ class CatalogFiles : public ::testing::Test {
     return {};
   }
 
-  // Loads `text` as demo.yaml and expects the error to name the file, the field and the problem.
-  void expect_error(const std::string& text, const std::string& field, const std::string& what) {
-    write("demo.yaml", text);
+  // Loads the catalog and expects the error to name `file`, the field and the problem.
+  void expect_error_in(const std::string& file, const std::string& field, const std::string& what) {
     const std::string msg = load_error();
-    EXPECT_NE(msg.find((dir_ / "demo.yaml").string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find((dir_ / file).string() + ": "), std::string::npos)
+        << "file '" << file << "' in: " << msg;
     EXPECT_NE(msg.find(field), std::string::npos) << "field '" << field << "' in: " << msg;
     EXPECT_NE(msg.find(what), std::string::npos) << "'" << what << "' in: " << msg;
   }
 
+  // Loads `text` as structures/demo.yaml and expects the error to name the file, the field and
+  // the problem.
+  void expect_error(const std::string& text, const std::string& field, const std::string& what) {
+    write("structures/demo.yaml", text);
+    expect_error_in("structures/demo.yaml", field, what);
+  }
+
+  // Writes the valid catalog with `file` replaced by `text`, and expects the error there.
+  void expect_policy_error(const std::string& file, const std::string& text,
+                           const std::string& field, const std::string& what) {
+    write_valid_catalog();
+    write(file, text);
+    expect_error_in(file, field, what);
+  }
+
   std::string digest_of(const std::string& text) {
-    write("demo.yaml", text);
+    write("structures/demo.yaml", text);
     return Catalog::load(dir_.string()).get("demo").digest;
   }
 
   fs::path dir_;
 };
 
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// The shipped catalog may gain structures; these tests look at the three they name.
+const std::vector<std::string> kShipped = {"decoder_ffn", "linear_proj", "lm_head"};
+
 TEST(Catalog, ShippedCatalogHoldsTheThreeStructures) {
   const Catalog c = Catalog::load(kCatalogDir);
   EXPECT_EQ(c.dir(), kCatalogDir);
-  EXPECT_EQ(c.names(), (std::vector<std::string>{"decoder_ffn", "linear_proj", "lm_head"}));
+  const std::vector<std::string> names = c.names();
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   std::set<std::string> digests;
-  for (const std::string& name : c.names()) {
+  for (const std::string& name : kShipped) {
+    ASSERT_TRUE(contains(names, name)) << name;
     const StructureSpec& s = c.get(name);
     EXPECT_EQ(s.name, name);
     EXPECT_EQ(s.version, 1);
@@ -116,9 +218,10 @@ TEST(Catalog, ShippedCatalogHoldsTheThreeStructures) {
     EXPECT_DOUBLE_EQ(s.gate.min_speedup, 1.02);
     ASSERT_EQ(s.outputs.size(), 1u);
     EXPECT_EQ(s.outputs[0].dtype_of, "x");
-    EXPECT_EQ(s.outputs[0].dtypes, (std::vector<std::string>{"f32", "bf16"}));
+    EXPECT_EQ(s.outputs[0].dtypes, (std::vector<DType>{DType::f32, DType::bf16}));
+    EXPECT_FALSE(s.match.nodes.empty()) << name;
   }
-  EXPECT_EQ(digests.size(), 3u);
+  EXPECT_EQ(digests.size(), kShipped.size());
 }
 
 TEST(Catalog, ShippedSpecsSayWhatTheBriefSays) {
@@ -130,10 +233,16 @@ TEST(Catalog, ShippedSpecsSayWhatTheBriefSays) {
   ASSERT_NE(lin.slot("bias"), nullptr);
   EXPECT_FALSE(lin.slot("bias")->required);
   EXPECT_EQ(lin.slot("missing"), nullptr);
-  EXPECT_EQ(lin.gate.kind, "values");
+  EXPECT_EQ(lin.gate.kind, OutputKind::values);
   EXPECT_DOUBLE_EQ(lin.gate.pass, 0.999);
   EXPECT_DOUBLE_EQ(lin.gate.warn, 0.995);
   EXPECT_FALSE(lin.tied_allowed);
+  EXPECT_EQ(lin.match.site, SiteKind::node);
+  ASSERT_EQ(lin.match.nodes.size(), 1u);
+  EXPECT_EQ(lin.match.nodes[0].weight_slot, "weight");
+  EXPECT_EQ(lin.match.nodes[0].bias_slot, "bias");
+  EXPECT_EQ(lin.match.nodes[0].out_dim, "out_features");
+  EXPECT_EQ(lin.match.nodes[0].in_dim, "in_features");
 
   const StructureSpec& ffn = c.get("decoder_ffn");
   for (const char* slot : {"gate", "up", "down"}) {
@@ -146,13 +255,71 @@ TEST(Catalog, ShippedSpecsSayWhatTheBriefSays) {
   using Points = std::vector<std::pair<std::string, std::string>>;
   EXPECT_EQ(ffn.points, (Points{{"x", "input"}, {"h", "internal"}, {"y", "output"}}));
   EXPECT_EQ(ffn.boundary_excludes, (std::vector<std::string>{"pre_norm", "residual_add"}));
+  EXPECT_EQ(ffn.match.site, SiteKind::parent);
+  EXPECT_EQ(ffn.match.nodes.size(), 4u);
+  ASSERT_NE(ffn.match.node("act"), nullptr);
+  EXPECT_EQ(ffn.match.node("act")->kind, NodeKind::activation);
+  EXPECT_EQ(ffn.match.node("act")->attribute, "activation");
+  ASSERT_EQ(ffn.match.flow.size(), 3u);
+  EXPECT_EQ(ffn.match.flow[1].kind, FlowKind::feeds);
+  EXPECT_EQ(ffn.match.flow[1].a, "gate");
+  EXPECT_EQ(ffn.match.flow[1].b, "act");
 
   const StructureSpec& head = c.get("lm_head");
   EXPECT_TRUE(head.tied_allowed);
   EXPECT_EQ(head.slot("weight")->shape, (std::vector<std::string>{"vocab", "hidden"}));
-  EXPECT_EQ(head.gate.kind, "distribution");
+  EXPECT_EQ(head.gate.kind, OutputKind::distribution);
   EXPECT_DOUBLE_EQ(head.gate.pass, 0.95);
   EXPECT_DOUBLE_EQ(head.gate.warn, 0.85);
+  EXPECT_TRUE(head.match.always_claims);
+  EXPECT_TRUE(head.match.nodes[0].output_head);
+  EXPECT_GT(head.match.priority, ffn.match.priority);
+  EXPECT_GT(ffn.match.priority, lin.match.priority);
+}
+
+TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
+  const Catalog c = Catalog::load(kCatalogDir);
+  const std::vector<Rung>& ffn = c.ladder("decoder_ffn");
+  ASSERT_EQ(ffn.size(), 2u);
+  EXPECT_EQ(ffn[0].package, "flashrt/ffn");
+  EXPECT_EQ(ffn[0].op, OpKind::gated_ffn);
+  EXPECT_FALSE(ffn[0].per_node);
+  EXPECT_EQ(ffn[1].impl, "ffn_as_projections");
+  EXPECT_EQ(ffn[1].op, OpKind::linear);
+  EXPECT_TRUE(ffn[1].per_node);
+  EXPECT_EQ(c.rung_field("decoder_ffn", 1), kCatalogDir + "/ladders.yaml: ladders.decoder_ffn[1]");
+  EXPECT_TRUE(c.ladder("no_such_structure").empty());
+
+  const SchemePolicy& p = c.schemes();
+  EXPECT_EQ(p.auto_order, (std::vector<std::string>{"w8a16_decode", "none"}));
+  EXPECT_EQ(p.min_seat_weights, 65536);
+  EXPECT_EQ(p.forms.at("int4_g32").format, WeightFormat::int4_group);
+  EXPECT_EQ(p.forms.at("int4_g32").group, 32);
+  EXPECT_EQ(p.forms.at("int4_g32").describe(), "int4 g32 symmetric");
+  EXPECT_EQ(p.forms.at("int8").describe(), "int8 per-channel");
+  EXPECT_EQ(p.schemes.at("w4a16_decode").formats.at("lm_head"), "int8");
+  EXPECT_EQ(p.schemes.at("w4a16_decode").indivisible, "int8");
+  EXPECT_TRUE(p.schemes.at("none").formats.empty());
+
+  EXPECT_EQ(c.band(OutputKind::values).metric, "cosine");
+  EXPECT_DOUBLE_EQ(c.band(OutputKind::values).pass, 0.999);
+  EXPECT_EQ(c.band(OutputKind::distribution).metric, "top1_agreement");
+  EXPECT_DOUBLE_EQ(c.band(OutputKind::distribution).warn, 0.85);
+
+  const BindingSpec& llama = c.binding("llama_decode");
+  EXPECT_EQ(llama.layers, "model.layers");
+  EXPECT_THROW(c.binding("gpt2_decode"), InvalidArgument);
+  EXPECT_TRUE(c.missing_packages({"flashrt/linear", "flashrt/ffn"}).empty());
+  // Only flashrt/linear visible: every rung on flashrt/ffn is named, decoder_ffn's among them.
+  const std::vector<std::string> missing = c.missing_packages({"flashrt/linear"});
+  ASSERT_FALSE(missing.empty());
+  bool decoder_ffn_named = false;
+  for (const std::string& m : missing) {
+    EXPECT_NE(m.find("'flashrt/ffn' is not on the kernel path"), std::string::npos) << m;
+    decoder_ffn_named |=
+        m.find("ladders.yaml: ladders.decoder_ffn[0].package") != std::string::npos;
+  }
+  EXPECT_TRUE(decoder_ffn_named) << missing[0];
 }
 
 TEST(Catalog, GetOfAnUnknownNameListsTheKnownOnes) {
@@ -163,14 +330,16 @@ TEST(Catalog, GetOfAnUnknownNameListsTheKnownOnes) {
   } catch (const InvalidArgument& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("unknown structure 'attention_core'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("decoder_ffn, linear_proj, lm_head"), std::string::npos) << msg;
+    for (const std::string& name : kShipped)
+      EXPECT_NE(msg.find(name), std::string::npos) << name << " in: " << msg;
   }
 }
 
 TEST_F(CatalogFiles, ValidSpecLoadsAndOtherFilesAreIgnored) {
-  write("demo.yaml", kValid);
-  write("README.md", "not a spec");
-  write("demo.yaml.bak", "name: [broken");
+  write("structures/demo.yaml", kValid);
+  write("structures/README.md", "not a spec");
+  write("structures/demo.yaml.bak", "name: [broken");
+  write("README.md", "not a catalog file");
   const Catalog c = Catalog::load(dir_.string());
   EXPECT_EQ(c.names(), std::vector<std::string>{"demo"});
   const StructureSpec& s = c.get("demo");
@@ -178,6 +347,26 @@ TEST_F(CatalogFiles, ValidSpecLoadsAndOtherFilesAreIgnored) {
   EXPECT_EQ(s.dim("k")->max, -1);
   EXPECT_TRUE(s.attributes.empty());
   EXPECT_TRUE(s.boundary_excludes.empty());
+  EXPECT_EQ(s.slot("weight")->dtypes, std::vector<DType>{DType::f32});
+  ASSERT_EQ(s.match.nodes.size(), 1u);
+  EXPECT_EQ(s.match.nodes[0].name, "proj");
+  EXPECT_EQ(s.match.nodes[0].out_dim, "n");
+  EXPECT_EQ(s.match.nodes[0].in_dim, "k");
+  // The policy files are optional: none declared, none in force.
+  EXPECT_TRUE(c.ladders().empty());
+  EXPECT_TRUE(c.schemes().schemes.empty());
+  EXPECT_TRUE(c.bindings().empty());
+  EXPECT_THROW(c.band(OutputKind::values), InvalidArgument);
+}
+
+TEST_F(CatalogFiles, ValidPolicyLoads) {
+  write_valid_catalog();
+  const Catalog c = Catalog::load(dir_.string());
+  ASSERT_EQ(c.ladder("demo").size(), 1u);
+  EXPECT_EQ(c.ladder("demo")[0].op, OpKind::linear);
+  EXPECT_EQ(c.schemes().schemes.at("w8").formats.at("demo"), "int8");
+  EXPECT_EQ(c.schemes().min_seat_weights, 0);
+  EXPECT_DOUBLE_EQ(c.band(OutputKind::distribution).pass, 0.95);
 }
 
 TEST_F(CatalogFiles, DigestIgnoresCommentsLayoutAndKeyOrder) {
@@ -196,6 +385,7 @@ TEST_F(CatalogFiles, DigestMovesWithAnyValue) {
       {"dtypes: [f32]", "dtypes: [bf16]"}, {"required: true", "required: false"},
       {"pass: 0.999", "pass: 0.9991"},     {"min_speedup: 1.02", "min_speedup: 1.05"},
       {"a test seam", "a test seam."},     {"y = x @ weight.T", "y = x @ weight.T + 0"},
+      {"priority: 0", "priority: 5"},      {"site: node", "site: parent"},
   };
   for (const auto& [from, to] : edits) {
     EXPECT_NE(digest_of(replaced(kValid, from, to)), base) << from << " -> " << to;
@@ -204,9 +394,13 @@ TEST_F(CatalogFiles, DigestMovesWithAnyValue) {
 
 TEST_F(CatalogFiles, MissingOrEmptyDirIsAnError) {
   EXPECT_THROW(Catalog::load((dir_ / "nope").string()), InvalidArgument);
-  write("notes.txt", "no specs here");
+  write("structures/notes.txt", "no specs here");
   const std::string msg = load_error();
   EXPECT_NE(msg.find("holds no .yaml specs"), std::string::npos) << msg;
+  // A spec outside structures/ is not a structure.
+  write("demo.yaml", kValid);
+  const std::string again = load_error();
+  EXPECT_NE(again.find("holds no .yaml specs"), std::string::npos) << again;
 }
 
 TEST_F(CatalogFiles, YamlSyntaxError) {
@@ -256,6 +450,8 @@ TEST_F(CatalogFiles, ShapeNamesAnUndeclaredDim) {
 TEST_F(CatalogFiles, UnknownDtype) {
   expect_error(replaced(kValid, "dtypes: [f32]", "dtypes: [f32, fp16]"), "slots.weight.dtypes[1]",
                "unknown dtype 'fp16' (known: f32, bf16)");
+  expect_error(replaced(kValid, "dtypes: [f32, bf16]", "dtypes: [f32, float16]"),
+               "boundary.inputs.x.dtypes[1]", "unknown dtype 'float16'");
   expect_error(replaced(kValid, "dtype_of: x", "dtype_of: w"), "boundary.outputs.y.dtype_of",
                "'w' is not a boundary input");
 }
@@ -290,6 +486,267 @@ TEST_F(CatalogFiles, PointsMustResolve) {
 TEST_F(CatalogFiles, DecodeBandNeedsAnUpperEnd) {
   expect_error(replaced(kValid, "min: 1, max: 16, decode_band: true", "min: 1, decode_band: true"),
                "dims.rows.max", "a decode band needs a max");
+}
+
+TEST_F(CatalogFiles, BandWithMinAboveMax) {
+  expect_error(replaced(kValid, "rows: {min: 1, max: 16, decode_band: true}",
+                        "rows: {min: 8, max: 4, decode_band: true}"),
+               "dims.rows.max", "is below min (4 < 8)");
+}
+
+// ---- match patterns -------------------------------------------------------------------------
+
+TEST_F(CatalogFiles, MatchSectionIsRequired) {
+  const std::string text = replaced(kValid,
+                                    "match:\n  priority: 0\n  site: node\n  nodes:\n    proj: "
+                                    "{kind: linear, weight: weight}\n",
+                                    "");
+  expect_error(text, "match", "missing required field");
+}
+
+TEST_F(CatalogFiles, MatchNodeNamesAnUndeclaredSlot) {
+  expect_error(replaced(kValid, "proj: {kind: linear, weight: weight}",
+                        "proj: {kind: linear, weight: weights}"),
+               "match.nodes.proj.weight", "'weights' is not a slot");
+  expect_error(replaced(kValid, "proj: {kind: linear, weight: weight}",
+                        "proj: {kind: linear, weight: weight, bias: b}"),
+               "match.nodes.proj.bias", "'b' is not a slot");
+}
+
+TEST_F(CatalogFiles, ActivationNodeValues) {
+  write("structures/demo.yaml", kWithActivation);
+  const Catalog c = Catalog::load(dir_.string());
+  EXPECT_EQ(c.get("demo").match.node("act")->kind, NodeKind::activation);
+  EXPECT_EQ(c.get("demo").match.site, SiteKind::parent);
+  expect_error(replaced(kWithActivation, "activation: [silu, gelu]", "activation: [silu, swish]"),
+               "attributes.activation[1]", "unknown activation 'swish'");
+  expect_error(replaced(kWithActivation, "attribute: activation}", "attribute: act_kind}"),
+               "match.nodes.act.attribute", "'act_kind' is not a declared attribute");
+  expect_error(replaced(kWithActivation, "feeds: [proj, act]", "feeds: [proj, norm]"),
+               "match.flow[0].feeds", "'norm' is not a node");
+}
+
+// ---- policy files ---------------------------------------------------------------------------
+
+TEST_F(CatalogFiles, PolicyYamlSyntaxError) {
+  expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear}", "op: linear"),
+                      "YAML syntax error", "at line");
+  expect_policy_error("schemes.yaml", replaced(kSchemes, "auto: [w8, none]", "auto: [w8, none"),
+                      "YAML syntax error", "at line");
+}
+
+TEST_F(CatalogFiles, LadderRungNamesAnUnknownOp) {
+  expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: conv"),
+                      "ladders.demo[0].op", "unknown op 'conv'");
+}
+
+TEST_F(CatalogFiles, LadderForAnUnknownStructure) {
+  expect_policy_error("ladders.yaml", replaced(kLadders, "  demo:", "  ghost:"), "ladders.ghost",
+                      "'ghost' is not a structure of this catalog (known: demo)");
+}
+
+TEST_F(CatalogFiles, RegionOpReadsASlotTheStructureLacks) {
+  expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: gated_ffn"),
+                      "ladders.demo[0].op",
+                      "op 'gated_ffn' reads slot 'gate', which structure 'demo' does not declare");
+  expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: rmsnorm"),
+                      "ladders.demo[0].op", "'rmsnorm' is not an op a seat runs");
+  // The shipped catalog with linear_proj's rung turned into the gated ffn op.
+  fs::remove_all(dir_);
+  fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);
+  std::ifstream in(dir_ / "ladders.yaml");
+  const std::string ladders((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write("ladders.yaml",
+        replaced(ladders, "linear_proj:\n    - {impl: linear, package: flashrt/linear, op: linear}",
+                 "linear_proj:\n    - {impl: linear, package: flashrt/linear, op: gated_ffn}"));
+  expect_error_in("ladders.yaml", "ladders.linear_proj[0].op",
+                  "op 'gated_ffn' reads slot 'gate', which structure 'linear_proj' does not "
+                  "declare");
+}
+
+TEST_F(CatalogFiles, ALinearRungOnARegionOfSeveralProjectionsMustBePerNode) {
+  // Without per_node, one linear seat would stand for the whole region (three weights, one site).
+  fs::remove_all(dir_);
+  fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);
+  std::ifstream in(dir_ / "ladders.yaml");
+  const std::string ladders((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write("ladders.yaml", replaced(ladders, "{impl: ffn, package: flashrt/ffn, op: gated_ffn}",
+                                 "{impl: ffn_lin, package: flashrt/linear, op: linear}"));
+  expect_error_in("ladders.yaml", "ladders.decoder_ffn[0].op",
+                  "the linear op seats one projection; structure 'decoder_ffn' has 3 (set "
+                  "per_node: true)");
+}
+
+TEST_F(CatalogFiles, SchemeNamesAnUnknownForm) {
+  expect_policy_error("schemes.yaml",
+                      replaced(kSchemes, "formats: {demo: int8}", "formats: {demo: int3}"),
+                      "schemes.w8.formats.demo", "'int3' is not a declared form");
+}
+
+TEST_F(CatalogFiles, SchemeGivesAFormToAStructureWithoutALadder) {
+  write_valid_catalog();
+  fs::remove(dir_ / "ladders.yaml");
+  expect_error_in("schemes.yaml", "schemes.w8.formats.demo",
+                  "structure 'demo' has no ladder in ladders.yaml");
+}
+
+TEST_F(CatalogFiles, AutoListsAnUnknownScheme) {
+  expect_policy_error("schemes.yaml", replaced(kSchemes, "auto: [w8, none]", "auto: [w9, none]"),
+                      "auto[0]", "'w9' is not a scheme");
+}
+
+TEST_F(CatalogFiles, GateBandsOutOfOrder) {
+  expect_policy_error("gates.yaml",
+                      replaced(kGates, "pass: 0.95, warn: 0.85", "pass: 0.85, warn: 0.95"),
+                      "output_kinds.distribution", "needs 0 < warn <= pass <= 1");
+  expect_policy_error("gates.yaml", replaced(kGates, "values:", "logits:"), "output_kinds.logits",
+                      "unknown output kind 'logits'");
+}
+
+// A structure the planner has never seen, declared only in catalog files, is discovered and
+// seated by the generic planner: two projections in sequence, seated one by one.
+const std::string kProjPair = R"yaml(name: proj_pair
+version: 1
+kind: region
+description: Two projections in sequence, y = b(a(x)), inside one module.
+dims:
+  rows: {min: 1, max: 16, decode_band: true}
+  d_in: {min: 1}
+  d_mid: {min: 1}
+  d_out: {min: 1}
+boundary:
+  inputs:
+    x: {shape: [rows, d_in], dtypes: [f32, bf16]}
+  outputs:
+    y: {shape: [rows, d_out], dtype_of: x}
+slots:
+  a: {shape: [d_mid, d_in], dtypes: [f32, bf16], required: true}
+  b: {shape: [d_out, d_mid], dtypes: [f32, bf16], required: true}
+points:
+  x: input
+  y: output
+gates:
+  parity: {output: values, pass: 0.999, warn: 0.995}
+  latency: {min_speedup: 1.02}
+match:
+  priority: 20
+  site: parent
+  nodes:
+    a: {kind: linear, weight: a}
+    b: {kind: linear, weight: b}
+  flow:
+    - feeds: [a, b]
+reference: "y = ((x.f32 @ a.f32.T) @ b.f32.T).to(x.dtype)"
+)yaml";
+
+HostModule host_module(const std::string& path, ModuleKind kind,
+                       std::vector<std::string> children = {}) {
+  HostModule m;
+  m.path = path;
+  m.kind = kind;
+  m.type_name = "Opaque";
+  m.children = std::move(children);
+  return m;
+}
+
+HostModule host_linear(const std::string& path, int64_t in, int64_t out, int64_t id) {
+  HostModule m = host_module(path, ModuleKind::linear);
+  m.in_features = in;
+  m.out_features = out;
+  m.weight_dtype = DType::f32;
+  m.weight_id = id;
+  return m;
+}
+
+HostCall host_call(const std::string& path, int64_t in_id, int64_t out_id, int64_t width) {
+  HostCall c;
+  c.path = path;
+  c.rows = 1;
+  c.width = width;
+  c.dtype = DType::f32;
+  c.input_id = in_id;
+  c.output_id = out_id;
+  return c;
+}
+
+TEST_F(CatalogFiles, ANewStructureInTheCatalogIsPlannedWithoutPlannerChanges) {
+  fs::remove_all(dir_);
+  fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);
+  const auto read = [&](const std::string& file) {
+    std::ifstream in(dir_ / file);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  write("structures/proj_pair.yaml", kProjPair);
+  std::string ladders = read("ladders.yaml");
+  if (!ladders.empty() && ladders.back() != '\n') ladders += '\n';
+  write("ladders.yaml",
+        ladders +
+            "  proj_pair:\n    - {impl: pair_as_projections, package: flashrt/linear, "
+            "op: linear, per_node: true}\n");
+  write("schemes.yaml", replaced(read("schemes.yaml"),
+                                 "formats: {linear_proj: int8, decoder_ffn: int8, lm_head: int8}",
+                                 "formats: {linear_proj: int8, decoder_ffn: int8, lm_head: int8, "
+                                 "proj_pair: int8}"));
+  const Catalog catalog = Catalog::load(dir_.string());
+  ASSERT_TRUE(contains(catalog.names(), "proj_pair"));
+  ASSERT_EQ(catalog.ladder("proj_pair").size(), 1u);
+
+  // pair.a [512x256] feeds pair.b [128x512]; lone.c reads something else.
+  HostGraph g;
+  g.modules = {host_module("", ModuleKind::module, {"pair", "lone"}),
+               host_module("pair", ModuleKind::module, {"pair.a", "pair.b"}),
+               host_linear("pair.a", 256, 512, 1),
+               host_linear("pair.b", 512, 128, 2),
+               host_module("lone", ModuleKind::module, {"lone.c"}),
+               host_linear("lone.c", 256, 512, 3)};
+  g.calls = {host_call("pair.a", 10, 11, 256), host_call("pair.b", 11, 12, 512),
+             host_call("lone.c", 20, 21, 256)};
+
+  KernelPathConfig config;
+  config.bundled_root = FRT_TEST_KERNEL_ROOT;
+  KernelHub hub(config);
+  PlanOptions o;
+  o.structures = {"proj_pair", "linear_proj"};
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(g, catalog, o, hub);
+  // proj_pair claims its two projections first (priority 20 over linear_proj's 0).
+  EXPECT_EQ(p.seams_found, 2) << explain(p);
+  EXPECT_TRUE(p.refused.empty()) << explain(p);
+  EXPECT_TRUE(p.keep_host.empty()) << explain(p);
+  ASSERT_EQ(p.seats.size(), 3u) << explain(p);
+  std::map<std::string, const SeatPlan*> by_site;
+  for (const SeatPlan& s : p.seats) by_site[s.site] = &s;
+  for (const std::string site : {"pair.a", "pair.b"}) {
+    ASSERT_EQ(by_site.count(site), 1u) << site << "\n" << explain(p);
+    const SeatPlan& s = *by_site.at(site);
+    EXPECT_EQ(s.seam.structure, "proj_pair");
+    EXPECT_EQ(s.seam.site, "pair");
+    EXPECT_EQ(s.seam.nodes.at("a"), "pair.a");
+    EXPECT_EQ(s.seam.nodes.at("b"), "pair.b");
+    EXPECT_EQ(s.seam.dims.at("d_mid"), 512);
+    EXPECT_EQ(s.seam.weight_count, 256 * 512 + 512 * 128);
+    EXPECT_EQ(s.impl, "pair_as_projections_w8a16");
+    EXPECT_EQ(s.package, "flashrt/linear");
+    EXPECT_EQ(s.op, OpKind::linear);
+    EXPECT_EQ(s.form.format, WeightFormat::int8_channel);
+    EXPECT_EQ(s.replaces, std::vector<std::string>{site});
+    EXPECT_EQ(s.slots.at("weight").module, site);
+    EXPECT_EQ(s.slots.at("weight").tensor, "weight");
+    EXPECT_EQ(s.act_dtype, DType::f32);
+    EXPECT_TRUE(s.ladder.empty());
+  }
+  ASSERT_EQ(by_site.count("lone.c"), 1u) << explain(p);
+  EXPECT_EQ(by_site.at("lone.c")->seam.structure, "linear_proj");
+
+  // A scheme that gives proj_pair no form keeps it at host precision, with that reason.
+  o.structures = {"proj_pair"};
+  o.scheme = "w4a16_decode";
+  const Plan w4 = plan(g, catalog, o, hub);
+  EXPECT_TRUE(w4.seats.empty()) << explain(w4);
+  ASSERT_EQ(w4.keep_host.size(), 1u) << explain(w4);
+  EXPECT_EQ(w4.keep_host[0].first, "pair");
+  EXPECT_NE(w4.keep_host[0].second.find("scheme 'w4a16_decode' keeps proj_pair"), std::string::npos)
+      << w4.keep_host[0].second;
 }
 
 }  // namespace

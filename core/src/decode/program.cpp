@@ -10,11 +10,12 @@
 namespace frt {
 namespace {
 
-template <typename Args, typename Fn>
-void parallel(Fn fn, const Args& args, const char* what) {
+// A single-phase primitive of flashrt/decode on the process team.
+template <typename Args>
+void parallel(const frt_op* op, const Args& args, const char* what) {
   Parallel& par = process_parallel();
   detail::run_on_threads(par, par.size(), what, [&](int ith, int nth, frt_error* err) {
-    return fn(&args, ith, nth, err);
+    return op->run(&args, 0, ith, nth, err);
   });
 }
 
@@ -32,9 +33,12 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
                              const frt_kernel_table* ffn)
     : cfg_(std::move(config)), w_(std::move(weights)), decode_(decode), linear_(linear), ffn_(ffn) {
   const DecodeConfig& c = cfg_;
-  check(decode_.struct_size >= static_cast<int32_t>(sizeof(frt_kernel_table)) &&
-            decode_.dense_run != nullptr && decode_.attention_run != nullptr,
-        std::string("package '") + decode_.package + "' has no decode primitives (ABI < 1.1)");
+  dense_ = find_op(decode_, OpKind::dense);
+  rmsnorm_ = find_op(decode_, OpKind::rmsnorm);
+  rotary_ = find_op(decode_, OpKind::rotary);
+  attention_ = find_op(decode_, OpKind::attention);
+  check(dense_ && rmsnorm_ && rotary_ && attention_,
+        std::string("package '") + decode_.package + "' lacks a decode primitive");
   check(c.layers == static_cast<int64_t>(w_.layers.size()) && c.layers > 0, "layer count");
   check(c.heads % c.kv_heads == 0, "heads " + std::to_string(c.heads) +
                                        " not a multiple of kv heads " + std::to_string(c.kv_heads));
@@ -66,7 +70,8 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
     proj(L.o, c.hidden, qd, at + "o");
     if (L.mlp.seat != nullptr) {
       check(ffn_ != nullptr, at + "ffn is seated but the ffn package is unavailable");
-      check(L.mlp.seat->gate().k() == c.hidden && L.mlp.seat->down().n() == c.hidden,
+      check(L.mlp.seat->gate() != nullptr, at + "ffn seat is not a gated feed-forward");
+      check(L.mlp.seat->up().k() == c.hidden && L.mlp.seat->down().n() == c.hidden,
             at + "seated ffn widths");
     } else {
       proj(L.mlp.gate, c.intermediate, c.hidden, at + "gate");
@@ -113,7 +118,7 @@ void DecodeProgram::project(const ProjWeights& p, const float* x, float* y) {
   a.bias = p.bias;
   a.y = y;
   a.ldy = a.n;
-  parallel(decode_.dense_run, a, "dense");
+  parallel(dense_, a, "dense");
 }
 
 void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y) {
@@ -121,8 +126,7 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y) {
     const int64_t hidden = cfg_.hidden;
     const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, 1, hidden, hidden);
     const TensorView yv = TensorView::matrix(y, DType::f32, 1, hidden, hidden);
-    run_ffn(f.seat->table(), process_parallel(), f.seat->gate(), f.seat->up(), f.seat->down(),
-            f.seat->activation(), xv, yv);
+    run_ffn(f.seat->table(), process_parallel(), f.seat->operands(), xv, yv);
     return;
   }
   project(f.gate, x, gate_.data());
@@ -140,7 +144,7 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y) {
 
 void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t width) {
   frt_rmsnorm_args a{rows, width, x, width, w, cfg_.eps, x, width};
-  parallel(decode_.rmsnorm_run, a, "rmsnorm");
+  parallel(rmsnorm_, a, "rmsnorm");
 }
 
 int64_t DecodeProgram::step(int64_t token, int64_t pos) {
@@ -173,15 +177,15 @@ int64_t DecodeProgram::step(int64_t token, int64_t pos) {
       norm_rows(L.k_norm, k_.data(), c.kv_heads, c.head_dim);
     }
     frt_rotary_args rq{c.heads, c.head_dim, q_.data(), cos_.data(), sin_.data()};
-    parallel(decode_.rotary_run, rq, "rotary");
+    parallel(rotary_, rq, "rotary");
     frt_rotary_args rk{c.kv_heads, c.head_dim, k_.data(), cos_.data(), sin_.data()};
-    parallel(decode_.rotary_run, rk, "rotary");
+    parallel(rotary_, rk, "rotary");
     std::memcpy(k_cache_[l].data() + pos * kvd, k_.data(), kvd * sizeof(float));
     std::memcpy(v_cache_[l].data() + pos * kvd, v_.data(), kvd * sizeof(float));
     frt_attention_args at{c.heads,      c.kv_heads,         c.head_dim,         pos + 1,
                           q_.data(),    k_cache_[l].data(), v_cache_[l].data(), scale,
                           attn_.data(), scores_.data(),     c.max_len};
-    parallel(decode_.attention_run, at, "attention");
+    parallel(attention_, at, "attention");
     project(L.o, attn_.data(), o_.data());
     for (int64_t i = 0; i < c.hidden; ++i) h_[i] += o_[i];
     std::memcpy(xn_.data(), h_.data(), c.hidden * sizeof(float));
@@ -216,8 +220,7 @@ int64_t DecodeProgram::weight_bytes() const {
   for (const LayerWeights& L : w_.layers) {
     total += bytes(L.q) + bytes(L.k) + bytes(L.v) + bytes(L.o);
     if (L.mlp.seat != nullptr)
-      total +=
-          L.mlp.seat->gate().nbytes() + L.mlp.seat->up().nbytes() + L.mlp.seat->down().nbytes();
+      total += L.mlp.seat->nbytes();
     else
       total += bytes(L.mlp.gate) + bytes(L.mlp.up) + bytes(L.mlp.down);
   }

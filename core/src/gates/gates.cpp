@@ -88,12 +88,8 @@ DistributionMetrics distribution_metrics(const TensorView& got, const TensorView
   return m;
 }
 
-ParityBand value_band(double c) {
-  return c >= 0.999 ? ParityBand::pass : c >= 0.995 ? ParityBand::warn : ParityBand::low;
-}
-
-ParityBand distribution_band(double t) {
-  return t >= 0.95 ? ParityBand::pass : t >= 0.85 ? ParityBand::warn : ParityBand::low;
+ParityBand parity_band(const OutputBand& band, double m) {
+  return m >= band.pass ? ParityBand::pass : m >= band.warn ? ParityBand::warn : ParityBand::low;
 }
 
 LatencyVerdict latency_verdict(const std::vector<double>& host, const std::vector<double>& arm,
@@ -130,6 +126,43 @@ std::string floors_shortfall(const std::map<std::string, double>& metrics,
     }
   }
   return "";
+}
+
+}  // namespace frt
+
+namespace frt {
+
+UnitVerdict judge_unit(const OutputBand& band, const std::map<std::string, double>& metrics,
+                       int64_t fallbacks, const std::vector<double>& host_seconds,
+                       const std::vector<double>& arm_seconds, double min_speedup,
+                       const std::map<std::string, double>& floors) {
+  UnitVerdict v;
+  const auto metric = metrics.find(band.metric);
+  if (metric == metrics.end())
+    throw InvalidArgument("unit gate: the parity figures lack the band's metric '" + band.metric +
+                          "'");
+  v.band = parity_band(band, metric->second);
+  v.latency = latency_verdict(host_seconds, arm_seconds, min_speedup);
+  const std::string shortfall = floors_shortfall(metrics, floors);
+  std::ostringstream s;
+  if (fallbacks > 0) {
+    v.decision = UnitDecision::refused_fallbacks;
+    s << "refused: " << fallbacks << " fallbacks in the ledger (fallback parity is the host's)";
+  } else if (!shortfall.empty()) {
+    v.decision = UnitDecision::refused_floor;
+    s << "refused: " << shortfall;
+  } else if (!v.latency.activates) {
+    v.decision = UnitDecision::refused_latency;
+    s.precision(3);
+    s << std::fixed << "refused: median speedup " << v.latency.median_ratio << "x < ";
+    s.unsetf(std::ios::floatfield);
+    s.precision(6);
+    s << min_speedup << "x";
+  } else {
+    s << "activated";
+  }
+  v.text = s.str();
+  return v;
 }
 
 }  // namespace frt

@@ -3,10 +3,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace frt {
 namespace {
+
+// The shipped catalog's parity bands (gates.yaml): values pass 0.999 / warn 0.995,
+// distributions pass 0.95 / warn 0.85.
+const Catalog& catalog() {
+  static const Catalog c = Catalog::load(FRT_TEST_CATALOG_DIR);
+  return c;
+}
 
 TensorView vec(std::vector<float>& v, int64_t rows, int64_t cols) {
   return TensorView::matrix(v.data(), DType::f32, rows, cols, cols);
@@ -17,12 +26,16 @@ TEST(Gates, ValueMetricsAndBands) {
   const ValueMetrics m = value_metrics(vec(a, 1, 4), vec(b, 1, 4));
   EXPECT_GT(m.cosine, 0.9999);
   EXPECT_NEAR(m.max_abs, 0.01, 1e-6);
-  EXPECT_STREQ(band_name(value_band(0.9995)), "pass");
-  EXPECT_STREQ(band_name(value_band(0.996)), "warn");
-  EXPECT_STREQ(band_name(value_band(0.99)), "low");
+  const OutputBand& values = catalog().band(OutputKind::values);
+  EXPECT_EQ(values.metric, "cosine");
+  EXPECT_STREQ(band_name(parity_band(values, 0.9995)), "pass");
+  EXPECT_STREQ(band_name(parity_band(values, 0.999)), "pass");  // the bounds are inclusive
+  EXPECT_STREQ(band_name(parity_band(values, 0.996)), "warn");
+  EXPECT_STREQ(band_name(parity_band(values, 0.995)), "warn");
+  EXPECT_STREQ(band_name(parity_band(values, 0.99)), "low");
   std::vector<float> nan = {1, NAN, 3, 4};
   EXPECT_TRUE(std::isnan(value_metrics(vec(nan, 1, 4), vec(a, 1, 4)).cosine));
-  EXPECT_STREQ(band_name(value_band(NAN)), "low");
+  EXPECT_STREQ(band_name(parity_band(values, NAN)), "low");
 }
 
 TEST(Gates, DistributionMetricsCountTop1PerPosition) {
@@ -31,7 +44,12 @@ TEST(Gates, DistributionMetricsCountTop1PerPosition) {
   const DistributionMetrics m = distribution_metrics(vec(got, 3, 3), vec(want, 3, 3));
   EXPECT_EQ(m.positions, 3);
   EXPECT_NEAR(m.top1_agreement, 2.0 / 3, 1e-12);
-  EXPECT_STREQ(band_name(distribution_band(0.9)), "warn");
+  const OutputBand& dist = catalog().band(OutputKind::distribution);
+  EXPECT_EQ(dist.metric, "top1_agreement");
+  EXPECT_STREQ(band_name(parity_band(dist, 0.96)), "pass");
+  EXPECT_STREQ(band_name(parity_band(dist, 0.9)), "warn");
+  EXPECT_STREQ(band_name(parity_band(dist, m.top1_agreement)), "low");
+  EXPECT_STREQ(band_name(parity_band(dist, NAN)), "low");
 }
 
 TEST(Gates, ShapeAndLayoutMismatchesAreErrors) {
@@ -57,6 +75,63 @@ TEST(Gates, FloorsAndCeilings) {
             std::string::npos);
   EXPECT_NE(floors_shortfall(m, {{"max_abs", 0.1}}).find("> ceiling"), std::string::npos);
   EXPECT_THROW(floors_shortfall(m, {{"top1_agreement", 0.9}}), InvalidArgument);
+}
+
+// judge_unit decides in a fixed order: fallbacks, then the caller's floors, then latency.
+TEST(Gates, JudgeUnitRefusesForFallbacksFirst) {
+  const OutputBand& band = catalog().band(OutputKind::values);
+  // Every later check would refuse too: the ledger decides first.
+  const UnitVerdict v = judge_unit(band, {{"cosine", 0.9}, {"max_abs", 1.0}}, /*fallbacks=*/3,
+                                   {1, 1, 1}, {2, 2, 2}, 1.02, {{"cosine", 0.999}});
+  EXPECT_EQ(v.decision, UnitDecision::refused_fallbacks);
+  EXPECT_EQ(v.text.rfind("refused: 3 fallbacks", 0), 0u) << v.text;
+  EXPECT_EQ(v.band, ParityBand::low);
+  EXPECT_FALSE(v.latency.activates);
+}
+
+TEST(Gates, JudgeUnitRefusesForAFloorBeforeLatency) {
+  const OutputBand& band = catalog().band(OutputKind::values);
+  const UnitVerdict v = judge_unit(band, {{"cosine", 0.998}, {"max_abs", 0.01}}, 0, {1, 1, 1},
+                                   {2, 2, 2}, 1.02, {{"cosine", 0.999}});
+  EXPECT_EQ(v.decision, UnitDecision::refused_floor);
+  EXPECT_EQ(v.text, "refused: cosine 0.998 < floor 0.999");
+  EXPECT_EQ(v.band, ParityBand::warn);
+  // A ceiling is a floor too.
+  const UnitVerdict c = judge_unit(band, {{"cosine", 0.9999}, {"max_abs", 0.5}}, 0, {2, 2, 2},
+                                   {1, 1, 1}, 1.02, {{"max_abs", 0.1}});
+  EXPECT_EQ(c.decision, UnitDecision::refused_floor);
+  EXPECT_NE(c.text.find("max_abs 0.5 > ceiling 0.1"), std::string::npos) << c.text;
+}
+
+TEST(Gates, JudgeUnitRefusesASlowUnitWithTheMedianSpeedup) {
+  const OutputBand& band = catalog().band(OutputKind::values);
+  const UnitVerdict v = judge_unit(band, {{"cosine", 0.9999}, {"max_abs", 0.001}}, 0,
+                                   {1.01, 1.01, 1.01}, {1, 1, 1}, 1.02, {{"cosine", 0.999}});
+  EXPECT_EQ(v.decision, UnitDecision::refused_latency);
+  EXPECT_EQ(v.text, "refused: median speedup 1.010x < 1.02x");
+  EXPECT_EQ(v.band, ParityBand::pass);
+  EXPECT_NEAR(v.latency.median_ratio, 1.01, 1e-12);
+  EXPECT_FALSE(v.latency.activates);
+}
+
+TEST(Gates, JudgeUnitActivatesAFastUnitWithinItsFloors) {
+  const OutputBand& band = catalog().band(OutputKind::distribution);
+  // A warn band alone does not refuse: only floors turn a number into a refusal.
+  const UnitVerdict v = judge_unit(band, {{"top1_agreement", 0.9}, {"last_position_cosine", 0.99}},
+                                   0, {2, 2, 2}, {1, 1, 1.5}, 1.02, {});
+  EXPECT_EQ(v.decision, UnitDecision::activated);
+  EXPECT_EQ(v.text, "activated");
+  EXPECT_EQ(v.band, ParityBand::warn);
+  EXPECT_TRUE(v.latency.activates);
+  EXPECT_NEAR(v.latency.median_ratio, 2.0, 1e-12);
+}
+
+TEST(Gates, JudgeUnitNeedsTheBandsMetricAndMeasuredFloors) {
+  const OutputBand& band = catalog().band(OutputKind::distribution);
+  EXPECT_THROW(judge_unit(band, {{"cosine", 0.99}}, 0, {2}, {1}, 1.02, {}), InvalidArgument);
+  EXPECT_THROW(judge_unit(catalog().band(OutputKind::values), {{"cosine", 0.9999}}, 0, {2}, {1},
+                          1.02, {{"top1_agreement", 0.9}}),
+               InvalidArgument);
 }
 
 }  // namespace

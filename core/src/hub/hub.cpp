@@ -38,10 +38,26 @@ constexpr const char* kErrCorrupt = "corrupt metadata";
 constexpr const char* kErrPin = "pinned revision not found";
 constexpr const char* kErrNoVariant = "no build variant for this host";
 
-// The loader hands the whole ABI 1.0 table to the runtime, so every member up to the last one
+// The loader hands the whole ABI 2.0 table to the runtime, so every member up to the last one
 // must lie inside what the package says it filled.
-constexpr size_t kTableBytesRead =
-    offsetof(frt_kernel_table, ffn_run) + sizeof(frt_kernel_table::ffn_run);
+constexpr size_t kTableBytesRead = offsetof(frt_kernel_table, ops) + sizeof(frt_kernel_table::ops);
+
+// "" when the op list is usable: every op names a kind once and can be asked and run.
+std::string op_list_refusal(const frt_kernel_table& t) {
+  if (t.supports_op == nullptr) return "table has no supports_op";
+  if (t.n_ops < 0 || (t.n_ops > 0 && t.ops == nullptr))
+    return "table lists " + std::to_string(t.n_ops) + " ops without an op array";
+  std::set<int32_t> kinds;
+  for (int32_t i = 0; i < t.n_ops; ++i) {
+    const frt_op& op = t.ops[i];
+    if (op.supports == nullptr || op.run == nullptr || op.phases < 1)
+      return "op " + std::to_string(i) + " (kind " + std::to_string(op.kind) +
+             ") lacks supports, run or phases";
+    if (!kinds.insert(op.kind).second)
+      return "op kind " + std::to_string(op.kind) + " listed twice";
+  }
+  return "";
+}
 
 // Every feature name the detector can report; anything else in a variant's "requires" is a
 // feature this loader cannot vouch for.
@@ -180,6 +196,7 @@ const frt_kernel_table* load_library(const fs::path& path, const VariantMetadata
                   std::to_string(FRT_KERNEL_ABI_MAJOR) + "." +
                   std::to_string(FRT_KERNEL_ABI_MINOR) + " reads");
   }
+  if (std::string why = op_list_refusal(*table); !why.empty()) return refuse(why);
   return table;
 }
 

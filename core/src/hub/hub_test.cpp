@@ -3,6 +3,7 @@
 // test process environment never leaks in.
 #include <flashrt/errors.h>
 #include <flashrt/hub.h>
+#include <flashrt/kernel_ops.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -92,7 +93,7 @@ void write_file(const fs::path& path, const std::string& text) {
 
 // Writes <dir>/metadata.json for `name` and copies each variant's library into place.
 void write_package(const fs::path& dir, const std::string& name, const std::string& revision,
-                   const std::vector<FakeVariant>& variants, int abi_major = 1) {
+                   const std::vector<FakeVariant>& variants, int abi_major = FRT_KERNEL_ABI_MAJOR) {
   nlohmann::json vs = nlohmann::json::array();
   for (const FakeVariant& v : variants) {
     const detail::VariantName parsed = detail::parse_variant_name(v.name);
@@ -112,7 +113,7 @@ void write_package(const fs::path& dir, const std::string& name, const std::stri
                   {"library", library},
                   {"sha256", sha}});
   }
-  const nlohmann::json md = {{"name", name},           {"version", "1.0.0"}, {"revision", revision},
+  const nlohmann::json md = {{"name", name},           {"version", "2.0.0"}, {"revision", revision},
                              {"abi_major", abi_major}, {"abi_minor", 0},     {"variants", vs}};
   write_file(dir / "metadata.json", md.dump(2));
 }
@@ -154,6 +155,11 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
   c.bundled_root = FRT_TEST_KERNEL_ROOT;
   KernelHub hub(c);
   const std::string tier = hub.cpu().tier();
+  // Each package lists exactly the ops it owns.
+  const std::map<std::string, std::vector<OpKind>> owns = {
+      {"flashrt/linear", {OpKind::linear}},
+      {"flashrt/ffn", {OpKind::gated_ffn, OpKind::ffn}},
+      {"flashrt/decode", {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}}};
   for (const std::string repo : {"flashrt/linear", "flashrt/ffn", "flashrt/decode"}) {
     const PackageResolution& r = hub.resolve(repo);
     ASSERT_NE(r.table, nullptr) << report_text(hub);
@@ -163,6 +169,8 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
     EXPECT_EQ(std::string(r.table->package), repo);
     EXPECT_EQ(r.table->abi_major, FRT_KERNEL_ABI_MAJOR);
     EXPECT_EQ(&hub.table(repo), r.table);
+    EXPECT_EQ(r.table->n_ops, static_cast<int32_t>(owns.at(repo).size())) << repo;
+    for (OpKind kind : owns.at(repo)) EXPECT_NE(find_op(*r.table, kind), nullptr) << repo;
     if (tier == "avx2") {
       EXPECT_EQ(decision(r, "generic")->reason, "not tried: cpu-x86_64-linux-avx2 chosen");
     }
@@ -241,7 +249,7 @@ TEST(HubTest, CorruptMetadataIsReportedWithoutFallThrough) {
     write_file(truncated / "flashrt/linear/metadata.json", text.substr(0, text.size() / 2));
   }
   write_file(wrong_type / "flashrt/linear/metadata.json",
-             R"({"name": "flashrt/linear", "version": "1.0.0", "revision": "r", "abi_major": 1,
+             R"({"name": "flashrt/linear", "version": "2.0.0", "revision": "r", "abi_major": 2,
                  "abi_minor": 0, "variants": {"cpu-x86_64-linux-generic": {}}})");
   write_package(misnamed / "flashrt/linear", "flashrt/ffn", kRevision, {real_variant("generic")});
 
@@ -311,10 +319,10 @@ TEST(HubTest, DigestMismatch) {
 TEST(HubTest, AbiMismatchInMetadata) {
   TempDir tmp;
   write_package(tmp.path() / "flashrt/linear", "flashrt/linear", kRevision,
-                {real_variant("generic")}, /*abi_major=*/2);
+                {real_variant("generic")}, /*abi_major=*/1);
   KernelHub hub(roots({tmp.path()}));
   EXPECT_EQ(hub.resolve("flashrt/linear").table, nullptr);
-  EXPECT_TRUE(report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 2, loader speaks 1"))
+  EXPECT_TRUE(report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 1, loader speaks 2"))
       << report_text(hub);
 }
 
@@ -324,17 +332,27 @@ TEST(HubTest, AbiMismatchInLibrary) {
                 {{"cpu-x86_64-linux-generic", {}, FRT_TEST_ABI99_LIB, std::nullopt, ""}});
   KernelHub hub(roots({tmp.path()}));
   EXPECT_EQ(hub.resolve("flashrt/linear").table, nullptr);
-  EXPECT_TRUE(report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 99, loader speaks 1"))
+  EXPECT_TRUE(report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 99, loader speaks 2"))
       << report_text(hub);
 
   std::string why;
   EXPECT_EQ(open_variant_library(FRT_TEST_ABI99_LIB, &why), nullptr);
-  EXPECT_EQ(why, "ABI version 99, loader speaks 1");
+  EXPECT_EQ(why, "ABI version 99, loader speaks 2");
   const frt_kernel_table* t = open_variant_library(real_library("linear", "generic"), &why);
   ASSERT_NE(t, nullptr) << why;
   EXPECT_EQ(std::string(t->isa), "generic");
   EXPECT_EQ(open_variant_library((tmp.path() / "nope.so").string(), &why), nullptr);
   EXPECT_EQ(why, "library file missing: " + (tmp.path() / "nope.so").string());
+}
+
+TEST(HubTest, AnOpListWithoutARunFunctionIsRefusedByName) {
+  TempDir tmp;
+  write_package(tmp.path() / "flashrt/linear", "flashrt/linear", kRevision,
+                {{"cpu-x86_64-linux-generic", {}, FRT_TEST_BAD_OPS_LIB, std::nullopt, ""}});
+  KernelHub hub(roots({tmp.path()}));
+  EXPECT_EQ(hub.resolve("flashrt/linear").table, nullptr);
+  EXPECT_TRUE(report_mentions(hub, "op 0 (kind 1) lacks supports, run or phases"))
+      << report_text(hub);
 }
 
 // (8)

@@ -1,172 +1,318 @@
-// Structural discovery: which regions of the host each structure describes. Matching uses module
-// kinds, slot shapes and the dataflow of the observed forward (which tensors calls shared),
-// never type or model names. A pattern recognised but out of boundary is an explicit refusal; a
-// host a structure does not describe yields nothing.
+// Structural discovery: which regions of the host each catalog structure describes, read from the
+// structure's match pattern (Note [Match patterns] in catalog.h). Matching uses module kinds,
+// weight shapes and the dataflow of the observed forward (which tensors calls shared), never type
+// or model names. A pattern recognised but out of boundary is an explicit refusal; a host a
+// structure does not describe yields nothing.
 #include <flashrt/errors.h>
 #include <flashrt/plan.h>
 
 #include <algorithm>
 #include <set>
-#include <sstream>
 
 namespace frt {
 namespace {
 
-std::string shape_text(const HostModule& m) {
+std::string parent_of(const std::string& path) {
+  const auto dot = path.rfind('.');
+  return dot == std::string::npos ? "" : path.substr(0, dot);
+}
+
+std::string weight_shape(const HostModule& m) {
   return "[" + std::to_string(m.out_features) + "x" + std::to_string(m.in_features) + "]";
 }
 
-bool shares_input(const HostGraph& g, const std::string& a, const std::string& b) {
-  for (const HostCall* ca : g.calls_of(a))
-    for (const HostCall* cb : g.calls_of(b))
+// The observed calls by module path, built once per discovery: the matcher asks for them at
+// every step of its search.
+class CallIndex {
+ public:
+  explicit CallIndex(const HostGraph& g) {
+    for (const HostCall& c : g.calls) by_path_[c.path].push_back(&c);
+  }
+  const std::vector<const HostCall*>& of(const std::string& path) const {
+    static const std::vector<const HostCall*> kNone;
+    const auto it = by_path_.find(path);
+    return it == by_path_.end() ? kNone : it->second;
+  }
+
+ private:
+  std::map<std::string, std::vector<const HostCall*>> by_path_;
+};
+
+bool shares_input(const CallIndex& g, const std::string& a, const std::string& b) {
+  for (const HostCall* ca : g.of(a))
+    for (const HostCall* cb : g.of(b))
       if (ca->input_id == cb->input_id) return true;
   return false;
 }
 
-bool feeds(const HostGraph& g, const std::string& producer, const std::string& consumer) {
-  for (const HostCall* p : g.calls_of(producer))
-    for (const HostCall* c : g.calls_of(consumer))
+bool feeds(const CallIndex& g, const std::string& producer, const std::string& consumer) {
+  for (const HostCall* p : g.of(producer))
+    for (const HostCall* c : g.of(consumer))
       if (p->output_id == c->input_id) return true;
   return false;
 }
 
-Seam seam_from_linear(const HostGraph& g, const HostModule& m, const std::string& structure) {
+bool holds(const CallIndex& g, const FlowEdge& e, const std::string& a, const std::string& b) {
+  switch (e.kind) {
+    case FlowKind::same_input:
+      return shares_input(g, a, b);
+    case FlowKind::feeds:
+      return feeds(g, a, b);
+    case FlowKind::not_feeds:
+      return !feeds(g, a, b);
+  }
+  return false;
+}
+
+// One assignment of the pattern's nodes to host modules.
+using Assignment = std::map<std::string, const HostModule*>;
+
+class Matcher {
+ public:
+  Matcher(const HostGraph& g, const CallIndex& calls, const StructureSpec& spec,
+          const std::set<std::string>& taken)
+      : g_(g), calls_(calls), spec_(spec), taken_(taken) {}
+
+  // The first complete assignment whose first node is `first`, preferring modules beside the
+  // first node (siblings) so a region inside one module is found before a scattered one.
+  bool find(const HostModule* first, Assignment& out) {
+    out.clear();
+    dims_.clear();
+    return extend(0, first, out);
+  }
+
+  bool fits(const MatchNode& n, const HostModule& m) const {
+    if (taken_.count(m.path) || calls_.of(m.path).empty()) return false;
+    if (n.kind == NodeKind::activation) return m.kind == ModuleKind::activation;
+    return m.kind == ModuleKind::linear &&
+           (!n.output_head || (!g_.output_head.empty() && m.path == g_.output_head));
+  }
+
+ private:
+  bool bind_dim(const std::string& dim, int64_t value, std::vector<std::string>& bound) {
+    const auto it = dims_.find(dim);
+    if (it != dims_.end()) return it->second == value;
+    dims_[dim] = value;
+    bound.push_back(dim);
+    return true;
+  }
+
+  bool extend(size_t i, const HostModule* first, Assignment& a) {
+    const std::vector<MatchNode>& nodes = spec_.match.nodes;
+    if (i == nodes.size()) return true;
+    const MatchNode& n = nodes[i];
+    std::vector<const HostModule*> candidates;
+    if (i == 0) {
+      candidates.push_back(first);
+    } else {
+      const std::string home = parent_of(a.at(nodes[0].name)->path);
+      for (const HostModule& m : g_.modules)
+        if (parent_of(m.path) == home) candidates.push_back(&m);
+      for (const HostModule& m : g_.modules)
+        if (parent_of(m.path) != home) candidates.push_back(&m);
+    }
+    for (const HostModule* m : candidates) {
+      if (!fits(n, *m)) continue;
+      bool used = false;
+      for (const auto& [_, other] : a) used |= other == m;
+      if (used) continue;
+      std::vector<std::string> bound;
+      bool ok = n.kind != NodeKind::linear || (bind_dim(n.out_dim, m->out_features, bound) &&
+                                               bind_dim(n.in_dim, m->in_features, bound));
+      a[n.name] = m;
+      for (const FlowEdge& e : spec_.match.flow) {
+        if (!ok) break;
+        if (a.count(e.a) && a.count(e.b) && (e.a == n.name || e.b == n.name))
+          ok = holds(calls_, e, a.at(e.a)->path, a.at(e.b)->path);
+      }
+      if (ok && extend(i + 1, first, a)) return true;
+      a.erase(n.name);
+      for (const std::string& d : bound) dims_.erase(d);
+    }
+    return false;
+  }
+
+  const HostGraph& g_;
+  const CallIndex& calls_;
+  const StructureSpec& spec_;
+  const std::set<std::string>& taken_;
+  std::map<std::string, int64_t> dims_;
+};
+
+// "gate/up [640x256], down [256x640]": linear nodes grouped by weight shape, in pattern order;
+// a single projection is just its shape.
+std::string shape_text(const StructureSpec& spec, const Assignment& a) {
+  std::vector<std::pair<std::string, std::string>> groups;  // shape -> names
+  size_t linears = 0;
+  for (const MatchNode& n : spec.match.nodes) {
+    if (n.kind != NodeKind::linear) continue;
+    ++linears;
+    const std::string shape = weight_shape(*a.at(n.name));
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& gr) { return gr.first == shape; });
+    if (it == groups.end())
+      groups.emplace_back(shape, n.name);
+    else
+      it->second += "/" + n.name;
+  }
+  if (linears == 1) return groups.front().first;
+  std::string out;
+  for (const auto& [shape, names] : groups) out += (out.empty() ? "" : ", ") + names + " " + shape;
+  return out;
+}
+
+// "" when the matched region lies inside the structure's boundary, else the reason.
+std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
+                             const std::map<std::string, int64_t>& dims, const std::string& shape) {
+  bool biased = false;
+  for (const MatchNode& n : spec.match.nodes)
+    if (n.kind == NodeKind::linear && n.bias_slot.empty() && a.at(n.name)->has_bias) biased = true;
+  if (biased) return "biased projections (" + shape + "); the boundary is bias-free";
+  for (const MatchNode& n : spec.match.nodes) {
+    if (n.kind != NodeKind::activation) continue;
+    const std::vector<std::string>& allowed = spec.attributes.at(n.attribute);
+    const std::string got = name_of(a.at(n.name)->activation);
+    if (std::find(allowed.begin(), allowed.end(), got) == allowed.end()) {
+      std::string set;
+      for (const std::string& v : allowed) set += (set.empty() ? "" : ", ") + v;
+      return n.attribute + " '" + got + "' outside {" + set + "} (" + shape + ")";
+    }
+  }
+  for (const auto& [name, value] : dims) {
+    const DimSpec* d = spec.dim(name);
+    if (d == nullptr) continue;
+    if (value < d->min || (d->max != -1 && value > d->max) || value % d->multiple_of != 0)
+      return "dim " + name + " = " + std::to_string(value) + " outside the structure's bounds (" +
+             shape + ")";
+  }
+  if (spec.match.site == SiteKind::parent) {
+    std::map<std::string, std::vector<std::string>> homes;  // parent -> nodes
+    for (const MatchNode& n : spec.match.nodes)
+      homes[parent_of(a.at(n.name)->path)].push_back(n.name);
+    if (homes.size() > 1) {
+      std::string where;
+      for (const auto& [home, names] : homes) {
+        std::string list;
+        for (const std::string& nm : names) list += (list.empty() ? "" : ", ") + nm;
+        where +=
+            (where.empty() ? "" : " and ") + (home.empty() ? "(root)" : home) + " (" + list + ")";
+      }
+      return "the region is split across modules " + where +
+             "; the boundary is one module, so its projections stay separate seams";
+    }
+  }
+  return "";
+}
+
+Seam make_seam(const CallIndex& calls, const StructureSpec& spec, const Assignment& a,
+               const std::string& site, const std::string& shape) {
   Seam s;
-  s.site = m.path;
-  s.structure = structure;
-  s.slots = {{"weight", m.path}};
-  if (m.has_bias) s.slots["bias"] = m.path;
-  s.in_features = m.in_features;
-  s.out_features = m.out_features;
-  s.weight_dtype = m.weight_dtype;
-  for (const HostCall* c : g.calls_of(m.path)) {
+  s.site = site;
+  s.structure = spec.name;
+  s.shape = shape;
+  const HostModule* first_linear = nullptr;
+  for (const MatchNode& n : spec.match.nodes) {
+    const HostModule& m = *a.at(n.name);
+    s.nodes[n.name] = m.path;
+    if (n.kind == NodeKind::activation) {
+      s.activation = m.activation;
+      continue;
+    }
+    if (first_linear == nullptr) first_linear = &m;
+    s.slots[n.weight_slot] = m.path;
+    if (m.has_bias && !n.bias_slot.empty()) s.slots[n.bias_slot] = m.path;
+    s.dims[n.out_dim] = m.out_features;
+    s.dims[n.in_dim] = m.in_features;
+    s.weight_count += m.in_features * m.out_features;
+  }
+  s.weight_dtype = first_linear->weight_dtype;
+  for (const HostCall* c : calls.of(first_linear->path)) {
     s.rows_seen.push_back(c->rows);
     s.act_dtype = c->dtype;
   }
   return s;
 }
 
-// A gated feed-forward: inside one module, two projections of the same input (same shapes), an
-// activation module consuming exactly one of the two outputs (the gate), and a third projection
-// mapping their width back.
-struct FfnMatch {
-  const HostModule *gate = nullptr, *up = nullptr, *down = nullptr, *act = nullptr;
-};
-
-std::vector<FfnMatch> match_ffns(const HostGraph& g, const HostModule& parent) {
-  std::vector<const HostModule*> linears, acts;
-  for (const std::string& c : parent.children) {
-    const HostModule* m = g.find(c);
-    if (m == nullptr || g.calls_of(c).empty()) continue;
-    if (m->kind == "linear") linears.push_back(m);
-    if (m->kind == "activation") acts.push_back(m);
-  }
-  std::vector<FfnMatch> out;
-  for (const HostModule* a : linears)
-    for (const HostModule* b : linears) {
-      if (a >= b || a->in_features != b->in_features || a->out_features != b->out_features ||
-          !shares_input(g, a->path, b->path))
-        continue;
-      for (const HostModule* d : linears) {
-        if (d == a || d == b || d->in_features != a->out_features ||
-            d->out_features != a->in_features)
-          continue;
-        FfnMatch m{nullptr, nullptr, d, nullptr};
-        for (const HostModule* act : acts) {
-          if (feeds(g, a->path, act->path) && !feeds(g, b->path, act->path)) m = {a, b, d, act};
-          if (feeds(g, b->path, act->path) && !feeds(g, a->path, act->path)) m = {b, a, d, act};
-        }
-        // Without an activation on exactly one branch this is not the pattern at all (an
-        // attention block's q/k/v/o has the same shapes): nothing to refuse, nothing to claim.
-        if (m.gate != nullptr) out.push_back(m);
-      }
-    }
-  return out;
-}
-
-void discover_ffns(const HostGraph& g, Discovery& out, std::set<std::string>& claimed) {
+void discover_structure(const HostGraph& g, const CallIndex& calls, const StructureSpec& spec,
+                        bool wanted, Discovery& out, std::set<std::string>& claimed) {
+  const MatchSpec& match = spec.match;
+  const MatchNode& lead = match.nodes.front();
+  std::set<std::string> looked;  // modules a match or refusal already covered for this structure
   std::set<std::string> refused_sites;
-  for (const HostModule& parent : g.modules) {
-    if (parent.kind != "module") continue;
-    for (const FfnMatch& m : match_ffns(g, parent)) {
-      const std::string site = parent.path;
-      if (claimed.count(m.up->path) || claimed.count(m.down->path)) continue;
-      const std::string shapes = "gate/up " + shape_text(*m.up) + ", down " + shape_text(*m.down);
-      std::string why;
-      if (m.gate->has_bias || m.up->has_bias || m.down->has_bias) {
-        why = "biased projections (" + shapes + "); the boundary is bias-free";
-      } else if (m.act->activation != "silu" && m.act->activation != "gelu_tanh") {
-        why = "activation '" + m.act->activation + "' outside {silu, gelu_tanh} (" + shapes + ")";
-      }
-      if (!why.empty()) {
-        // The region stays with the host as a whole; its projections remain linear_proj seams.
-        if (refused_sites.insert(site).second)
-          out.refused.emplace_back(site, "decoder_ffn: " + why);
-        continue;
-      }
-      claimed.insert({m.gate->path, m.up->path, m.down->path});
-      Seam s;
-      s.site = site;
-      s.structure = "decoder_ffn";
-      s.slots = {{"gate", m.gate->path}, {"up", m.up->path}, {"down", m.down->path}};
-      s.activation = m.act->activation;
-      s.in_features = m.gate->in_features;
-      s.out_features = m.down->out_features;
-      s.intermediate = m.gate->out_features;
-      s.weight_dtype = m.gate->weight_dtype;
-      for (const HostCall* c : g.calls_of(m.gate->path)) {
-        s.rows_seen.push_back(c->rows);
-        s.act_dtype = c->dtype;
-      }
-      out.seams.push_back(std::move(s));
+  for (const HostModule& m : g.modules) {
+    if (claimed.count(m.path) || looked.count(m.path)) continue;
+    const bool kind_ok = lead.kind == NodeKind::linear ? m.kind == ModuleKind::linear
+                                                       : m.kind == ModuleKind::activation;
+    if (!kind_ok || (lead.output_head && (g.output_head.empty() || m.path != g.output_head)))
+      continue;
+    // A single projection is the whole pattern: one the forward never called is named, since
+    // nothing else could have claimed it.
+    if (match.nodes.size() == 1 && calls.of(m.path).empty()) {
+      if (match.always_claims) claimed.insert(m.path);
+      if (wanted)
+        out.refused.emplace_back(m.path, spec.name + ": " + weight_shape(m) +
+                                             " never called in the observed forward, no form "
+                                             "to qualify");
+      continue;
     }
+    Matcher matcher(g, calls, spec, claimed);
+    Assignment a;
+    if (!matcher.fits(lead, m) || !matcher.find(&m, a)) continue;
+    for (const auto& [_, mod] : a) looked.insert(mod->path);
+    const std::string shape = shape_text(spec, a);
+    std::map<std::string, int64_t> dims;
+    for (const MatchNode& n : match.nodes)
+      if (n.kind == NodeKind::linear) {
+        dims[n.out_dim] = a.at(n.name)->out_features;
+        dims[n.in_dim] = a.at(n.name)->in_features;
+      }
+    const std::string site =
+        match.site == SiteKind::node ? a.at(lead.name)->path : parent_of(a.at(lead.name)->path);
+    if (match.always_claims)
+      for (const auto& [_, mod] : a) claimed.insert(mod->path);
+    if (!wanted) continue;
+    if (std::string why = boundary_refusal(spec, a, dims, shape); !why.empty()) {
+      // The region stays with the host as a whole; its modules remain free for other structures.
+      if (refused_sites.insert(site).second) out.refused.emplace_back(site, spec.name + ": " + why);
+      continue;
+    }
+    for (const auto& [_, mod] : a) claimed.insert(mod->path);
+    Seam s = make_seam(calls, spec, a, site, shape);
+    for (const MatchNode& n : match.nodes) {
+      if (!n.output_head) continue;
+      const HostModule* emb = g.find(g.input_embedding);
+      s.tied = emb != nullptr && emb->weight_id == a.at(n.name)->weight_id;
+      if (s.tied && !spec.tied_allowed) {
+        out.refused.emplace_back(site, spec.name + ": weight tied to " + emb->path +
+                                           "; the structure does not allow a tied weight");
+        s.structure.clear();
+      } else if (s.tied) {
+        out.assumed.push_back(a.at(n.name)->path + ": weight tied to " + emb->path);
+      }
+    }
+    if (!s.structure.empty()) out.seams.push_back(std::move(s));
   }
 }
 
 }  // namespace
 
-Discovery discover(const HostGraph& g, const std::vector<std::string>& structures) {
-  const std::set<std::string> known = {"linear_proj", "decoder_ffn", "lm_head"};
-  for (const std::string& s : structures)
-    if (!known.count(s))
-      throw InvalidArgument("unknown structure '" + s +
-                            "'; known: decoder_ffn, linear_proj, lm_head");
-  auto wanted = [&](const char* s) {
-    return std::find(structures.begin(), structures.end(), s) != structures.end();
-  };
+Discovery discover(const HostGraph& g, const Catalog& catalog,
+                   const std::vector<std::string>& structures) {
+  for (const std::string& s : structures) catalog.get(s);  // throws, listing the known names
+  std::vector<const StructureSpec*> specs;
+  for (const std::string& name : catalog.names()) specs.push_back(&catalog.get(name));
+  // Higher priority claims first; equal priorities in name order, so the result is stable.
+  std::stable_sort(specs.begin(), specs.end(), [](const StructureSpec* a, const StructureSpec* b) {
+    return a->match.priority > b->match.priority;
+  });
   Discovery out;
   std::set<std::string> claimed;
-  // The head first: it is a projection too, but a distribution-valued one with its own gate.
-  if (!g.output_head.empty()) {
-    const HostModule* head = g.find(g.output_head);
-    if (head != nullptr && head->kind == "linear") {
-      claimed.insert(head->path);
-      if (wanted("lm_head")) {
-        if (head->has_bias) {
-          out.refused.emplace_back(head->path, "lm_head: biased head " + shape_text(*head) +
-                                                   "; the boundary is bias-free");
-        } else {
-          Seam s = seam_from_linear(g, *head, "lm_head");
-          const HostModule* emb = g.find(g.input_embedding);
-          s.tied = emb != nullptr && emb->weight_id == head->weight_id;
-          if (s.tied) out.assumed.push_back(head->path + ": weight tied to " + emb->path);
-          out.seams.push_back(std::move(s));
-        }
-      }
-    }
-  }
-  if (wanted("decoder_ffn")) discover_ffns(g, out, claimed);
-  if (wanted("linear_proj")) {
-    for (const HostModule& m : g.modules) {
-      if (m.kind != "linear" || claimed.count(m.path)) continue;
-      if (g.calls_of(m.path).empty()) {
-        out.refused.emplace_back(m.path, "linear_proj: " + shape_text(m) +
-                                             " never called in the observed forward, no form to "
-                                             "qualify");
-        continue;
-      }
-      out.seams.push_back(seam_from_linear(g, m, "linear_proj"));
-    }
+  const CallIndex calls(g);
+  for (const StructureSpec* spec : specs) {
+    const bool wanted = structures.empty() || std::find(structures.begin(), structures.end(),
+                                                        spec->name) != structures.end();
+    if (wanted || spec->match.always_claims)
+      discover_structure(g, calls, *spec, wanted, out, claimed);
   }
   return out;
 }

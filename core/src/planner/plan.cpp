@@ -1,7 +1,9 @@
 // Qualification: for every seam, the scheme picks a weight form (or keeps the seam at host
-// precision, with a reason), then the structure's ladder is walked until an impl qualifies;
-// every step aside is recorded. A seam no impl takes is refused with the form and the shape.
+// precision, with a reason), then the structure's ladder is walked until an impl qualifies: its
+// package loads and its op takes the described form (supports_op, asked here at plan time).
+// Every step aside is recorded; a seam no impl takes is refused with the form and the shape.
 #include <flashrt/errors.h>
+#include <flashrt/kernel_ops.h>
 #include <flashrt/plan.h>
 
 #include <algorithm>
@@ -11,137 +13,227 @@
 namespace frt {
 namespace {
 
-constexpr int64_t kBandMin = 1, kBandMax = FRT_MAX_ROWS;
+constexpr const char* kAuto = "auto";
 
-std::string shape_of(const Seam& s) {
-  if (s.structure == "decoder_ffn")
-    return "hidden " + std::to_string(s.in_features) + ", intermediate " +
-           std::to_string(s.intermediate);
-  return "[" + std::to_string(s.out_features) + "x" + std::to_string(s.in_features) + "]";
+bool usable(const SchemeSpec& s, KernelHub& hub) {
+  for (const std::string& pkg : s.requires_packages)
+    if (hub.resolve(pkg).table == nullptr) return false;
+  return true;
 }
 
-int64_t weight_count(const Seam& s) {
-  if (s.structure == "decoder_ffn") return 3 * s.in_features * s.intermediate;
-  return s.in_features * s.out_features;
-}
-
-Scheme resolve_scheme(const std::string& name, KernelHub& hub) {
+Scheme resolve_scheme(const std::string& name, const Catalog& catalog, KernelHub& hub) {
+  const SchemePolicy& policy = catalog.schemes();
+  std::string chosen = name;
+  if (name == kAuto) {
+    for (const std::string& candidate : policy.auto_order)
+      if (usable(policy.schemes.at(candidate), hub)) {
+        chosen = candidate;
+        break;
+      }
+  }
+  const auto it = policy.schemes.find(chosen);
+  if (it == policy.schemes.end()) {
+    std::string known = kAuto;
+    for (const auto& kv : policy.schemes) known += ", " + kv.first;
+    throw InvalidArgument("unknown scheme '" + name + "'; known: " + known);
+  }
   Scheme s;
-  s.name = name;
-  if (name == "auto") {
-    // On CPU, weight-only int8 is the form that keeps parity (cosine >= 0.999 on real hosts)
-    // while halving to quartering the bytes; it needs the linear package.
-    s.name = hub.resolve("flashrt/linear").table != nullptr ? "w8a16_decode" : "none";
-  }
-  const WeightForm int8{"int8", 0, true}, int4{"int4", 32, true};
-  if (s.name == "w8a16_decode") {
-    s.formats = {{"linear_proj", int8}, {"decoder_ffn", int8}, {"lm_head", int8}};
-  } else if (s.name == "w4a16_decode") {
-    // The head stays at int8: its error moves the argmax directly (teacher-forced agreement).
-    s.formats = {{"linear_proj", int4}, {"decoder_ffn", int4}, {"lm_head", int8}};
-  } else if (s.name != "none") {
-    throw InvalidArgument("unknown scheme '" + name +
-                          "'; known: auto, none, w8a16_decode, w4a16_decode");
-  }
+  s.name = chosen;
+  for (const auto& [structure, form] : it->second.formats)
+    s.formats[structure] = policy.forms.at(form);
   return s;
 }
 
-// The impls a structure's ladder tries, best first.
-struct Rung {
-  std::string impl, package;
-};
-
-std::vector<Rung> ladder_for(const std::string& structure, const std::string& format) {
-  const std::string suffix = format == "int8" ? "_w8a16" : "_w4a16";
-  if (structure == "decoder_ffn")
-    return {{"ffn" + suffix, "flashrt/ffn"}, {"ffn_as_projections" + suffix, "flashrt/linear"}};
-  return {{"linear" + suffix, "flashrt/linear"}};
+// The band of rows a seat of this structure is qualified for: its decode-band dim.
+const DimSpec* band_of(const StructureSpec& spec) {
+  for (const DimSpec& d : spec.dims)
+    if (d.decode_band) return &d;
+  return nullptr;
 }
 
-bool takes_dtype(const std::string& dt) { return dt == "f32" || dt == "bf16"; }
+std::string dtype_list(const std::vector<DType>& ds) {
+  std::string out;
+  for (DType d : ds) out += (out.empty() ? "" : ", ") + std::string(name_of(d));
+  return out;
+}
+
+bool allows(const std::vector<DType>& ds, DType d) {
+  return std::find(ds.begin(), ds.end(), d) != ds.end();
+}
+
+int32_t abi_dtype(DType d) { return d == DType::bf16 ? FRT_BF16 : FRT_F32; }
+
+// One seat the rung would build, before the package is asked.
+struct Candidate {
+  SeatPlan seat;
+  frt_op_desc desc{};
+};
+
+SlotTensor weight_of(const std::string& module) { return {module, "weight"}; }
+SlotTensor bias_of(const std::string& module) { return {module, "bias"}; }
+
+frt_op_desc base_desc(OpKind op, const WeightForm& form, DType act, int64_t rows_max) {
+  frt_op_desc d{};
+  d.op = static_cast<int32_t>(op);
+  d.wformat = static_cast<int32_t>(form.format);
+  d.group = form.group;
+  d.x_dtype = d.y_dtype = abi_dtype(act);
+  d.rows_max = rows_max;
+  return d;
+}
+
+// The seats a rung builds for a seam: one per linear node (per_node), or one for the region.
+std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec, const Seam& seam,
+                                  const Rung& rung, const WeightForm& form, DType act,
+                                  const DimSpec& band) {
+  std::vector<Candidate> out;
+  SeatPlan base;
+  base.seam = seam;
+  base.package = rung.package;
+  base.op = rung.op;
+  base.form = form;
+  base.impl = rung.impl + "_" + form.tag;
+  base.band_min = band.min;
+  base.band_max = band.max;
+  base.activation = seam.activation;
+  base.act_dtype = act;
+  if (rung.op == OpKind::linear) {
+    for (const MatchNode& n : spec.match.nodes) {
+      if (n.kind != NodeKind::linear) continue;
+      const HostModule* m = g.find(seam.nodes.at(n.name));
+      Candidate c{base, base_desc(OpKind::linear, form, act, band.max)};
+      c.seat.site = rung.per_node ? m->path : seam.site;
+      c.seat.replaces = {c.seat.site};
+      c.seat.slots["weight"] = weight_of(m->path);
+      if (m->has_bias) c.seat.slots["bias"] = bias_of(m->path);
+      c.desc.n = m->out_features;
+      c.desc.k = m->in_features;
+      c.desc.has_bias = m->has_bias;
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+  // A region op: its operands are the structure's slots of the same names (checked at load).
+  Candidate c{base, base_desc(rung.op, form, act, band.max)};
+  c.seat.site = seam.site;
+  c.seat.replaces = {seam.site};
+  for (const auto& [slot, module] : seam.slots) {
+    const bool is_bias = spec.slot(slot) != nullptr && spec.slot(slot)->shape.size() == 1;
+    c.seat.slots[slot] = is_bias ? bias_of(module) : weight_of(module);
+    c.desc.has_bias |= is_bias;
+  }
+  const HostModule* up = g.find(seam.slots.at("up"));
+  const HostModule* down = g.find(seam.slots.at("down"));
+  c.desc.k = up->in_features;
+  c.desc.inner = up->out_features;
+  c.desc.n = down->out_features;
+  c.desc.act = static_cast<int32_t>(seam.activation);
+  out.push_back(std::move(c));
+  return out;
+}
 
 }  // namespace
 
-std::string WeightForm::describe() const {
-  if (format == "int8") return "int8 per-channel";
-  return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric");
+std::vector<std::string> scheme_names(const Catalog& catalog) {
+  std::vector<std::string> out = {kAuto};
+  for (const auto& kv : catalog.schemes().schemes) out.push_back(kv.first);
+  return out;
 }
 
-std::vector<std::string> scheme_names() { return {"auto", "none", "w8a16_decode", "w4a16_decode"}; }
-
-Plan plan(const HostGraph& graph, const PlanOptions& options, KernelHub& hub) {
+Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& options,
+          KernelHub& hub) {
   Plan p;
-  p.scheme = resolve_scheme(options.scheme, hub);
-  Discovery d = discover(graph, options.structures);
+  p.scheme = resolve_scheme(options.scheme, catalog, hub);
+  const int64_t min_weights = options.min_seat_weights.value_or(catalog.schemes().min_seat_weights);
+  Discovery d = discover(graph, catalog, options.structures);
   p.refused = d.refused;
   p.assumed = d.assumed;
   p.seams_found = static_cast<int64_t>(d.seams.size());
   std::set<std::string> unavailable_noted;
   for (Seam& seam : d.seams) {
-    const std::string where = seam.structure + " " + shape_of(seam);
+    const StructureSpec& spec = catalog.get(seam.structure);
+    const std::string where = seam.structure + " " + seam.shape;
     auto form_it = p.scheme.formats.find(seam.structure);
     if (form_it == p.scheme.formats.end()) {
       p.keep_host.emplace_back(
           seam.site, "scheme '" + p.scheme.name + "' keeps " + where + " at host precision");
       continue;
     }
-    if (weight_count(seam) < options.min_seat_weights) {
-      p.keep_host.emplace_back(seam.site, where + ": " + std::to_string(weight_count(seam)) +
-                                              " weights, below the " +
-                                              std::to_string(options.min_seat_weights) +
+    if (seam.weight_count < min_weights) {
+      p.keep_host.emplace_back(seam.site, where + ": " + std::to_string(seam.weight_count) +
+                                              " weights, below the " + std::to_string(min_weights) +
                                               " where a seat pays for its call");
       continue;
     }
-    if (!takes_dtype(seam.weight_dtype)) {
-      p.refused.emplace_back(
-          seam.site, where + ": weight dtype " + seam.weight_dtype + "; impls take f32, bf16");
+    const std::vector<DType>& weight_dtypes = spec.slots.front().dtypes;
+    if (!allows(weight_dtypes, seam.weight_dtype)) {
+      p.refused.emplace_back(seam.site, where + ": weight dtype " + name_of(seam.weight_dtype) +
+                                            "; impls take " + dtype_list(weight_dtypes));
       continue;
     }
-    if (!seam.act_dtype.empty() && !takes_dtype(seam.act_dtype)) {
-      p.refused.emplace_back(seam.site, where + ": activations " + seam.act_dtype +
-                                            " in the observed forward; impls take f32, bf16");
+    const std::vector<DType>& act_dtypes = spec.inputs.front().dtypes;
+    if (seam.act_dtype && !allows(act_dtypes, *seam.act_dtype)) {
+      p.refused.emplace_back(seam.site, where + ": activations " + name_of(*seam.act_dtype) +
+                                            " in the observed forward; impls take " +
+                                            dtype_list(act_dtypes));
+      continue;
+    }
+    const DimSpec* band = band_of(spec);
+    if (band == nullptr) {
+      p.refused.emplace_back(seam.site, where + ": the structure declares no row band");
       continue;
     }
     WeightForm form = form_it->second;
     std::vector<std::string> steps;
-    if (form.format == "int4") {
-      const bool inter_ok = seam.structure != "decoder_ffn" || seam.intermediate % form.group == 0;
-      if (seam.in_features % form.group != 0 || !inter_ok) {
+    if (form.format == WeightFormat::int4_group) {
+      bool divides = true;
+      for (const MatchNode& n : spec.match.nodes)
+        if (n.kind == NodeKind::linear && seam.dims.at(n.in_dim) % form.group != 0) divides = false;
+      const std::string& fallback = catalog.schemes().schemes.at(p.scheme.name).indivisible;
+      if (!divides && !fallback.empty()) {
+        const WeightForm& instead = catalog.schemes().forms.at(fallback);
         steps.push_back(form.describe() + " needs widths divisible by " +
-                        std::to_string(form.group) + " (" + shape_of(seam) + "): int8 instead");
-        form = WeightForm{"int8", 0, true};
+                        std::to_string(form.group) + " (" + seam.shape + "): " +
+                        instead.describe().substr(0, instead.describe().find(' ')) + " instead");
+        form = instead;
       }
     }
-    if (std::all_of(seam.rows_seen.begin(), seam.rows_seen.end(),
-                    [](int64_t r) { return r > kBandMax; }) &&
-        !seam.rows_seen.empty())
+    if (!seam.rows_seen.empty() && std::all_of(seam.rows_seen.begin(), seam.rows_seen.end(),
+                                               [&](int64_t r) { return r > band->max; }))
       p.assumed.push_back(seam.site + ": observed only " + std::to_string(seam.rows_seen.front()) +
-                          "-row calls; seated for decode rows 1.." + std::to_string(kBandMax) +
+                          "-row calls; seated for decode rows " + std::to_string(band->min) + ".." +
+                          std::to_string(band->max) +
                           ", larger calls run the host (band dispatch)");
+    const DType act = seam.act_dtype.value_or(seam.weight_dtype);
     bool seated = false;
-    for (const Rung& rung : ladder_for(seam.structure, form.format)) {
+    for (const Rung& rung : catalog.ladder(seam.structure)) {
+      const std::string impl = rung.impl + "_" + form.tag;
       const PackageResolution& r = hub.resolve(rung.package);
       if (r.table == nullptr) {
-        steps.push_back(rung.impl + ": kernel package " + rung.package + " unavailable");
+        steps.push_back(impl + ": kernel package " + rung.package + " unavailable");
         if (unavailable_noted.insert(rung.package).second)
           for (const UnavailableEntry& e : hub.unavailable_report())
             if (e.repo == rung.package) p.kernel_unavailable.push_back(e);
         continue;
       }
-      SeatPlan s;
-      s.seam = seam;
-      s.impl = rung.impl;
-      s.package = rung.package;
-      s.form = form;
-      s.band_min = kBandMin;
-      s.band_max = kBandMax;
-      s.ladder = steps;
-      p.seats.push_back(std::move(s));
+      std::vector<Candidate> cs = candidates(graph, spec, seam, rung, form, act, *band);
+      std::string why;
+      for (const Candidate& c : cs)
+        if (why.empty()) why = form_refusal(*r.table, c.desc);
+      if (!why.empty()) {
+        steps.push_back(impl + ": " + why);
+        continue;
+      }
+      for (Candidate& c : cs) {
+        c.seat.ladder = steps;
+        p.seats.push_back(std::move(c.seat));
+      }
       seated = true;
       break;
     }
     if (!seated) {
       std::string why = where + ": no impl qualifies";
+      if (catalog.ladder(seam.structure).empty()) why += "; the catalog declares no ladder";
       for (const std::string& step : steps) why += "; " + step;
       p.refused.emplace_back(seam.site, why);
     }
@@ -156,8 +248,8 @@ std::string explain(const Plan& p) {
     << " refused\n";
   if (!p.seats.empty()) s << "\nseated:\n";
   for (const SeatPlan& seat : p.seats) {
-    s << "  " << seat.seam.site << "  " << seat.seam.structure << " " << shape_of(seat.seam)
-      << " -> " << seat.impl << " (" << seat.form.describe() << ", rows " << seat.band_min << ".."
+    s << "  " << seat.site << "  " << seat.seam.structure << " " << seat.seam.shape << " -> "
+      << seat.impl << " (" << seat.form.describe() << ", rows " << seat.band_min << ".."
       << seat.band_max << ", " << seat.package << ")\n";
     for (const std::string& step : seat.ladder) s << "      ladder: " << step << "\n";
   }

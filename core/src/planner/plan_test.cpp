@@ -10,11 +10,19 @@
 namespace frt {
 namespace {
 
+const Catalog& catalog() {
+  static const Catalog c = Catalog::load(FRT_TEST_CATALOG_DIR);
+  return c;
+}
+
+// The shipped catalog may gain structures; every test names the ones it counts.
+const std::vector<std::string> kDecoderStructures = {"linear_proj", "decoder_ffn", "lm_head"};
+
 struct GraphBuilder {
   HostGraph g;
   int64_t next_id = 1;
 
-  HostModule& module(const std::string& path, const std::string& kind) {
+  HostModule& module(const std::string& path, ModuleKind kind) {
     HostModule m;
     m.path = path;
     m.kind = kind;
@@ -29,11 +37,11 @@ struct GraphBuilder {
     return g.modules.back();
   }
   HostModule& linear(const std::string& path, int64_t in, int64_t out, bool bias = false) {
-    HostModule& m = module(path, "linear");
+    HostModule& m = module(path, ModuleKind::linear);
     m.in_features = in;
     m.out_features = out;
     m.has_bias = bias;
-    m.weight_dtype = "f32";
+    m.weight_dtype = DType::f32;
     m.weight_id = next_id++;
     return m;
   }
@@ -46,19 +54,19 @@ struct GraphBuilder {
     HostCall c;
     c.path = path;
     c.rows = rows;
-    c.dtype = "f32";
+    c.dtype = DType::f32;
     c.input_id = in_id;
     c.output_id = out_id;
     g.calls.push_back(c);
   }
   // A gated MLP under `p`: gate/up read tensor x, act reads gate's output, down reads h.
-  void gated_mlp(const std::string& p, int64_t hidden, int64_t inter, const std::string& act,
+  void gated_mlp(const std::string& p, int64_t hidden, int64_t inter, Activation act,
                  bool bias = false, int64_t rows = 1) {
-    module(p, "module");
+    module(p, ModuleKind::module);
     linear(p + ".gate_proj", hidden, inter, bias);
     linear(p + ".up_proj", hidden, inter, bias);
     linear(p + ".down_proj", inter, hidden, bias);
-    module(p + ".act_fn", "activation").activation = act;
+    module(p + ".act_fn", ModuleKind::activation).activation = act;
     const int64_t x = next_id++, g = next_id++, a = next_id++, u = next_id++, h = next_id++,
                   y = next_id++;
     call(p + ".gate_proj", x, g, rows);
@@ -68,7 +76,7 @@ struct GraphBuilder {
   }
   // Attention projections under `p`: q/k/v read x, o reads the attention output.
   void attention(const std::string& p, int64_t hidden, int64_t rows = 1) {
-    module(p, "module");
+    module(p, ModuleKind::module);
     const int64_t x = next_id++, o_in = next_id++;
     for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
       linear(p + "." + n, hidden, hidden);
@@ -81,10 +89,10 @@ struct GraphBuilder {
   }
 };
 
-GraphBuilder decoder(int layers, const std::string& act = "silu") {
+GraphBuilder decoder(int layers, Activation act = Activation::silu) {
   GraphBuilder b;
-  b.module("", "module");
-  b.module("embed", "embedding").weight_id = 999;
+  b.module("", ModuleKind::module);
+  b.module("embed", ModuleKind::embedding).weight_id = 999;
   for (int i = 0; i < layers; ++i) {
     b.attention("layers." + std::to_string(i) + ".attn", 512);
     b.gated_mlp("layers." + std::to_string(i) + ".mlp", 512, 1536, act);
@@ -103,7 +111,7 @@ std::map<std::string, int> count(const Discovery& d) {
 }
 
 TEST(Discover, FindsEveryProjectionFfnAndTheTiedHead) {
-  const Discovery d = discover(decoder(3).g, {"linear_proj", "decoder_ffn", "lm_head"});
+  const Discovery d = discover(decoder(3).g, catalog(), kDecoderStructures);
   EXPECT_EQ(count(d),
             (std::map<std::string, int>{{"decoder_ffn", 3}, {"linear_proj", 12}, {"lm_head", 1}}));
   EXPECT_TRUE(d.refused.empty());
@@ -112,64 +120,86 @@ TEST(Discover, FindsEveryProjectionFfnAndTheTiedHead) {
   EXPECT_TRUE(head->tied);
   const auto ffn = std::find_if(d.seams.begin(), d.seams.end(),
                                 [](const Seam& s) { return s.structure == "decoder_ffn"; });
+  EXPECT_EQ(ffn->site, "layers.0.mlp");
   EXPECT_EQ(ffn->slots.at("gate"), "layers.0.mlp.gate_proj");
-  EXPECT_EQ(ffn->intermediate, 1536);
+  EXPECT_EQ(ffn->slots.at("up"), "layers.0.mlp.up_proj");
+  EXPECT_EQ(ffn->slots.at("down"), "layers.0.mlp.down_proj");
+  EXPECT_EQ(ffn->nodes.at("act"), "layers.0.mlp.act_fn");
+  EXPECT_EQ(ffn->dims.at("intermediate"), 1536);
+  EXPECT_EQ(ffn->dims.at("hidden"), 512);
+  EXPECT_EQ(ffn->activation, Activation::silu);
+  EXPECT_EQ(ffn->weight_dtype, DType::f32);
+  ASSERT_TRUE(ffn->act_dtype.has_value());
+  EXPECT_EQ(*ffn->act_dtype, DType::f32);
+  EXPECT_EQ(ffn->weight_count, 3 * 512 * 1536);
+  EXPECT_EQ(ffn->shape, "gate/up [1536x512], down [512x1536]");
+  const auto proj = std::find_if(d.seams.begin(), d.seams.end(),
+                                 [](const Seam& s) { return s.structure == "linear_proj"; });
+  EXPECT_EQ(proj->site, "layers.0.attn.q_proj");
+  EXPECT_EQ(proj->slots.at("weight"), proj->site);
+  EXPECT_EQ(proj->slots.count("bias"), 0u);  // the host's projection has none
+  EXPECT_EQ(proj->dims.at("in_features"), 512);
+  EXPECT_EQ(proj->shape, "[512x512]");
 }
 
 TEST(Discover, AttentionWithFfnShapedProjectionsIsNotAnFfn) {
   // q/k/v share the input and o maps back: FFN-shaped, but no activation consumes one branch.
   GraphBuilder b;
-  b.module("", "module");
+  b.module("", ModuleKind::module);
   b.attention("attn", 256);
-  const Discovery d = discover(b.g, {"linear_proj", "decoder_ffn"});
+  const Discovery d = discover(b.g, catalog(), {"linear_proj", "decoder_ffn"});
   EXPECT_EQ(count(d), (std::map<std::string, int>{{"linear_proj", 4}}));
   EXPECT_TRUE(d.refused.empty());
 }
 
 TEST(Discover, GateIsFoundByDataflowNotByName) {
   GraphBuilder b;
-  b.module("", "module");
-  b.module("mlp", "module");
+  b.module("", ModuleKind::module);
+  b.module("mlp", ModuleKind::module);
   b.linear("mlp.a", 64, 128);
   b.linear("mlp.b", 64, 128);
   b.linear("mlp.c", 128, 64);
-  b.module("mlp.f", "activation").activation = "gelu_tanh";
+  b.module("mlp.f", ModuleKind::activation).activation = Activation::gelu_tanh;
   b.call("mlp.a", 1, 2);
   b.call("mlp.b", 1, 3);
   b.call("mlp.f", 3, 4);  // the activation reads b's output: b is the gate
   b.call("mlp.c", 5, 6);
-  const Discovery d = discover(b.g, {"decoder_ffn"});
+  const Discovery d = discover(b.g, catalog(), {"decoder_ffn"});
   ASSERT_EQ(d.seams.size(), 1u);
   EXPECT_EQ(d.seams[0].slots.at("gate"), "mlp.b");
   EXPECT_EQ(d.seams[0].slots.at("up"), "mlp.a");
-  EXPECT_EQ(d.seams[0].activation, "gelu_tanh");
+  EXPECT_EQ(d.seams[0].activation, Activation::gelu_tanh);
 }
 
 TEST(Discover, BiasAndForeignActivationsAreRefusedWithTheShape) {
   GraphBuilder b;
-  b.module("", "module");
-  b.gated_mlp("biased", 64, 256, "silu", /*bias=*/true);
-  b.gated_mlp("relu", 64, 256, "relu");
-  const Discovery d = discover(b.g, {"linear_proj", "decoder_ffn"});
+  b.module("", ModuleKind::module);
+  b.gated_mlp("biased", 64, 256, Activation::silu, /*bias=*/true);
+  b.gated_mlp("relu", 64, 256, Activation::relu);
+  const Discovery d = discover(b.g, catalog(), {"linear_proj", "decoder_ffn"});
   ASSERT_EQ(d.refused.size(), 2u);
   EXPECT_EQ(d.refused[0].first, "biased");
-  EXPECT_NE(d.refused[0].second.find("biased projections (gate/up [256x64], down [64x256])"),
-            std::string::npos);
+  EXPECT_NE(d.refused[0].second.find("decoder_ffn: biased projections (gate/up [256x64], down "
+                                     "[64x256]); the boundary is bias-free"),
+            std::string::npos)
+      << d.refused[0].second;
+  EXPECT_EQ(d.refused[1].first, "relu");
   EXPECT_NE(d.refused[1].second.find("activation 'relu' outside {silu, gelu_tanh}"),
-            std::string::npos);
+            std::string::npos)
+      << d.refused[1].second;
   // The refused regions' projections are still projections.
   EXPECT_EQ(count(d), (std::map<std::string, int>{{"linear_proj", 6}}));
 }
 
 TEST(Discover, UnknownStructureIsAnError) {
-  EXPECT_THROW(discover(decoder(1).g, {"conv2d"}), InvalidArgument);
+  EXPECT_THROW(discover(decoder(1).g, catalog(), {"conv2d"}), InvalidArgument);
 }
 
 TEST(Discover, NeverCalledProjectionsAreRefusedNotGuessed) {
   GraphBuilder b;
-  b.module("", "module");
+  b.module("", ModuleKind::module);
   b.linear("unused", 64, 64);
-  const Discovery d = discover(b.g, {"linear_proj"});
+  const Discovery d = discover(b.g, catalog(), {"linear_proj"});
   EXPECT_TRUE(d.seams.empty());
   ASSERT_EQ(d.refused.size(), 1u);
   EXPECT_NE(d.refused[0].second.find("never called"), std::string::npos);
@@ -186,8 +216,9 @@ KernelHub& hub() {
 
 TEST(Plan, SchemeNoneKeepsEverySeamAtHostWithAReason) {
   PlanOptions o;
+  o.structures = kDecoderStructures;
   o.scheme = "none";
-  const Plan p = plan(decoder(2).g, o, hub());
+  const Plan p = plan(decoder(2).g, catalog(), o, hub());
   EXPECT_TRUE(p.seats.empty());
   EXPECT_EQ(p.keep_host.size(), 11u);
   EXPECT_NE(p.keep_host[0].second.find("scheme 'none' keeps"), std::string::npos);
@@ -198,12 +229,18 @@ TEST(Plan, W4KeepsTheHeadAtInt8AndFallsBackToInt8ForOddWidths) {
   b.linear("odd", 1000, 512);  // 1000 is not a multiple of 32
   b.call_fresh("odd");
   PlanOptions o;
+  o.structures = kDecoderStructures;
   o.scheme = "w4a16_decode";
   o.min_seat_weights = 0;
-  const Plan p = plan(b.g, o, hub());
+  const Plan p = plan(b.g, catalog(), o, hub());
+  EXPECT_EQ(p.scheme.name, "w4a16_decode");
+  // 4 attention projections, the ffn, the head and the odd projection.
+  EXPECT_EQ(p.seats.size(), 7u) << explain(p);
   for (const SeatPlan& s : p.seats) {
     if (s.seam.structure == "lm_head" || s.seam.site == "odd") {
-      EXPECT_EQ(s.form.format, "int8") << s.seam.site;
+      EXPECT_EQ(s.form.format, WeightFormat::int8_channel) << s.seam.site;
+      EXPECT_EQ(s.form.name, "int8") << s.seam.site;
+      EXPECT_EQ(s.impl, "linear_w8a16") << s.seam.site;
     } else {
       EXPECT_EQ(s.form.describe(), "int4 g32 symmetric") << s.seam.site;
     }
@@ -216,16 +253,20 @@ TEST(Plan, W4KeepsTheHeadAtInt8AndFallsBackToInt8ForOddWidths) {
 
 TEST(Plan, SmallSeamsStayAtHostAndPrefillOnlySeamsAreAssumed) {
   GraphBuilder b;
-  b.module("", "module");
+  b.module("", ModuleKind::module);
   b.linear("tiny", 64, 64);
   b.call("tiny", 1, 2);
   b.linear("big", 1024, 1024);
   b.call("big", 3, 4, /*rows=*/128);
   PlanOptions o;
-  o.scheme = "w8a16_decode";
-  const Plan p = plan(b.g, o, hub());
+  o.structures = {"linear_proj"};
+  o.scheme = "w8a16_decode";  // min_seat_weights unset: the catalog's keep_host rule
+  const Plan p = plan(b.g, catalog(), o, hub());
+  ASSERT_EQ(catalog().schemes().min_seat_weights, 65536);
   ASSERT_EQ(p.keep_host.size(), 1u);
   EXPECT_EQ(p.keep_host[0].first, "tiny");
+  EXPECT_NE(p.keep_host[0].second.find("4096 weights, below the 65536"), std::string::npos)
+      << p.keep_host[0].second;
   ASSERT_EQ(p.seats.size(), 1u);
   ASSERT_EQ(p.assumed.size(), 1u);
   EXPECT_NE(p.assumed[0].find("observed only 128-row calls"), std::string::npos);
@@ -235,12 +276,13 @@ TEST(Plan, SmallSeamsStayAtHostAndPrefillOnlySeamsAreAssumed) {
 
 TEST(Plan, WeightDtypesOutsideTheImplsAreRefusedByName) {
   GraphBuilder b;
-  b.module("", "module");
-  b.linear("half", 1024, 1024).weight_dtype = "f16";
+  b.module("", ModuleKind::module);
+  b.linear("half", 1024, 1024).weight_dtype = DType::f16;
   b.call("half", 1, 2);
   PlanOptions o;
+  o.structures = {"linear_proj"};
   o.scheme = "w8a16_decode";
-  const Plan p = plan(b.g, o, hub());
+  const Plan p = plan(b.g, catalog(), o, hub());
   ASSERT_EQ(p.refused.size(), 1u);
   EXPECT_NE(p.refused[0].second.find("weight dtype f16"), std::string::npos);
 }
@@ -251,24 +293,100 @@ TEST(Plan, AMissingFfnPackageStepsDownTheLadderToProjections) {
   c.bundled_root = "/nonexistent";
   KernelHub only_linear(c);
   PlanOptions o;
+  o.structures = kDecoderStructures;
   o.scheme = "w8a16_decode";
   o.min_seat_weights = 0;
-  const Plan p = plan(decoder(1).g, o, only_linear);
-  const auto ffn = std::find_if(p.seats.begin(), p.seats.end(), [](const SeatPlan& s) {
-    return s.seam.structure == "decoder_ffn";
-  });
-  ASSERT_NE(ffn, p.seats.end());
-  EXPECT_EQ(ffn->impl, "ffn_as_projections_w8a16");
-  ASSERT_EQ(ffn->ladder.size(), 1u);
-  EXPECT_NE(ffn->ladder[0].find("flashrt/ffn unavailable"), std::string::npos);
+  const Plan p = plan(decoder(1).g, catalog(), o, only_linear);
+  std::vector<const SeatPlan*> ffn;
+  for (const SeatPlan& s : p.seats)
+    if (s.seam.structure == "decoder_ffn") ffn.push_back(&s);
+  // The per-node rung seats each of the region's projections on its own.
+  ASSERT_EQ(ffn.size(), 3u) << explain(p);
+  const std::vector<std::string> sites = {"layers.0.mlp.gate_proj", "layers.0.mlp.up_proj",
+                                          "layers.0.mlp.down_proj"};
+  for (size_t i = 0; i < ffn.size(); ++i) {
+    EXPECT_EQ(ffn[i]->impl, "ffn_as_projections_w8a16");
+    EXPECT_EQ(ffn[i]->package, "flashrt/linear");
+    EXPECT_EQ(ffn[i]->op, OpKind::linear);
+    EXPECT_EQ(ffn[i]->site, sites[i]);
+    EXPECT_EQ(ffn[i]->replaces, std::vector<std::string>{sites[i]});
+    EXPECT_EQ(ffn[i]->slots.at("weight").module, sites[i]);
+    EXPECT_EQ(ffn[i]->slots.at("weight").tensor, "weight");
+    ASSERT_EQ(ffn[i]->ladder.size(), 1u);
+    EXPECT_NE(ffn[i]->ladder[0].find("flashrt/ffn unavailable"), std::string::npos);
+  }
   ASSERT_FALSE(p.kernel_unavailable.empty());
   EXPECT_EQ(p.kernel_unavailable[0].repo, "flashrt/ffn");
+}
+
+TEST(Plan, SeatsCarryTheirOpFormAndOperandTensors) {
+  PlanOptions o;
+  o.structures = kDecoderStructures;
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(decoder(1).g, catalog(), o, hub());
+  EXPECT_EQ(p.seams_found, 6);
+  ASSERT_EQ(p.seats.size(), 6u) << explain(p);
+  EXPECT_TRUE(p.refused.empty()) << explain(p);
+  std::map<std::string, const SeatPlan*> by_site;
+  for (const SeatPlan& s : p.seats) by_site[s.site] = &s;
+
+  const SeatPlan* ffn = by_site.at("layers.0.mlp");
+  EXPECT_EQ(ffn->seam.structure, "decoder_ffn");
+  EXPECT_EQ(ffn->op, OpKind::gated_ffn);
+  EXPECT_EQ(ffn->impl, "ffn_w8a16");
+  EXPECT_EQ(ffn->package, "flashrt/ffn");
+  EXPECT_EQ(ffn->replaces, std::vector<std::string>{"layers.0.mlp"});
+  EXPECT_EQ(ffn->form.format, WeightFormat::int8_channel);
+  EXPECT_EQ(ffn->form.describe(), "int8 per-channel");
+  EXPECT_EQ(ffn->activation, Activation::silu);
+  EXPECT_EQ(ffn->act_dtype, DType::f32);
+  EXPECT_EQ(ffn->band_min, 1);
+  EXPECT_EQ(ffn->band_max, 16);
+  EXPECT_TRUE(ffn->ladder.empty());
+  ASSERT_EQ(ffn->slots.size(), 3u);
+  for (const char* operand : {"gate", "up", "down"}) {
+    EXPECT_EQ(ffn->slots.at(operand).module, "layers.0.mlp." + std::string(operand) + "_proj");
+    EXPECT_EQ(ffn->slots.at(operand).tensor, "weight");
+  }
+
+  const SeatPlan* q = by_site.at("layers.0.attn.q_proj");
+  EXPECT_EQ(q->seam.structure, "linear_proj");
+  EXPECT_EQ(q->op, OpKind::linear);
+  EXPECT_EQ(q->impl, "linear_w8a16");
+  EXPECT_EQ(q->package, "flashrt/linear");
+  ASSERT_EQ(q->slots.size(), 1u);  // no bias on the host
+  EXPECT_EQ(q->slots.at("weight").module, "layers.0.attn.q_proj");
+
+  const SeatPlan* head = by_site.at("head");
+  EXPECT_EQ(head->seam.structure, "lm_head");
+  EXPECT_TRUE(head->seam.tied);
+  EXPECT_EQ(head->op, OpKind::linear);
+  ASSERT_EQ(p.assumed.size(), 1u);
+  EXPECT_NE(p.assumed[0].find("head: weight tied to embed"), std::string::npos) << p.assumed[0];
+}
+
+TEST(Plan, ABiasedProjectionSeatsItsBias) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  b.linear("proj", 512, 256, /*bias=*/true);
+  b.call("proj", 1, 2);
+  PlanOptions o;
+  o.structures = {"linear_proj"};
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(b.g, catalog(), o, hub());
+  ASSERT_EQ(p.seats.size(), 1u) << explain(p);
+  EXPECT_EQ(p.seats[0].slots.at("weight").tensor, "weight");
+  EXPECT_EQ(p.seats[0].slots.at("bias").module, "proj");
+  EXPECT_EQ(p.seats[0].slots.at("bias").tensor, "bias");
 }
 
 TEST(Plan, UnknownSchemeIsAnError) {
   PlanOptions o;
   o.scheme = "w3a3";
-  EXPECT_THROW(plan(decoder(1).g, o, hub()), InvalidArgument);
+  EXPECT_THROW(plan(decoder(1).g, catalog(), o, hub()), InvalidArgument);
+  PlanOptions unknown_structure;
+  unknown_structure.structures = {"conv2d"};
+  EXPECT_THROW(plan(decoder(1).g, catalog(), unknown_structure, hub()), InvalidArgument);
 }
 
 }  // namespace

@@ -51,6 +51,18 @@ uint64_t sum_words(const uint64_t* p, int64_t n) {
 
 int32_t abi_dtype(DType dt) { return dt == DType::f32 ? FRT_F32 : FRT_BF16; }
 
+// The op's own per-call checks: "" or its reason with the form appended.
+template <typename Args>
+std::string op_refusal(const frt_op& op, const Args& a, const std::string& form) {
+  frt_error err{};
+  if (op.supports(&a, &err) != FRT_REASON_OK) return std::string(err.message) + " (" + form + ")";
+  return "";
+}
+
+std::string not_owned(const frt_kernel_table& table, OpKind kind) {
+  return std::string("package '") + table.package + "' provides no " + name_of(kind) + " op";
+}
+
 // The form checks that belong to the core (the kernel's own supports() follows): a row-major
 // matrix whose inner dimension is contiguous. A strided row is fine; anything else would need a
 // hidden copy, which a seat never makes (DESIGN §6).
@@ -83,12 +95,13 @@ void* workspace(int64_t bytes) {
   return buffer.get();
 }
 
-template <typename Args, typename Run>
-void run_phases(Parallel& pool, int threads, int32_t phases, const Args& args, Run run) {
+template <typename Args>
+void run_phases(Parallel& pool, int threads, const frt_op& op, Args& args) {
+  args.workspace = op.workspace != nullptr ? workspace(op.workspace(&args)) : nullptr;
   const int nth = threads > 0 ? std::min(threads, pool.size()) : pool.size();
-  for (int32_t phase = 0; phase < phases; ++phase)
+  for (int32_t phase = 0; phase < op.phases; ++phase)
     detail::run_on_threads(pool, nth, "kernel failed", [&](int ith, int n, frt_error* err) {
-      return run(&args, phase, ith, n, err);
+      return op.run(&args, phase, ith, n, err);
     });
 }
 
@@ -107,20 +120,21 @@ frt_linear_args linear_args(const PackedLinear& w, const float* bias, const Tens
   return a;
 }
 
-frt_ffn_args ffn_args(const PackedLinear& gate, const PackedLinear& up, const PackedLinear& down,
-                      Activation act, const TensorView& x, const TensorView& y) {
+frt_ffn_args ffn_args(const FfnOperands& f, const TensorView& x, const TensorView& y) {
   frt_ffn_args a{};
   a.x_dtype = abi_dtype(x.dtype);
   a.y_dtype = abi_dtype(y.dtype);
-  a.act = act == Activation::silu ? FRT_ACT_SILU : FRT_ACT_GELU_TANH;
+  a.act = static_cast<int32_t>(f.act);
   a.m = x.shape[0];
   a.x = x.data;
-  a.ldx = x.shape[0] > 1 ? x.strides[0] : gate.k();
+  a.ldx = x.shape[0] > 1 ? x.strides[0] : f.up->k();
   a.y = y.data;
-  a.ldy = y.shape[0] > 1 ? y.strides[0] : down.n();
-  a.gate = &gate.view();
-  a.up = &up.view();
-  a.down = &down.view();
+  a.ldy = y.shape[0] > 1 ? y.strides[0] : f.down->n();
+  a.gate = f.gate != nullptr ? &f.gate->view() : nullptr;
+  a.up = &f.up->view();
+  a.down = &f.down->view();
+  a.up_bias = f.up_bias;
+  a.down_bias = f.down_bias;
   return a;
 }
 
@@ -132,52 +146,54 @@ std::string rows_refusal(const TensorView& x, const TensorView& y) {
 
 }  // namespace
 
+const frt_op* find_op(const frt_kernel_table& table, OpKind kind) {
+  for (int32_t i = 0; i < table.n_ops; ++i)
+    if (table.ops[i].kind == static_cast<int32_t>(kind)) return &table.ops[i];
+  return nullptr;
+}
+
+std::string form_refusal(const frt_kernel_table& table, const frt_op_desc& desc) {
+  if (find_op(table, static_cast<OpKind>(desc.op)) == nullptr)
+    return not_owned(table, static_cast<OpKind>(desc.op));
+  frt_error err{};
+  if (table.supports_op(&desc, &err) != FRT_REASON_OK) return err.message;
+  return "";
+}
+
 std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
                            const TensorView& x, const TensorView& y) {
-  if (table.linear_run == nullptr || table.linear_supports == nullptr)
-    return std::string("package '") + table.package + "' provides no linear op";
+  const frt_op* op = find_op(table, OpKind::linear);
+  if (op == nullptr) return not_owned(table, OpKind::linear);
   for (const std::string& r :
        {matrix_refusal("input", x, w.k()), matrix_refusal("output", y, w.n()), rows_refusal(x, y)})
     if (!r.empty()) return r;
-  const frt_linear_args a = linear_args(w, nullptr, x, y);
-  frt_error err{};
-  if (table.linear_supports(&a, &err) != FRT_REASON_OK)
-    return std::string(err.message) + " (" + w.form() + " " + std::to_string(w.n()) + "x" +
-           std::to_string(w.k()) + ", input " + x.describe() + ")";
-  return "";
+  return op_refusal(*op, linear_args(w, nullptr, x, y),
+                    w.form() + " " + std::to_string(w.n()) + "x" + std::to_string(w.k()) +
+                        ", input " + x.describe());
 }
 
 void run_linear(const frt_kernel_table& table, Parallel& pool, const PackedLinear& w,
                 const float* bias, const TensorView& x, const TensorView& y, int threads) {
   if (std::string why = linear_refusal(table, w, x, y); !why.empty()) throw Refused(why);
   frt_linear_args a = linear_args(w, bias, x, y);
-  a.workspace = workspace(table.linear_workspace(&a));
-  run_phases(pool, threads, table.linear_phases, a, table.linear_run);
+  run_phases(pool, threads, *find_op(table, OpKind::linear), a);
 }
 
-std::string ffn_refusal(const frt_kernel_table& table, const PackedLinear& gate,
-                        const PackedLinear& up, const PackedLinear& down, Activation act,
-                        const TensorView& x, const TensorView& y) {
-  if (table.ffn_run == nullptr || table.ffn_supports == nullptr)
-    return std::string("package '") + table.package + "' provides no ffn op";
-  for (const std::string& r : {matrix_refusal("input", x, gate.k()),
-                               matrix_refusal("output", y, down.n()), rows_refusal(x, y)})
+std::string ffn_refusal(const frt_kernel_table& table, const FfnOperands& f, const TensorView& x,
+                        const TensorView& y) {
+  const frt_op* op = find_op(table, f.kind());
+  if (op == nullptr) return not_owned(table, f.kind());
+  for (const std::string& r : {matrix_refusal("input", x, f.up->k()),
+                               matrix_refusal("output", y, f.down->n()), rows_refusal(x, y)})
     if (!r.empty()) return r;
-  const frt_ffn_args a = ffn_args(gate, up, down, act, x, y);
-  frt_error err{};
-  if (table.ffn_supports(&a, &err) != FRT_REASON_OK)
-    return std::string(err.message) + " (" + gate.form() + ", input " + x.describe() + ")";
-  return "";
+  return op_refusal(*op, ffn_args(f, x, y), f.up->form() + ", input " + x.describe());
 }
 
-void run_ffn(const frt_kernel_table& table, Parallel& pool, const PackedLinear& gate,
-             const PackedLinear& up, const PackedLinear& down, Activation act, const TensorView& x,
-             const TensorView& y, int threads) {
-  if (std::string why = ffn_refusal(table, gate, up, down, act, x, y); !why.empty())
-    throw Refused(why);
-  frt_ffn_args a = ffn_args(gate, up, down, act, x, y);
-  a.workspace = workspace(table.ffn_workspace(&a));
-  run_phases(pool, threads, table.ffn_phases, a, table.ffn_run);
+void run_ffn(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f,
+             const TensorView& x, const TensorView& y, int threads) {
+  if (std::string why = ffn_refusal(table, f, x, y); !why.empty()) throw Refused(why);
+  frt_ffn_args a = ffn_args(f, x, y);
+  run_phases(pool, threads, *find_op(table, f.kind()), a);
 }
 
 double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {

@@ -94,20 +94,112 @@ void LinearSeat::execute(const TensorView& x, const TensorView& y) {
   run_linear(table_, process_parallel(), weight_, bias_.empty() ? nullptr : bias_.data(), x, y);
 }
 
-FfnSeat::FfnSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, PackedLinear gate,
-                 PackedLinear up, PackedLinear down, Activation act)
+FfnSeat::FfnSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode,
+                 std::optional<PackedLinear> gate, PackedLinear up, PackedLinear down,
+                 std::vector<float> up_bias, std::vector<float> down_bias, Activation act)
     : Seat(std::move(form), table, mode),
       gate_(std::move(gate)),
       up_(std::move(up)),
       down_(std::move(down)),
+      up_bias_(std::move(up_bias)),
+      down_bias_(std::move(down_bias)),
       act_(act) {}
 
+FfnOperands FfnSeat::operands() const {
+  FfnOperands f;
+  f.gate = gate();
+  f.up = &up_;
+  f.down = &down_;
+  f.up_bias = up_bias_.empty() ? nullptr : up_bias_.data();
+  f.down_bias = down_bias_.empty() ? nullptr : down_bias_.data();
+  f.act = act_;
+  return f;
+}
+
 std::string FfnSeat::refusal(const TensorView& x, const TensorView& y) const {
-  return ffn_refusal(table_, gate_, up_, down_, act_, x, y);
+  return ffn_refusal(table_, operands(), x, y);
 }
 
 void FfnSeat::execute(const TensorView& x, const TensorView& y) {
-  run_ffn(table_, process_parallel(), gate_, up_, down_, act_, x, y);
+  run_ffn(table_, process_parallel(), operands(), x, y);
+}
+
+namespace {
+
+const TensorView& operand(const std::map<std::string, TensorView>& t, const std::string& name,
+                          const SeatPlan& plan) {
+  const auto it = t.find(name);
+  if (it == t.end())
+    throw InvalidArgument("seat " + plan.site + ": no tensor for operand '" + name + "'");
+  return it->second;
+}
+
+const TensorView* optional_operand(const std::map<std::string, TensorView>& t,
+                                   const std::string& name) {
+  const auto it = t.find(name);
+  return it == t.end() ? nullptr : &it->second;
+}
+
+PackedLinear pack(const TensorView& w, const WeightForm& form, const std::string& what, int64_t n,
+                  int64_t k) {
+  if (w.rank != 2 || (n > 0 && w.shape[0] != n) || (k > 0 && w.shape[1] != k))
+    throw Refused(what + " " + w.describe() + ": expected a [" + std::to_string(n) + ", " +
+                  std::to_string(k) + "] weight");
+  if (form.format == WeightFormat::int8_channel) return PackedLinear::int8(w);
+  return PackedLinear::int4(w, form.group, form.symmetric);
+}
+
+// A bias read once into fp32 (it is small, and kernels take fp32 biases).
+std::vector<float> bias_values(const TensorView* b, int64_t n, const std::string& what) {
+  if (b == nullptr) return {};
+  if (b->rank != 1 || b->shape[0] != n)
+    throw Refused(what + " " + b->describe() + ": expected [" + std::to_string(n) + "]");
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = b->element(i * b->strides[0]);
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
+                                 const std::map<std::string, TensorView>& tensors, GuardMode mode,
+                                 KernelHub& hub) {
+  const frt_kernel_table& table = hub.table(plan.package);
+  if (!kernel_dtype(plan.act_dtype))
+    throw Refused("activation dtype " + std::string(name_of(plan.act_dtype)) +
+                  "; seats take f32, bf16");
+  SeatForm form;
+  form.site = plan.site;
+  form.structure = plan.seam.structure;
+  form.impl = plan.impl;
+  form.op = plan.op;
+  form.dtype = plan.act_dtype;
+  form.band_min = plan.band_min;
+  form.band_max = plan.band_max;
+  if (plan.op == OpKind::linear) {
+    PackedLinear w = pack(operand(tensors, "weight", plan), plan.form, plan.site + " weight", 0, 0);
+    std::vector<float> b = bias_values(optional_operand(tensors, "bias"), w.n(), "bias");
+    form.width = w.k();
+    form.out = w.n();
+    form.weights = w.form();
+    return std::make_unique<LinearSeat>(form, table, mode, std::move(w), std::move(b));
+  }
+  if (plan.op != OpKind::gated_ffn && plan.op != OpKind::ffn)
+    throw InvalidArgument("seat " + plan.site + ": op " + name_of(plan.op) + " is not a seat op");
+  std::optional<PackedLinear> gate;
+  PackedLinear up = pack(operand(tensors, "up", plan), plan.form, "up", 0, 0);
+  if (plan.op == OpKind::gated_ffn)
+    gate = pack(operand(tensors, "gate", plan), plan.form, "gate", up.n(), up.k());
+  PackedLinear down = pack(operand(tensors, "down", plan), plan.form, "down", up.k(), up.n());
+  std::vector<float> up_bias = bias_values(optional_operand(tensors, "up_bias"), up.n(), "up bias");
+  std::vector<float> down_bias =
+      bias_values(optional_operand(tensors, "down_bias"), down.n(), "down bias");
+  form.width = up.k();
+  form.out = down.n();
+  form.weights = up.form();
+  return std::make_unique<FfnSeat>(form, table, mode, std::move(gate), std::move(up),
+                                   std::move(down), std::move(up_bias), std::move(down_bias),
+                                   plan.activation);
 }
 
 }  // namespace frt

@@ -1,28 +1,37 @@
 // The runtime contract in the core seat: band dispatch, form misses, the consecutive-fallback
-// restore, raise mode, and a second thread.
+// restore, raise mode, and a second thread; and build_seat from a plan's SeatPlan.
+#include <flashrt/errors.h>
 #include <flashrt/hub.h>
+#include <flashrt/kernel_ops.h>
 #include <flashrt/seat.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
 #include <thread>
 #include <vector>
 
 namespace frt {
 namespace {
 
-const frt_kernel_table& linear_table() {
+KernelHub& hub() {
   static KernelHub h([] {
     KernelPathConfig c;
     c.bundled_root = FRT_TEST_KERNEL_ROOT;
     return c;
   }());
-  return h.table("flashrt/linear");
+  return h;
 }
+
+const frt_kernel_table& linear_table() { return hub().table("flashrt/linear"); }
 
 std::unique_ptr<LinearSeat> make_seat(GuardMode mode = GuardMode::fallback) {
   std::vector<float> w(64 * 32, 0.01f);
   PackedLinear p = PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 64, 32, 32));
-  SeatForm form{"site", "linear_proj", "linear_w8a16", DType::f32, 32, 64, 1, 16, p.form()};
+  SeatForm form{"site", "linear_proj", "linear_w8a16", OpKind::linear, DType::f32, 32, 64, 1,
+                16,     p.form()};
   return std::make_unique<LinearSeat>(form, linear_table(), mode, std::move(p),
                                       std::vector<float>{});
 }
@@ -106,6 +115,188 @@ TEST(Seat, KernelRefusalsBecomeFallbacksNamingTheForm) {
   EXPECT_EQ(seat->run(xv, TensorView::matrix(y.data(), DType::f32, 1, 64, 64), false),
             Verdict::fallback);
   EXPECT_NE(seat->ledger().last_reason.find("width 40, expected 32"), std::string::npos);
+}
+
+// ---- build_seat: a plan's SeatPlan and the host's tensors into a bound seat. ----------------
+
+TensorView vector_view(std::vector<float>& v) {
+  TensorView t;
+  t.data = v.data();
+  t.dtype = DType::f32;
+  t.rank = 1;
+  t.shape = {static_cast<int64_t>(v.size()), 0, 0, 0};
+  t.strides = {1, 0, 0, 0};
+  return t;
+}
+
+TensorView matrix_view(std::vector<float>& v, int64_t rows, int64_t cols) {
+  return TensorView::matrix(v.data(), DType::f32, rows, cols, cols);
+}
+
+// Deterministic, varied values (not one constant, so a swapped operand shows).
+std::vector<float> ramp(int64_t n, float scale, float phase) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * static_cast<float>(i) + phase);
+  return v;
+}
+
+WeightForm int8_form() {
+  WeightForm f;
+  f.name = "int8";
+  f.format = WeightFormat::int8_channel;
+  f.tag = "w8a16";
+  return f;
+}
+
+WeightForm int4_g32_form() {
+  WeightForm f;
+  f.name = "int4_g32";
+  f.format = WeightFormat::int4_group;
+  f.group = 32;
+  f.symmetric = true;
+  f.tag = "w4a16";
+  return f;
+}
+
+SeatPlan seat_plan(OpKind op, const std::string& package, const WeightForm& form) {
+  SeatPlan p;
+  p.seam.structure = op == OpKind::linear ? "linear_proj" : "mlp_test";
+  p.site = "layers.0.site";
+  p.replaces = {p.site};
+  p.impl = std::string(op == OpKind::linear ? "linear_" : "ffn_") + form.tag;
+  p.package = package;
+  p.op = op;
+  p.form = form;
+  p.band_min = 1;
+  p.band_max = 16;
+  p.act_dtype = DType::f32;
+  return p;
+}
+
+TEST(BuildSeat, ALinearSeatComputesWhatRunLinearDoes) {
+  const int64_t n = 48, k = 64, m = 3;
+  std::vector<float> w = ramp(n * k, 0.05f, 0.1f), b = ramp(n, 1.0f, 0.7f), x = ramp(m * k, 1, 2);
+  for (const WeightForm& form : {int8_form(), int4_g32_form()}) {
+    SeatPlan plan = seat_plan(OpKind::linear, "flashrt/linear", form);
+    const std::map<std::string, TensorView> tensors = {{"weight", matrix_view(w, n, k)},
+                                                       {"bias", vector_view(b)}};
+    std::unique_ptr<Seat> seat = build_seat(plan, tensors, GuardMode::fallback, hub());
+    ASSERT_NE(seat, nullptr);
+    auto* lin = dynamic_cast<LinearSeat*>(seat.get());
+    ASSERT_NE(lin, nullptr) << form.name;
+    ASSERT_NE(lin->bias(), nullptr);
+    EXPECT_EQ(lin->bias()[5], b[5]);
+    EXPECT_EQ(seat->form().op, OpKind::linear);
+    EXPECT_EQ(seat->form().site, plan.site);
+    EXPECT_EQ(seat->form().impl, plan.impl);
+    EXPECT_EQ(seat->form().width, k);
+    EXPECT_EQ(seat->form().out, n);
+    EXPECT_EQ(seat->form().weights, form.describe());
+    EXPECT_EQ(seat->mode(), GuardMode::fallback);
+    EXPECT_EQ(&seat->table(), &linear_table());
+
+    std::vector<float> got(m * n, std::nanf("")), want(m * n, std::nanf(""));
+    ASSERT_EQ(seat->run(matrix_view(x, m, k), matrix_view(got, m, n), false), Verdict::ran)
+        << seat->ledger().last_reason;
+    const PackedLinear direct = form.format == WeightFormat::int8_channel
+                                    ? PackedLinear::int8(matrix_view(w, n, k))
+                                    : PackedLinear::int4(matrix_view(w, n, k), 32, true);
+    run_linear(linear_table(), process_parallel(), direct, b.data(), matrix_view(x, m, k),
+               matrix_view(want, m, n));
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << form.name;
+    EXPECT_EQ(seat->ledger().calls, 1);
+    EXPECT_EQ(seat->ledger().fallbacks, 0);
+  }
+}
+
+TEST(BuildSeat, AnUngatedFfnSeatComputesWhatRunFfnDoes) {
+  const int64_t hidden = 64, inter = 96, m = 2;
+  std::vector<float> up = ramp(inter * hidden, 0.05f, 0.3f), down = ramp(hidden * inter, 0.05f, 1),
+                     ub = ramp(inter, 0.5f, 0.2f), db = ramp(hidden, 0.5f, 1.3f),
+                     x = ramp(m * hidden, 1.0f, 0.5f);
+  const frt_kernel_table& ffn = hub().table("flashrt/ffn");
+  for (const WeightForm& form : {int8_form(), int4_g32_form()})
+    for (bool biased : {false, true}) {
+      SCOPED_TRACE(form.name + (biased ? " with biases" : " bias-free"));
+      SeatPlan plan = seat_plan(OpKind::ffn, "flashrt/ffn", form);
+      plan.activation = Activation::gelu;
+      std::map<std::string, TensorView> tensors = {{"up", matrix_view(up, inter, hidden)},
+                                                   {"down", matrix_view(down, hidden, inter)}};
+      if (biased) {
+        tensors["up_bias"] = vector_view(ub);
+        tensors["down_bias"] = vector_view(db);
+      }
+      std::unique_ptr<Seat> seat = build_seat(plan, tensors, GuardMode::fallback, hub());
+      auto* f = dynamic_cast<FfnSeat*>(seat.get());
+      ASSERT_NE(f, nullptr);
+      EXPECT_EQ(f->gate(), nullptr);
+      EXPECT_EQ(f->activation(), Activation::gelu);
+      EXPECT_EQ(seat->form().op, OpKind::ffn);
+      EXPECT_EQ(seat->form().width, hidden);
+      EXPECT_EQ(seat->form().out, hidden);
+      EXPECT_EQ(&seat->table(), &ffn);
+      EXPECT_EQ(f->operands().up_bias != nullptr, biased);
+      EXPECT_EQ(f->operands().down_bias != nullptr, biased);
+
+      std::vector<float> got(m * hidden, std::nanf("")), want(m * hidden, std::nanf(""));
+      ASSERT_EQ(seat->run(matrix_view(x, m, hidden), matrix_view(got, m, hidden), false),
+                Verdict::ran)
+          << seat->ledger().last_reason;
+      const auto packed = [&](std::vector<float>& v, int64_t rows, int64_t cols) {
+        return form.format == WeightFormat::int8_channel
+                   ? PackedLinear::int8(matrix_view(v, rows, cols))
+                   : PackedLinear::int4(matrix_view(v, rows, cols), 32, true);
+      };
+      const PackedLinear pu = packed(up, inter, hidden), pd = packed(down, hidden, inter);
+      FfnOperands ops;
+      ops.up = &pu;
+      ops.down = &pd;
+      ops.up_bias = biased ? ub.data() : nullptr;
+      ops.down_bias = biased ? db.data() : nullptr;
+      ops.act = Activation::gelu;
+      run_ffn(ffn, process_parallel(), ops, matrix_view(x, m, hidden),
+              matrix_view(want, m, hidden));
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+    }
+}
+
+TEST(BuildSeat, AMissingOperandIsInvalidArgumentNamingIt) {
+  const int64_t hidden = 32, inter = 64;
+  std::vector<float> up = ramp(inter * hidden, 0.05f, 0), w = ramp(16 * hidden, 0.05f, 0);
+  SeatPlan ffn = seat_plan(OpKind::ffn, "flashrt/ffn", int8_form());
+  ffn.activation = Activation::gelu_tanh;
+  try {
+    build_seat(ffn, {{"up", matrix_view(up, inter, hidden)}}, GuardMode::fallback, hub());
+    FAIL() << "build_seat built an ffn seat without its down weight";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'down'"), std::string::npos) << e.what();
+  }
+  SeatPlan lin = seat_plan(OpKind::linear, "flashrt/linear", int8_form());
+  try {
+    build_seat(lin, {{"bias", matrix_view(w, 16, hidden)}}, GuardMode::fallback, hub());
+    FAIL() << "build_seat built a linear seat without its weight";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'weight'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BuildSeat, AWeightOfTheWrongShapeIsRefusedNamingTheOperand) {
+  const int64_t hidden = 32, inter = 64;
+  std::vector<float> up = ramp(inter * hidden, 0.05f, 0), down = ramp(hidden * 48, 0.05f, 1);
+  SeatPlan plan = seat_plan(OpKind::ffn, "flashrt/ffn", int8_form());
+  plan.activation = Activation::silu;
+  // down must be [hidden, inter] = [32, 64] to chain after up [64, 32]; this one is [32, 48].
+  try {
+    build_seat(plan,
+               {{"up", matrix_view(up, inter, hidden)}, {"down", matrix_view(down, hidden, 48)}},
+               GuardMode::fallback, hub());
+    FAIL() << "build_seat accepted a down weight that does not chain";
+  } catch (const Refused& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("down"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[32, 48]"), std::string::npos) << msg;  // the shape it got
+    EXPECT_NE(msg.find("[32, 64]"), std::string::npos) << msg;  // the shape it needs
+  }
 }
 
 }  // namespace

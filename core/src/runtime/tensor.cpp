@@ -5,8 +5,6 @@
 
 namespace frt {
 
-const char* dtype_name(DType dt) { return dt == DType::f32 ? "f32" : "bf16"; }
-
 TensorView TensorView::matrix(void* data, DType dt, int64_t rows, int64_t cols,
                               int64_t row_stride) {
   TensorView v;

@@ -1,25 +1,49 @@
 // flashrt/decode: the primitives of a whole decode step (RMSNorm, rotary, attention over a static
 // KV window, and dense projections over the host's own fp32/bf16 weights).
 #include <flashrt/abi/frt_kernel_abi.h>
-#include <frt_kern/ops.h>
+#include <frt_kern/op_table.h>
 
-// Every member is spelled out: one the package does not provide is null (or 0 phases).
+#include "decode_ops.h"
+
+namespace {
+
+using frt::kern::primitive_op;
+
+constexpr frt_op kOps[] = {
+    primitive_op<frt_rmsnorm_args, frt::kern::rmsnorm_run>(FRT_OP_RMSNORM),
+    primitive_op<frt_rotary_args, frt::kern::rotary_run>(FRT_OP_ROTARY),
+    primitive_op<frt_attention_args, frt::kern::attention_run>(FRT_OP_ATTENTION),
+    primitive_op<frt_dense_args, frt::kern::dense_run>(FRT_OP_DENSE),
+};
+
+int32_t supports_op(const frt_op_desc* d, frt_error* err) {
+  if (d != nullptr) {
+    switch (d->op) {
+      case FRT_OP_RMSNORM:
+      case FRT_OP_ROTARY:
+      case FRT_OP_ATTENTION:
+        return frt::kern::ok(err);
+      case FRT_OP_DENSE:
+        if (d->rows_max < 1 || d->rows_max > FRT_MAX_ROWS)
+          return frt::kern::fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "dense: rows %lld outside 1..%d",
+                                 static_cast<long long>(d->rows_max), FRT_MAX_ROWS);
+        return frt::kern::ok(err);
+      default:
+        break;
+    }
+  }
+  return frt::kern::not_provided(d, "flashrt/decode", err);
+}
+
+}  // namespace
+
 extern "C" const frt_kernel_table frt_kpkg_table = {
     .abi_major = FRT_KERNEL_ABI_MAJOR,
     .abi_minor = FRT_KERNEL_ABI_MINOR,
     .struct_size = static_cast<int32_t>(sizeof(frt_kernel_table)),
     .package = "flashrt/decode",
     .isa = FRT_VARIANT_ISA,
-    .linear_supports = nullptr,
-    .linear_workspace = nullptr,
-    .linear_phases = 0,
-    .linear_run = nullptr,
-    .ffn_supports = nullptr,
-    .ffn_workspace = nullptr,
-    .ffn_phases = 0,
-    .ffn_run = nullptr,
-    .rmsnorm_run = frt::kern::rmsnorm_run,
-    .rotary_run = frt::kern::rotary_run,
-    .attention_run = frt::kern::attention_run,
-    .dense_run = frt::kern::dense_run,
+    .supports_op = supports_op,
+    .n_ops = static_cast<int32_t>(sizeof kOps / sizeof kOps[0]),
+    .ops = kOps,
 };

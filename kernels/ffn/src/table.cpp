@@ -1,24 +1,38 @@
-// flashrt/ffn: the fused gated feed-forward down(act(gate(x)) * up(x)) at decode rows.
+// flashrt/ffn: the fused feed-forwards at decode rows: the gated one (SwiGLU / GeGLU) and the
+// ungated one with biases (GELU MLPs).
 #include <flashrt/abi/frt_kernel_abi.h>
-#include <frt_kern/ops.h>
+#include <frt_kern/op_table.h>
 
-// Every member is spelled out: one the package does not provide is null (or 0 phases).
+#include "ffn_op.h"
+
+namespace {
+
+using frt::kern::ffn_run;
+using frt::kern::ffn_workspace;
+using frt::kern::phased_op;
+
+constexpr frt_op kOps[] = {
+    phased_op<frt_ffn_args, frt::kern::gated_ffn_supports, ffn_workspace, ffn_run>(
+        FRT_OP_GATED_FFN, frt::kern::kFfnPhases),
+    phased_op<frt_ffn_args, frt::kern::ffn_supports, ffn_workspace, ffn_run>(FRT_OP_FFN,
+                                                                             frt::kern::kFfnPhases),
+};
+
+int32_t supports_op(const frt_op_desc* d, frt_error* err) {
+  if (d != nullptr && d->op == FRT_OP_GATED_FFN) return frt::kern::gated_ffn_supports_form(d, err);
+  if (d != nullptr && d->op == FRT_OP_FFN) return frt::kern::ffn_supports_form(d, err);
+  return frt::kern::not_provided(d, "flashrt/ffn", err);
+}
+
+}  // namespace
+
 extern "C" const frt_kernel_table frt_kpkg_table = {
     .abi_major = FRT_KERNEL_ABI_MAJOR,
     .abi_minor = FRT_KERNEL_ABI_MINOR,
     .struct_size = static_cast<int32_t>(sizeof(frt_kernel_table)),
     .package = "flashrt/ffn",
     .isa = FRT_VARIANT_ISA,
-    .linear_supports = nullptr,
-    .linear_workspace = nullptr,
-    .linear_phases = 0,
-    .linear_run = nullptr,
-    .ffn_supports = frt::kern::ffn_supports,
-    .ffn_workspace = frt::kern::ffn_workspace,
-    .ffn_phases = frt::kern::kFfnPhases,
-    .ffn_run = frt::kern::ffn_run,
-    .rmsnorm_run = nullptr,
-    .rotary_run = nullptr,
-    .attention_run = nullptr,
-    .dense_run = nullptr,
+    .supports_op = supports_op,
+    .n_ops = static_cast<int32_t>(sizeof kOps / sizeof kOps[0]),
+    .ops = kOps,
 };

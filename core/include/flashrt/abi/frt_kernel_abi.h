@@ -18,8 +18,10 @@
 extern "C" {
 #endif
 
-#define FRT_KERNEL_ABI_MAJOR 1
-#define FRT_KERNEL_ABI_MINOR 1
+/* 2.0: a package lists the ops it owns (frt_op) and answers supports_op() at plan time, instead
+ * of one wide table every package filled with nulls (1.x). */
+#define FRT_KERNEL_ABI_MAJOR 2
+#define FRT_KERNEL_ABI_MINOR 0
 
 /* Width of one weight panel: every packed format stores output channels in panels of this many
  * columns, so one packed buffer serves every variant (generic, avx2, avx512vnni). */
@@ -34,7 +36,19 @@ typedef struct frt_error {
 
 enum frt_dtype { FRT_F32 = 0, FRT_BF16 = 1 };
 
-enum frt_act { FRT_ACT_SILU = 0, FRT_ACT_GELU_TANH = 1 };
+/* gelu is the exact (erf) form; gelu_tanh the tanh approximation. */
+enum frt_act { FRT_ACT_SILU = 0, FRT_ACT_GELU_TANH = 1, FRT_ACT_GELU = 2 };
+
+/* The ops a package may own. A package lists only its own (frt_kernel_table.ops). */
+enum frt_op_kind {
+  FRT_OP_LINEAR = 1,    /* frt_linear_args */
+  FRT_OP_GATED_FFN = 2, /* frt_ffn_args: down(act(gate(x)) * up(x)) */
+  FRT_OP_FFN = 3,       /* frt_ffn_args, gate NULL: down(act(up(x) + b_up)) + b_down */
+  FRT_OP_RMSNORM = 4,   /* frt_rmsnorm_args */
+  FRT_OP_ROTARY = 5,    /* frt_rotary_args */
+  FRT_OP_ATTENTION = 6, /* frt_attention_args */
+  FRT_OP_DENSE = 7      /* frt_dense_args */
+};
 
 /* ---- The weight formats (the format header). -----------------------------------------------
  * Weight W is [n][k] (torch's Linear.weight layout), y = x W^T.
@@ -73,7 +87,9 @@ typedef struct frt_linear_args {
   void* workspace; /* linear_workspace() bytes, 64-byte aligned, owned by the caller */
 } frt_linear_args;
 
-/* y = down(act(gate(x)) * up(x)), all three weights in one format. */
+/* FRT_OP_GATED_FFN: y = down(act(gate(x)) * up(x)), bias-free.
+ * FRT_OP_FFN:       y = down(act(up(x) + up_bias)) + down_bias, gate NULL, biases optional.
+ * All weights in one format. */
 typedef struct frt_ffn_args {
   int32_t x_dtype, y_dtype;
   int32_t act; /* frt_act */
@@ -83,7 +99,8 @@ typedef struct frt_ffn_args {
   void* y;
   int64_t ldy;
   const frt_packed_weight *gate, *up, *down;
-  void* workspace; /* ffn_workspace() bytes */
+  const float *up_bias, *down_bias; /* fp32 [up.n] / [down.n] or NULL */
+  void* workspace;                  /* the op's workspace() bytes */
 } frt_ffn_args;
 
 /* Reasons supports() can give; the message names the form and the shape. */
@@ -100,9 +117,7 @@ enum frt_reason {
 /* Decode rows every package qualifies for. */
 #define FRT_MAX_ROWS 16
 
-/* An op runs as a fixed number of phases; the caller runs phase p on nth threads (ith = 0..nth-1)
- * and waits for all of them before phase p+1. Kernels keep no state between calls. */
-/* ---- Decode-step primitives (flashrt/decode, ABI 1.1). Activations are fp32. ---------------- */
+/* ---- Decode-step primitives (flashrt/decode). Activations are fp32. ------------------------ */
 
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of `width`. */
 typedef struct frt_rmsnorm_args {
@@ -149,29 +164,41 @@ typedef struct frt_dense_args {
   int64_t ldy;
 } frt_dense_args;
 
+/* A form described at plan time, before any tensor exists: asked once per seat through
+ * supports_op(). Fields an op does not use are 0. */
+typedef struct frt_op_desc {
+  int32_t op;      /* frt_op_kind */
+  int32_t wformat; /* frt_wformat of the packed weights */
+  int32_t group;   /* int4 group size */
+  int32_t act;     /* frt_act (ffn ops) */
+  int32_t x_dtype, y_dtype;
+  int32_t has_bias;
+  int64_t rows_max; /* the band's upper end: the most rows one call will bring */
+  int64_t n, k;     /* output and input widths */
+  int64_t inner;    /* intermediate width (ffn ops) */
+} frt_op_desc;
+
+/* One op a package owns. `args` points at the struct its kind names. An op runs as `phases`
+ * phases; the caller runs phase p on nth threads (ith = 0..nth-1) and waits for all of them
+ * before phase p+1. Kernels keep no state between calls. */
+typedef struct frt_op {
+  int32_t kind;   /* frt_op_kind */
+  int32_t phases; /* >= 1 */
+  /* Per call: FRT_REASON_OK or the reason, the message naming form and shape. */
+  int32_t (*supports)(const void* args, frt_error* err);
+  int64_t (*workspace)(const void* args); /* bytes; NULL = none */
+  int32_t (*run)(const void* args, int32_t phase, int32_t ith, int32_t nth, frt_error* err);
+} frt_op;
+
 typedef struct frt_kernel_table {
   int32_t abi_major, abi_minor, struct_size;
   const char* package; /* "flashrt/linear" */
   const char* isa;     /* "generic", "avx2", "avx512vnni" */
-
-  /* Members below may be NULL when the package does not provide the op. */
-  int32_t (*linear_supports)(const frt_linear_args* a, frt_error* err); /* returns frt_reason */
-  int64_t (*linear_workspace)(const frt_linear_args* a);
-  int32_t linear_phases;
-  int32_t (*linear_run)(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
-                        frt_error* err);
-
-  int32_t (*ffn_supports)(const frt_ffn_args* a, frt_error* err);
-  int64_t (*ffn_workspace)(const frt_ffn_args* a);
-  int32_t ffn_phases;
-  int32_t (*ffn_run)(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t nth,
-                     frt_error* err);
-
-  /* ABI 1.1: single-phase decode-step primitives; thread ith of nth takes its share. */
-  int32_t (*rmsnorm_run)(const frt_rmsnorm_args* a, int32_t ith, int32_t nth, frt_error* err);
-  int32_t (*rotary_run)(const frt_rotary_args* a, int32_t ith, int32_t nth, frt_error* err);
-  int32_t (*attention_run)(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err);
-  int32_t (*dense_run)(const frt_dense_args* a, int32_t ith, int32_t nth, frt_error* err);
+  /* Plan time: whether this package runs the described form; returns frt_reason and names the
+   * form in err. A kind the package does not own is FRT_REASON_NOT_PROVIDED. */
+  int32_t (*supports_op)(const frt_op_desc* desc, frt_error* err);
+  int32_t n_ops;
+  const frt_op* ops; /* n_ops entries, one per kind */
 } frt_kernel_table;
 
 typedef struct frt_kpkg_info {

@@ -1,5 +1,5 @@
-// Pieces both ops use around the panels: checking a packed weight, bringing activation rows to
-// fp32 with their int4 group sums, and writing a finished panel tile to the output.
+// Pieces the weight ops share around the panels: checking a packed weight, bringing activation rows
+// to fp32 with their int4 group sums, and writing a finished panel tile to the output.
 #pragma once
 
 #include <flashrt/abi/frt_kernel_abi.h>
@@ -11,6 +11,9 @@ namespace frt::kern {
 // FRT_REASON_OK or the reason (message names the form and the shape).
 int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* err);
 int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err);
+// The same checks on a form described at plan time (no data yet): format, group, widths.
+int32_t check_weight_form(int32_t wformat, int32_t group, int64_t n, int64_t k, const char* what,
+                          frt_error* err);
 
 // Floats of workspace the row preparation of `w` needs for m rows (x copy when not fp32, plus
 // group sums for int4).

@@ -1,7 +1,8 @@
 // The decode-step primitives. Plain loops over fp32 with the dot products going through the
 // panel table (scalar in generic, AVX2 in the others); each op splits its outer dimension
 // (rows, heads, output features) across the caller's threads.
-#include <frt_kern/ops.h>
+#include "decode_ops.h"
+
 #include <frt_kern/panels.h>
 #include <frt_kern/util.h>
 

@@ -22,6 +22,22 @@ int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* er
   return ok(err);
 }
 
+int32_t check_weight_form(int32_t wformat, int32_t group, int64_t n, int64_t k, const char* what,
+                          frt_error* err) {
+  if (n <= 0 || k <= 0)
+    return fail(err, FRT_REASON_SHAPE, "%s: empty weight %lldx%lld", what,
+                static_cast<long long>(n), static_cast<long long>(k));
+  if (wformat == FRT_W_INT8_CHANNEL) return ok(err);
+  if (wformat != FRT_W_INT4_GROUP)
+    return fail(err, FRT_REASON_FORMAT, "%s: unknown weight format %d", what, wformat);
+  if (group != 32 && group != 64 && group != 128)
+    return fail(err, FRT_REASON_FORMAT, "%s: int4 group %d not in {32, 64, 128}", what, group);
+  if (k % group != 0)
+    return fail(err, FRT_REASON_SHAPE, "%s: int4 width k=%lld is not a multiple of group %d", what,
+                static_cast<long long>(k), group);
+  return ok(err);
+}
+
 int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err) {
   if (m < 1 || m > FRT_MAX_ROWS)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "rows M=%lld outside the decode band 1..%d",

@@ -1,4 +1,6 @@
-#include <frt_kern/ops.h>
+// flashrt/linear's one op: y = x W^T (+ bias) over packed weights at decode rows.
+#include "linear_op.h"
+
 #include <frt_kern/rows.h>
 #include <frt_kern/util.h>
 
@@ -15,6 +17,13 @@ int32_t linear_supports(const frt_linear_args* a, frt_error* err) {
                 static_cast<long long>(a->ldx), static_cast<long long>(a->ldy),
                 static_cast<long long>(a->w->k), static_cast<long long>(a->w->n));
   return ok(err);
+}
+
+int32_t linear_supports_form(const frt_op_desc* d, frt_error* err) {
+  if (int32_t r = check_weight_form(d->wformat, d->group, d->n, d->k, "linear", err);
+      r != FRT_REASON_OK)
+    return r;
+  return check_rows(d->rows_max, d->x_dtype, d->y_dtype, err);
 }
 
 int64_t linear_workspace(const frt_linear_args* a) {

@@ -1,0 +1,53 @@
+// The decode plan (DESIGN §8): how decode_loop's program covers a host, decided in the core from
+// the HostGraph and a binding (catalog/bindings/*.yaml), before any program is built. It names
+// the module of every slot, the program's configuration, and every refusal in the planner's
+// vocabulary (site, reason with the form); explain() prints it like any plan.
+#pragma once
+
+#include <flashrt/catalog.h>
+#include <flashrt/decode.h>
+#include <flashrt/host_graph.h>
+#include <flashrt/plan.h>
+
+#include <array>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace frt {
+
+// The slots the decode program reads, by name: a binding maps each to a path on its family.
+// gate/up/down/act are read only when the layer's feed-forward is not one seat.
+inline constexpr std::array<const char*, 2> kDecodeStackSlots = {"final_norm", "rotary"};
+inline constexpr std::array<const char*, 11> kDecodeLayerSlots = {
+    "input_norm", "post_norm", "q", "k", "v", "o", "mlp", "gate", "up", "down", "act"};
+
+struct DecodeLayerPlan {
+  std::map<std::string, std::string> slots;  // binding slot -> module path (present slots only)
+  bool mlp_seated = false;                   // the feed-forward is one seated gated_ffn
+  Activation activation = Activation::unknown;
+};
+
+struct DecodePlan {
+  std::string binding;
+  DecodeConfig config;
+  std::string embed, head;                   // module paths
+  std::map<std::string, std::string> stack;  // binding stack slot -> module path
+  std::vector<DecodeLayerPlan> layers;
+  int64_t seated = 0;  // projections and feed-forwards that run a seat's packed weights
+  std::vector<SiteReason> refused;  // empty: the program can be built
+  std::vector<std::string> assumed;
+  bool ok() const { return refused.empty(); }
+};
+
+// Observed host attributes the plan reads (HostGraph::attributes, filled by the door): "dtype"
+// (the host's own name for its dtype), "heads", "kv_heads", "head_dim", "intermediate",
+// "rope_type", "sliding_window" ("" when none applies). Module attributes: a norm's "form" and
+// "eps"; a seated module's "seated" (the op it runs) and a rotary module's values (frequencies)
+// with "attention_scaling".
+DecodePlan plan_decode(const HostGraph& graph, const Catalog& catalog, const std::string& binding,
+                       int64_t max_len);
+
+std::string explain(const DecodePlan& plan);
+
+}  // namespace frt

@@ -1,0 +1,336 @@
+// The catalog's policy files: schemes.yaml (weight forms and schemes), ladders.yaml (impls per
+// structure), gates.yaml (parity bands per output kind) and bindings/*.yaml (host families'
+// decode stacks). Cross-references to structures, forms and ops are checked here, at load.
+#include <flashrt/catalog.h>
+#include <flashrt/errors.h>
+
+#include <filesystem>
+#include <set>
+
+#include "catalog/yaml_fields.h"
+
+namespace frt {
+namespace detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
+void check_structure(const YamlFields& f, const Catalog& c, const std::string& field,
+                     const std::string& name) {
+  const std::vector<std::string> known = c.names();
+  if (std::find(known.begin(), known.end(), name) == known.end())
+    f.fail(field, "'" + name + "' is not a structure of this catalog (known: " + join(known) + ")");
+}
+
+WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::string& field,
+                      const std::string& name) {
+  if (!node.IsMap()) f.fail(field, "expected a mapping with format and tag");
+  f.check_keys(node, field, {"format", "group", "symmetric", "tag"});
+  WeightForm w;
+  w.name = name;
+  w.format = f.named(f.require(node, field, "format"), child(field, "format"), "weight format",
+                     parse_weight_format, known_weight_formats());
+  w.tag = f.text(f.require(node, field, "tag"), child(field, "tag"));
+  if (w.format == WeightFormat::int4_group) {
+    const int64_t g = f.integer(f.require(node, field, "group"), child(field, "group"));
+    if (g != 32 && g != 64 && g != 128) f.fail(child(field, "group"), "not in {32, 64, 128}");
+    w.group = static_cast<int>(g);
+    if (const YAML::Node sym = node["symmetric"])
+      w.symmetric = f.boolean(sym, child(field, "symmetric"));
+  } else if (node["group"] || node["symmetric"]) {
+    f.fail(field, "group and symmetric belong to int4_group forms");
+  }
+  return w;
+}
+
+void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
+  const YamlFields f(path.string());
+  const YAML::Node root = load_yaml_file(f.file());
+  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  f.check_keys(root, "", {"forms", "schemes", "auto", "keep_host"});
+  const YAML::Node forms = f.require(root, "", "forms");
+  f.expect_map(forms, "forms", /*allow_empty=*/false);
+  for (const auto& kv : forms) {
+    const std::string name = kv.first.Scalar();
+    p.forms[name] = parse_form(f, kv.second, child("forms", name), name);
+  }
+  const YAML::Node schemes = f.require(root, "", "schemes");
+  f.expect_map(schemes, "schemes", /*allow_empty=*/false);
+  for (const auto& kv : schemes) {
+    const std::string name = kv.first.Scalar(), field = child("schemes", name);
+    if (name == "auto") f.fail(field, "'auto' is the choice among schemes, not a scheme");
+    if (!kv.second.IsMap()) f.fail(field, "expected a mapping with description and formats");
+    f.check_keys(kv.second, field, {"description", "formats", "requires", "indivisible"});
+    SchemeSpec s;
+    s.name = name;
+    s.description = f.text(f.require(kv.second, field, "description"), child(field, "description"));
+    const YAML::Node fm = f.require(kv.second, field, "formats");
+    f.expect_map(fm, child(field, "formats"), /*allow_empty=*/true);
+    for (const auto& sf : fm) {
+      const std::string structure = sf.first.Scalar();
+      const std::string sfield = child(child(field, "formats"), structure);
+      check_structure(f, c, sfield, structure);
+      const std::string form = f.text(sf.second, sfield);
+      if (!p.forms.count(form)) f.fail(sfield, "'" + form + "' is not a declared form");
+      s.formats[structure] = form;
+    }
+    if (const YAML::Node r = kv.second["requires"])
+      s.requires_packages = f.string_list(r, child(field, "requires"), /*allow_empty=*/true);
+    if (const YAML::Node ind = kv.second["indivisible"]) {
+      s.indivisible = f.text(ind, child(field, "indivisible"));
+      if (!p.forms.count(s.indivisible))
+        f.fail(child(field, "indivisible"), "'" + s.indivisible + "' is not a declared form");
+    }
+    p.schemes[name] = std::move(s);
+  }
+  const YAML::Node order = f.require(root, "", "auto");
+  p.auto_order = f.string_list(order, "auto", /*allow_empty=*/false);
+  for (size_t i = 0; i < p.auto_order.size(); ++i)
+    if (!p.schemes.count(p.auto_order[i]))
+      f.fail("auto[" + std::to_string(i) + "]", "'" + p.auto_order[i] + "' is not a scheme");
+  // The last one must always be usable, or "auto" could resolve to nothing.
+  if (!p.schemes.at(p.auto_order.back()).requires_packages.empty())
+    f.fail("auto", "the last scheme must require no package, so auto always resolves");
+  if (const YAML::Node k = root["keep_host"]) {
+    if (!k.IsMap()) f.fail("keep_host", "expected a mapping with min_seat_weights");
+    f.check_keys(k, "keep_host", {"min_seat_weights"});
+    p.min_seat_weights =
+        f.integer(f.require(k, "keep_host", "min_seat_weights"), "keep_host.min_seat_weights");
+    if (p.min_seat_weights < 0) f.fail("keep_host.min_seat_weights", "must be >= 0");
+  }
+}
+
+void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& out,
+                  const fs::path& path) {
+  const YamlFields f(path.string());
+  const YAML::Node root = load_yaml_file(f.file());
+  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  f.check_keys(root, "", {"ladders"});
+  const YAML::Node ladders = f.require(root, "", "ladders");
+  f.expect_map(ladders, "ladders", /*allow_empty=*/false);
+  for (const auto& kv : ladders) {
+    const std::string structure = kv.first.Scalar(), field = child("ladders", structure);
+    check_structure(f, c, field, structure);
+    if (!kv.second.IsSequence() || kv.second.size() == 0)
+      f.fail(field, "expected a non-empty list of rungs");
+    std::vector<Rung> rungs;
+    for (size_t i = 0; i < kv.second.size(); ++i) {
+      const std::string rf = field + "[" + std::to_string(i) + "]";
+      const YAML::Node r = kv.second[i];
+      if (!r.IsMap()) f.fail(rf, "expected a mapping with impl, package and op");
+      f.check_keys(r, rf, {"impl", "package", "op", "per_node"});
+      Rung rung;
+      rung.impl = f.text(f.require(r, rf, "impl"), child(rf, "impl"));
+      rung.package = f.text(f.require(r, rf, "package"), child(rf, "package"));
+      if (rung.package.find('/') == std::string::npos)
+        f.fail(child(rf, "package"), "'" + rung.package + "' is not '<org>/<name>'");
+      rung.op = f.named(f.require(r, rf, "op"), child(rf, "op"), "op", parse_op, known_ops());
+      if (const YAML::Node pn = r["per_node"]) rung.per_node = f.boolean(pn, child(rf, "per_node"));
+      if (rung.per_node && rung.op != OpKind::linear)
+        f.fail(child(rf, "per_node"), "per-node rungs seat each projection with the linear op");
+      rungs.push_back(std::move(rung));
+    }
+    out[structure] = std::move(rungs);
+  }
+}
+
+void load_gates(std::map<OutputKind, OutputBand>& out, const fs::path& path) {
+  const YamlFields f(path.string());
+  const YAML::Node root = load_yaml_file(f.file());
+  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  f.check_keys(root, "", {"output_kinds"});
+  const YAML::Node kinds = f.require(root, "", "output_kinds");
+  f.expect_map(kinds, "output_kinds", /*allow_empty=*/false);
+  for (const auto& kv : kinds) {
+    const std::string field = child("output_kinds", kv.first.Scalar());
+    OutputBand b;
+    b.kind = f.named(kv.first, field, "output kind", parse_output_kind, known_output_kinds());
+    if (!kv.second.IsMap()) f.fail(field, "expected a mapping with metric, pass, warn");
+    f.check_keys(kv.second, field, {"metric", "pass", "warn"});
+    b.metric = f.text(f.require(kv.second, field, "metric"), child(field, "metric"));
+    const std::string expected = b.kind == OutputKind::values ? "cosine" : "top1_agreement";
+    if (b.metric != expected)
+      f.fail(child(field, "metric"),
+             "'" + b.metric + "'; this output kind is scored by " + expected);
+    b.pass = f.number(f.require(kv.second, field, "pass"), child(field, "pass"));
+    b.warn = f.number(f.require(kv.second, field, "warn"), child(field, "warn"));
+    if (!(b.warn > 0 && b.warn <= b.pass && b.pass <= 1))
+      f.fail(field, "needs 0 < warn <= pass <= 1");
+    out[b.kind] = b;
+  }
+}
+
+std::vector<BindingSlot> binding_slots(const YamlFields& f, const YAML::Node& node,
+                                       const std::string& field) {
+  f.expect_map(node, field, /*allow_empty=*/false);
+  std::vector<BindingSlot> out;
+  for (const auto& kv : node) {
+    const std::string sfield = child(field, kv.first.Scalar());
+    BindingSlot s;
+    s.name = kv.first.Scalar();
+    if (kv.second.IsScalar()) {
+      s.path = f.text(kv.second, sfield);
+    } else {
+      if (!kv.second.IsMap()) f.fail(sfield, "expected a path or {path, required}");
+      f.check_keys(kv.second, sfield, {"path", "required"});
+      s.path = f.text(f.require(kv.second, sfield, "path"), child(sfield, "path"));
+      if (const YAML::Node r = kv.second["required"])
+        s.required = f.boolean(r, child(sfield, "required"));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+BindingSpec load_binding(const fs::path& path) {
+  const YamlFields f(path.string());
+  const YAML::Node root = load_yaml_file(f.file());
+  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  f.check_keys(root, "",
+               {"name", "description", "layers", "stack", "layer", "fused_forms", "attributes"});
+  BindingSpec b;
+  b.name = f.text(f.require(root, "", "name"), "name");
+  if (b.name != path.stem().string())
+    f.fail("name", "'" + b.name + "' does not match the file name");
+  b.description = f.text(f.require(root, "", "description"), "description");
+  b.layers = f.text(f.require(root, "", "layers"), "layers");
+  b.stack = binding_slots(f, f.require(root, "", "stack"), "stack");
+  b.layer = binding_slots(f, f.require(root, "", "layer"), "layer");
+  if (const YAML::Node fused = root["fused_forms"]) {
+    f.expect_map(fused, "fused_forms", /*allow_empty=*/true);
+    for (const auto& kv : fused)
+      b.fused_forms[kv.first.Scalar()] = f.text(kv.second, child("fused_forms", kv.first.Scalar()));
+  }
+  if (const YAML::Node a = root["attributes"]) {
+    f.expect_map(a, "attributes", /*allow_empty=*/true);
+    for (const auto& kv : a)
+      b.attributes[kv.first.Scalar()] =
+          f.string_list(kv.second, child("attributes", kv.first.Scalar()), /*allow_empty=*/false);
+    if (b.attributes.count("activation"))
+      for (size_t i = 0; i < b.attributes["activation"].size(); ++i)
+        if (!parse_activation(b.attributes["activation"][i]))
+          f.fail("attributes.activation[" + std::to_string(i) + "]",
+                 "unknown activation '" + b.attributes["activation"][i] +
+                     "' (known: " + known_activations() + ")");
+  }
+  return b;
+}
+
+}  // namespace
+
+// A region op reads the structure's slots of its operands' names and computes an activation;
+// a scheme's structure needs a ladder. Checked once everything is read.
+void check_ladders(const Catalog& c, const fs::path& root) {
+  const YamlFields f((root / "ladders.yaml").string());
+  for (const auto& [structure, rungs] : c.ladders()) {
+    const StructureSpec& spec = c.get(structure);
+    for (size_t i = 0; i < rungs.size(); ++i) {
+      const Rung& r = rungs[i];
+      const std::string field = "ladders." + structure + "[" + std::to_string(i) + "].op";
+      if (r.op == OpKind::linear) {
+        // One linear op replaces one projection: a region of several is seated per node.
+        size_t linears = 0;
+        for (const MatchNode& n : spec.match.nodes) linears += n.kind == NodeKind::linear;
+        if (linears != 1 && !r.per_node)
+          f.fail(field, "the linear op seats one projection; structure '" + structure + "' has " +
+                            std::to_string(linears) + " (set per_node: true)");
+        continue;
+      }
+      if (op_weight_operands(r.op).empty())
+        f.fail(field, std::string("'") + name_of(r.op) + "' is not an op a seat runs");
+      for (const std::string& operand : op_weight_operands(r.op))
+        if (spec.slot(operand) == nullptr)
+          f.fail(field, std::string("op '") + name_of(r.op) + "' reads slot '" + operand +
+                            "', which structure '" + structure + "' does not declare");
+      bool has_act = false;
+      for (const MatchNode& n : spec.match.nodes) has_act |= n.kind == NodeKind::activation;
+      if (!has_act)
+        f.fail(field, std::string("op '") + name_of(r.op) + "' applies an activation; structure '" +
+                          structure + "' matches none");
+    }
+  }
+  const YamlFields sf((root / "schemes.yaml").string());
+  for (const auto& [name, scheme] : c.schemes().schemes)
+    for (const auto& [structure, form] : scheme.formats)
+      if (c.ladder(structure).empty())
+        sf.fail("schemes." + name + ".formats." + structure,
+                "structure '" + structure + "' has no ladder in ladders.yaml");
+}
+
+void load_policy(Catalog& c, const std::string& dir) {
+  const fs::path root(dir);
+  if (is_file(root / "schemes.yaml")) load_schemes(c, c.schemes_, root / "schemes.yaml");
+  if (is_file(root / "ladders.yaml")) load_ladders(c, c.ladders_, root / "ladders.yaml");
+  check_ladders(c, root);
+  if (is_file(root / "gates.yaml")) load_gates(c.bands_, root / "gates.yaml");
+  std::error_code ec;
+  if (fs::is_directory(root / "bindings", ec)) {
+    std::vector<fs::path> files;
+    for (const fs::directory_entry& e : fs::directory_iterator(root / "bindings"))
+      if (e.is_regular_file() && e.path().extension() == ".yaml") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& p : files) {
+      BindingSpec b = load_binding(p);
+      c.bindings_[b.name] = std::move(b);
+    }
+  }
+}
+
+}  // namespace detail
+
+std::string WeightForm::describe() const {
+  if (format == WeightFormat::int8_channel) return "int8 per-channel";
+  return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric");
+}
+
+const std::vector<Rung>& Catalog::ladder(const std::string& structure) const {
+  static const std::vector<Rung> kNone;
+  const auto it = ladders_.find(structure);
+  return it == ladders_.end() ? kNone : it->second;
+}
+
+std::string Catalog::rung_field(const std::string& structure, size_t index) const {
+  return dir_ + "/ladders.yaml: ladders." + structure + "[" + std::to_string(index) + "]";
+}
+
+const OutputBand& Catalog::band(OutputKind kind) const {
+  const auto it = bands_.find(kind);
+  if (it == bands_.end())
+    throw InvalidArgument("catalog '" + dir_ + "' declares no parity band for output kind '" +
+                          name_of(kind) + "' (gates.yaml)");
+  return it->second;
+}
+
+const BindingSpec& Catalog::binding(const std::string& name) const {
+  const auto it = bindings_.find(name);
+  if (it == bindings_.end()) {
+    std::vector<std::string> known;
+    for (const auto& kv : bindings_) known.push_back(kv.first);
+    throw InvalidArgument("unknown binding '" + name + "' (known: " + detail::join(known) +
+                          ") in catalog '" + dir_ + "'");
+  }
+  return it->second;
+}
+
+std::vector<std::string> Catalog::missing_packages(const std::vector<std::string>& visible) const {
+  const std::set<std::string> have(visible.begin(), visible.end());
+  std::vector<std::string> out;
+  for (const auto& [structure, rungs] : ladders_)
+    for (size_t i = 0; i < rungs.size(); ++i)
+      if (!have.count(rungs[i].package))
+        out.push_back(rung_field(structure, i) + ".package: '" + rungs[i].package +
+                      "' is not on the kernel path");
+  for (const auto& [name, s] : schemes_.schemes)
+    for (const std::string& pkg : s.requires_packages)
+      if (!have.count(pkg))
+        out.push_back(dir_ + "/schemes.yaml: schemes." + name + ".requires: '" + pkg +
+                      "' is not on the kernel path");
+  return out;
+}
+
+}  // namespace frt

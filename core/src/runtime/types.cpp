@@ -1,0 +1,92 @@
+#include <flashrt/types.h>
+
+#include <array>
+#include <utility>
+
+namespace frt {
+namespace {
+
+template <typename E, size_t N>
+using Table = std::array<std::pair<E, std::string_view>, N>;
+
+constexpr Table<DType, 5> kDTypes{{{DType::f32, "f32"},
+                                   {DType::bf16, "bf16"},
+                                   {DType::f16, "f16"},
+                                   {DType::f64, "f64"},
+                                   {DType::other, "other"}}};
+constexpr Table<Activation, 5> kActivations{{{Activation::silu, "silu"},
+                                             {Activation::gelu_tanh, "gelu_tanh"},
+                                             {Activation::gelu, "gelu"},
+                                             {Activation::relu, "relu"},
+                                             {Activation::unknown, "unknown"}}};
+constexpr Table<WeightFormat, 2> kFormats{
+    {{WeightFormat::int8_channel, "int8_channel"}, {WeightFormat::int4_group, "int4_group"}}};
+constexpr Table<OpKind, 7> kOps{{{OpKind::linear, "linear"},
+                                 {OpKind::gated_ffn, "gated_ffn"},
+                                 {OpKind::ffn, "ffn"},
+                                 {OpKind::rmsnorm, "rmsnorm"},
+                                 {OpKind::rotary, "rotary"},
+                                 {OpKind::attention, "attention"},
+                                 {OpKind::dense, "dense"}}};
+constexpr Table<OutputKind, 2> kOutputKinds{
+    {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};
+
+template <typename E, size_t N>
+const char* name_in(const Table<E, N>& t, E v) {
+  for (const auto& [e, n] : t)
+    if (e == v) return n.data();
+  return "?";
+}
+
+template <typename E, size_t N>
+std::optional<E> parse_in(const Table<E, N>& t, std::string_view name) {
+  for (const auto& [e, n] : t)
+    if (n == name) return e;
+  return std::nullopt;
+}
+
+template <typename E, size_t N>
+std::string list_of(const Table<E, N>& t) {
+  std::string out;
+  for (const auto& [e, n] : t) out += (out.empty() ? "" : ", ") + std::string(n);
+  return out;
+}
+
+}  // namespace
+
+const char* name_of(DType v) { return name_in(kDTypes, v); }
+const char* name_of(Activation v) { return name_in(kActivations, v); }
+const char* name_of(WeightFormat v) { return name_in(kFormats, v); }
+const char* name_of(OpKind v) { return name_in(kOps, v); }
+const char* name_of(OutputKind v) { return name_in(kOutputKinds, v); }
+std::optional<DType> parse_dtype(std::string_view n) { return parse_in(kDTypes, n); }
+std::optional<Activation> parse_activation(std::string_view n) { return parse_in(kActivations, n); }
+std::optional<WeightFormat> parse_weight_format(std::string_view n) {
+  return parse_in(kFormats, n);
+}
+std::optional<OpKind> parse_op(std::string_view n) { return parse_in(kOps, n); }
+std::optional<OutputKind> parse_output_kind(std::string_view n) {
+  return parse_in(kOutputKinds, n);
+}
+const std::vector<std::string>& op_weight_operands(OpKind op) {
+  static const std::vector<std::string> kLinear = {"weight"}, kGated = {"gate", "up", "down"},
+                                        kUngated = {"up", "down"}, kNone = {};
+  switch (op) {
+    case OpKind::linear:
+      return kLinear;
+    case OpKind::gated_ffn:
+      return kGated;
+    case OpKind::ffn:
+      return kUngated;
+    default:
+      return kNone;
+  }
+}
+
+std::string known_dtypes() { return list_of(kDTypes); }
+std::string known_activations() { return list_of(kActivations); }
+std::string known_weight_formats() { return list_of(kFormats); }
+std::string known_ops() { return list_of(kOps); }
+std::string known_output_kinds() { return list_of(kOutputKinds); }
+
+}  // namespace frt
