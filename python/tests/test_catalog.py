@@ -11,7 +11,7 @@ import pytest
 
 from flashrt_structures import _core, catalog
 
-SHIPPED = ["decoder_ffn", "linear_proj", "lm_head"]
+SHIPPED = ["decoder_ffn", "encoder_ffn", "linear_proj", "lm_head"]
 
 
 def test_catalog_dir_is_inside_the_installed_package():
@@ -38,7 +38,7 @@ def test_each_spec_loads_with_a_distinct_digest():
         assert rows is not None and rows.decode_band and (rows.min, rows.max) == (1, 16)
         assert spec.gate.min_speedup == pytest.approx(1.02)
         assert spec.outputs[0].dtype_of == "x"
-    assert len({s.digest for s in specs}) == 3
+    assert len({s.digest for s in specs}) == len(SHIPPED)
     assert catalog.shipped() is catalog.shipped()  # loaded once per process
 
 
@@ -77,7 +77,7 @@ def test_lm_head():
 
 
 def test_unknown_name_is_a_key_error_listing_the_known_ones():
-    with pytest.raises(KeyError, match="attention_core.*decoder_ffn, linear_proj, lm_head"):
+    with pytest.raises(KeyError, match="attention_core.*decoder_ffn, encoder_ffn, linear_proj, lm_head"):
         catalog.load("attention_core")
 
 

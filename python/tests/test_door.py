@@ -31,8 +31,8 @@ def counts(plan):
     return out
 
 
-def test_catalog_lists_the_three_structures():
-    assert S.list_structures() == ["decoder_ffn", "linear_proj", "lm_head"]
+def test_catalog_lists_the_shipped_structures():
+    assert S.list_structures() == ["decoder_ffn", "encoder_ffn", "linear_proj", "lm_head"]
 
 
 @pytest.mark.parametrize("make,layers", [(hosts.qwen3, 3), (hosts.llama, 2), (hosts.gemma, 2)])

@@ -683,10 +683,9 @@ TEST_F(CatalogFiles, ANewStructureInTheCatalogIsPlannedWithoutPlannerChanges) {
         ladders +
             "  proj_pair:\n    - {impl: pair_as_projections, package: flashrt/linear, "
             "op: linear, per_node: true}\n");
-  write("schemes.yaml", replaced(read("schemes.yaml"),
-                                 "formats: {linear_proj: int8, decoder_ffn: int8, lm_head: int8}",
-                                 "formats: {linear_proj: int8, decoder_ffn: int8, lm_head: int8, "
-                                 "proj_pair: int8}"));
+  // Only the w8 scheme's formats begin with linear_proj at int8.
+  write("schemes.yaml", replaced(read("schemes.yaml"), "formats: {linear_proj: int8,",
+                                 "formats: {proj_pair: int8, linear_proj: int8,"));
   const Catalog catalog = Catalog::load(dir_.string());
   ASSERT_TRUE(contains(catalog.names(), "proj_pair"));
   ASSERT_EQ(catalog.ladder("proj_pair").size(), 1u);
