@@ -35,6 +35,19 @@ TEST(YamlGuardTest, RefusesBytesThatAreNotUtf8WithLineAndColumn) {
   }
 }
 
+TEST(YamlGuardTest, RefusesControlCharacters) {
+  EXPECT_EQ(error_of(std::string("\x0e\0\0\0m: 1", 8)),
+            "/cat/decoder_ffn.yaml: line 1, column 1: character U+000E is not allowed in YAML (a "
+            "control character)");
+  EXPECT_EQ(error_of("a: 1\nb: x\x7f"),
+            "/cat/decoder_ffn.yaml: line 2, column 5: character U+007F is not allowed in YAML (a "
+            "control character)");
+  EXPECT_NE(error_of("a: \xc2\x9b").find("U+009B"), std::string::npos);      // a C1 control
+  EXPECT_NE(error_of("a: \xef\xbf\xbe").find("U+FFFE"), std::string::npos);  // a noncharacter
+  // Tab, CR LF, NEL, no-break space and characters past the BMP are text.
+  EXPECT_EQ(error_of("a:\t1\r\nb: \xc2\x85\xc2\xa0\xf0\x9f\x98\x80\n"), "(no error)");
+}
+
 TEST(YamlGuardTest, RefusesDeepFlowNesting) {
   const std::string deep = "dims: " + std::string(10000, '[') + "1" + std::string(10000, ']');
   EXPECT_EQ(error_of("name: x\n" + deep),
