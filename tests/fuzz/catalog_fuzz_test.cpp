@@ -28,7 +28,7 @@ TEST(CatalogFuzzTest, EveryInputLoadsOrIsRefusedNamingTheFile) {
   for (size_t i = 0; i < box.files().size(); ++i) {
     seeds.push_back({box.files()[i].string(), box.original(i)});
   }
-  const Tally t = run_fuzz("catalog-yaml", seeds, Syntax::kYaml, fuzz_inputs(2400),
+  const Tally t = run_fuzz("catalog-yaml", seeds, Syntax::kYaml, fuzz_inputs(2000),
                            [&](size_t s, const std::string& text) { return box.check(s, text); });
   EXPECT_EQ(t.violations, 0u);
   EXPECT_GT(t.refused, 0u);

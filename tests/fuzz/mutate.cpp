@@ -296,9 +296,9 @@ bool structural(std::string_view s, Syntax syntax, const Structure& st, Rng& rng
     case 1: {  // a huge string
       const Span* sp = pick(st.scalars, rng);
       if (sp == nullptr) return false;
-      // 16 KiB .. 256 KiB: past any buffer a parser might keep on the stack, small enough that
-      // yaml-cpp (about 40 ms per MiB) keeps the run short.
-      const size_t n = size_t{1} << (14 + rng.below(5));
+      // 16 KiB .. 128 KiB: past any buffer a parser might keep on the stack, small enough that
+      // yaml-cpp (about 40 ms per MiB, three times that under ASan) keeps the run short.
+      const size_t n = size_t{1} << (14 + rng.below(4));
       std::string big(n, static_cast<char>('a' + rng.below(26)));
       if (json) big = "\"" + big + "\"";
       m.text = replace(s, *sp, big);
