@@ -1,5 +1,6 @@
 #include <flashrt/cpu_features.h>
 #include <flashrt/hub.h>
+#include <flashrt/utf8.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/set.h>
 #include <nanobind/stl/string.h>
@@ -8,6 +9,17 @@
 namespace nb = nanobind;
 
 namespace frt::py {
+namespace {
+
+// A getter for a text field. The hub already escapes what it records (issue 13); this is the
+// last line of defence, because nanobind's str conversion of bytes that are not UTF-8 raises
+// UnicodeDecodeError and takes the whole report down with it.
+template <typename C>
+auto text(std::string C::*member) {
+  return [member](const C& c) { return escape_invalid_utf8(c.*member); };
+}
+
+}  // namespace
 
 void bind_hub(nb::module_& m) {
   nb::class_<CpuFeatures>(m, "CpuFeatures")
@@ -17,26 +29,26 @@ void bind_hub(nb::module_& m) {
       .def_prop_ro("tier", &CpuFeatures::tier);
 
   nb::class_<UnavailableEntry>(m, "UnavailableEntry")
-      .def_ro("repo", &UnavailableEntry::repo)
-      .def_ro("version", &UnavailableEntry::version)
-      .def_ro("error", &UnavailableEntry::error)
-      .def_ro("detail", &UnavailableEntry::detail);
+      .def_prop_ro("repo", text(&UnavailableEntry::repo))
+      .def_prop_ro("version", text(&UnavailableEntry::version))
+      .def_prop_ro("error", text(&UnavailableEntry::error))
+      .def_prop_ro("detail", text(&UnavailableEntry::detail));
 
   nb::class_<VariantDecision>(m, "VariantDecision")
-      .def_ro("name", &VariantDecision::name)
-      .def_ro("isa", &VariantDecision::isa)
-      .def_ro("library", &VariantDecision::library)
+      .def_prop_ro("name", text(&VariantDecision::name))
+      .def_prop_ro("isa", text(&VariantDecision::isa))
+      .def_prop_ro("library", text(&VariantDecision::library))
       .def_ro("chosen", &VariantDecision::chosen)
-      .def_ro("reason", &VariantDecision::reason);
+      .def_prop_ro("reason", text(&VariantDecision::reason));
 
   nb::class_<PackageResolution>(m, "PackageResolution")
-      .def_ro("repo", &PackageResolution::repo)
-      .def_ro("version", &PackageResolution::version)
-      .def_ro("revision", &PackageResolution::revision)
-      .def_ro("dir", &PackageResolution::dir)
-      .def_ro("source", &PackageResolution::source)
+      .def_prop_ro("repo", text(&PackageResolution::repo))
+      .def_prop_ro("version", text(&PackageResolution::version))
+      .def_prop_ro("revision", text(&PackageResolution::revision))
+      .def_prop_ro("dir", text(&PackageResolution::dir))
+      .def_prop_ro("source", text(&PackageResolution::source))
       .def_ro("variants", &PackageResolution::variants)
-      .def_ro("chosen", &PackageResolution::chosen)
+      .def_prop_ro("chosen", text(&PackageResolution::chosen))
       .def_prop_ro("available", [](const PackageResolution& r) { return r.table != nullptr; });
 
   m.def("set_bundled_root", &set_bundled_root, nb::arg("root"));
@@ -46,7 +58,11 @@ void bind_hub(nb::module_& m) {
       nb::arg("repo"), nb::call_guard<nb::gil_scoped_release>());
   m.def("unavailable_report", [] { return process_hub().unavailable_report(); });
   m.def("clear_unavailable_report", [] { process_hub().clear_unavailable_report(); });
-  m.def("visible_packages", [] { return process_hub().visible_packages(); });
+  m.def("visible_packages", [] {
+    std::vector<std::string> names = process_hub().visible_packages();
+    for (std::string& n : names) n = escape_invalid_utf8(n);
+    return names;
+  });
   m.def("pin_variable", &pin_variable, nb::arg("repo"));
 }
 

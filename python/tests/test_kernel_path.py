@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -135,3 +136,84 @@ def test_report_api_in_process():
 @pytest.mark.parametrize("args", [["--help"], ["kernels", "--help"]])
 def test_cli_help(args):
     assert run_module(*args).returncode == 0
+
+
+def stage_with_bad_bytes(tmp_path: Path) -> Path:
+    """A copy of flashrt/linear whose metadata.json holds a byte that is not UTF-8 (0xff) in its
+    version string."""
+    pkg = stage(tmp_path)
+    raw = (pkg / "metadata.json").read_bytes()
+    bad, n = re.subn(rb'"version": "([^"]*)"', lambda m: b'"version": "' + m[1] + b'\xff"', raw)
+    assert n == 1, raw
+    (pkg / "metadata.json").write_bytes(bad)
+    return pkg
+
+
+def test_metadata_bytes_that_are_not_utf8_are_refused_printably(tmp_path):
+    # Issue 13: the refusal used to carry the raw byte into Python, and the report raised
+    # UnicodeDecodeError instead of listing the package.
+    pkg = stage_with_bad_bytes(tmp_path)
+    env = {"LOCAL_KERNELS": f"flashrt/linear={pkg}"}
+    report = kernels_json(env)
+    row = next(e for e in report["unavailable"] if e["repo"] == "flashrt/linear")
+    assert row["error"] == "corrupt metadata"
+    assert f"{pkg}/metadata.json: invalid JSON" in row["detail"]
+    assert "\\xff" in row["detail"] and row["detail"].isprintable()
+    # The other packages still serve from the bundled root.
+    served = {p["repo"]: p["chosen"] for p in report["packages"]}
+    assert served["flashrt/linear"] == ""
+    assert served["flashrt/ffn"] and served["flashrt/decode"]
+
+    proc = run_module("kernels", env=env)
+    assert proc.returncode == 0, proc.stderr
+    refusal = next(line for line in proc.stdout.splitlines()
+                   if line.startswith("unavailable:") and "flashrt/linear" in line)
+    assert "corrupt metadata" in refusal
+    assert "\\xff" in proc.stdout
+
+
+def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
+    pkg = stage_with_bad_bytes(tmp_path)
+    code = (
+        "import sys, json, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import hosts, flashrt_structures as S\n"
+        "from flashrt_structures import impls\n"
+        "m = hosts.qwen3(1); x = hosts.ids(3)\n"
+        "plan = S.auto_swaps(m, lambda: m(x), scheme='w8a16_decode', min_seat_weights=0)\n"
+        "text = S.explain(plan)\n"
+        "out = S.decode_loop(m, max_len=32).generate(x, max_new_tokens=3)\n"
+        "print(json.dumps({'swaps': sorted(plan.swaps), 'explain': text,\n"
+        "  'unavailable': impls.unavailable_report(), 'generated': out.shape[1]}))\n"
+    )
+    env = dict(os.environ, LOCAL_KERNELS=f"flashrt/linear={pkg}")
+    env.pop("FLASHRT_KERNEL_PATH", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # flashrt/ffn serves the feed-forward seam; the projections and the head, which need
+    # flashrt/linear, are refused naming it.
+    assert out["swaps"] == ["model.layers.0.mlp"]
+    assert "flashrt/linear" in out["explain"]
+    row = next(e for e in out["unavailable"] if e["repo"] == "flashrt/linear")
+    assert row["error"] == "corrupt metadata" and "\\xff" in row["detail"]
+    assert out["generated"] == 3 + 3  # decode_loop runs on flashrt/decode
+
+
+def test_an_error_message_with_bytes_that_are_not_utf8_keeps_its_class(tmp_path):
+    # The binding's last line of defence: a message quoting a file name that is not UTF-8 is
+    # escaped, and stays a ValueError rather than becoming a UnicodeDecodeError.
+    from flashrt_structures import _core
+
+    cat = tmp_path / "cat"
+    shutil.copytree(Path(frt.__file__).parent / "catalog", cat)
+    # In every folder of the catalog, so the loader meets it whichever folders it reads.
+    for folder in [cat, *(p for p in cat.rglob("*") if p.is_dir())]:
+        with open(os.path.join(os.fsencode(folder), b"\xff.yaml"), "wb") as f:
+            f.write(b"name: odd\nbogus_field: 1\n")
+    with pytest.raises(ValueError) as info:
+        _core.load_catalog(str(cat))
+    # UnicodeDecodeError is a ValueError too: what it used to raise.
+    assert not isinstance(info.value, UnicodeDecodeError), info.value
+    assert "\\xff.yaml" in str(info.value)

@@ -14,6 +14,7 @@
 
 #include "catalog/yaml_fields.h"
 #include "flashrt/errors.h"
+#include "flashrt/utf8.h"
 #include "hub/sha256.h"
 
 namespace frt {
@@ -431,14 +432,14 @@ std::string canonical(const StructureSpec& s) {
 }
 
 StructureSpec load_file(const fs::path& path) {
-  const std::string file = path.string();
-  const YAML::Node root = detail::load_yaml_file(file);
+  const YAML::Node root = detail::load_yaml_file(path.string());
+  const std::string file = escape_invalid_utf8(path.string());
   StructureSpec spec;
   try {
     spec = SpecParser(file, path.stem().string()).parse(root);
   } catch (const YAML::Exception& e) {
     // The parser checks types before converting; this only guards a yaml-cpp surprise.
-    throw InvalidArgument(file + ": " + e.what());
+    throw InvalidArgument(file + ": " + escape_invalid_utf8(e.what()));
   }
   spec.digest = detail::sha256_hex(canonical(spec)).substr(0, 16);
   return spec;
@@ -487,7 +488,8 @@ Catalog Catalog::load(const std::string& dir) {
     StructureSpec spec = load_file(f);
     const std::string name = spec.name;
     if (!c.specs_.emplace(name, std::move(spec)).second) {
-      throw InvalidArgument(f.string() + ": name: duplicate structure '" + name + "'");
+      throw InvalidArgument(escape_invalid_utf8(f.string()) + ": name: duplicate structure '" +
+                            name + "'");
     }
   }
   detail::load_policy(c, dir);

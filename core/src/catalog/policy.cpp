@@ -3,6 +3,7 @@
 // decode stacks). Cross-references to structures, forms and ops are checked here, at load.
 #include <flashrt/catalog.h>
 #include <flashrt/errors.h>
+#include <flashrt/utf8.h>
 
 #include <filesystem>
 #include <set>
@@ -49,8 +50,8 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
 }
 
 void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
-  const YamlFields f(path.string());
-  const YAML::Node root = load_yaml_file(f.file());
+  const YamlFields f(escape_invalid_utf8(path.string()));
+  const YAML::Node root = load_yaml_file(path.string());
   if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
   f.check_keys(root, "", {"forms", "schemes", "auto", "keep_host"});
   const YAML::Node forms = f.require(root, "", "forms");
@@ -107,8 +108,8 @@ void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
 
 void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& out,
                   const fs::path& path) {
-  const YamlFields f(path.string());
-  const YAML::Node root = load_yaml_file(f.file());
+  const YamlFields f(escape_invalid_utf8(path.string()));
+  const YAML::Node root = load_yaml_file(path.string());
   if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
   f.check_keys(root, "", {"ladders"});
   const YAML::Node ladders = f.require(root, "", "ladders");
@@ -140,8 +141,8 @@ void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& ou
 }
 
 void load_gates(std::map<OutputKind, OutputBand>& out, const fs::path& path) {
-  const YamlFields f(path.string());
-  const YAML::Node root = load_yaml_file(f.file());
+  const YamlFields f(escape_invalid_utf8(path.string()));
+  const YAML::Node root = load_yaml_file(path.string());
   if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
   f.check_keys(root, "", {"output_kinds"});
   const YAML::Node kinds = f.require(root, "", "output_kinds");
@@ -188,8 +189,8 @@ std::vector<BindingSlot> binding_slots(const YamlFields& f, const YAML::Node& no
 }
 
 BindingSpec load_binding(const fs::path& path) {
-  const YamlFields f(path.string());
-  const YAML::Node root = load_yaml_file(f.file());
+  const YamlFields f(escape_invalid_utf8(path.string()));
+  const YAML::Node root = load_yaml_file(path.string());
   if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
   f.check_keys(root, "",
                {"name", "description", "layers", "stack", "layer", "fused_forms", "attributes"});

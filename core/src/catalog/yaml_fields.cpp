@@ -1,9 +1,13 @@
 #include "catalog/yaml_fields.h"
 
+#include <flashrt/utf8.h>
+
 #include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include "catalog/yaml_guard.h"
 
 namespace frt::detail {
 namespace {
@@ -28,7 +32,9 @@ std::string child(const std::string& field, std::string_view key) {
 }
 
 void YamlFields::fail(const std::string& field, const std::string& what) const {
-  throw InvalidArgument(file_ + ": " + field + ": " + what);
+  // Field names and values come from the file and file names from the file system: the message
+  // crosses into Python as str, so bytes that are not UTF-8 are escaped.
+  throw InvalidArgument(escape_invalid_utf8(file_ + ": " + field + ": " + what));
 }
 
 YAML::Node YamlFields::require(const YAML::Node& map, const std::string& field,
@@ -112,17 +118,22 @@ std::vector<std::string> YamlFields::string_list(const YAML::Node& node, const s
   return out;
 }
 
-YAML::Node load_yaml_file(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
+YAML::Node load_yaml_file(const std::string& path) {
+  const std::string file = escape_invalid_utf8(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw InvalidArgument(file + ": cannot be read");
   std::ostringstream text;
   text << in.rdbuf();
+  check_yaml_text(file, text.str());  // UTF-8, YAML's characters, bounded nesting
   YAML::Node root;
   try {
     root = YAML::Load(text.str());
   } catch (const YAML::ParserException& e) {
     throw InvalidArgument(file + ": YAML syntax error at line " + std::to_string(e.mark.line + 1) +
-                          ", column " + std::to_string(e.mark.column + 1) + ": " + e.msg);
+                          ", column " + std::to_string(e.mark.column + 1) + ": " +
+                          escape_invalid_utf8(e.msg));
+  } catch (const YAML::Exception& e) {
+    throw InvalidArgument(file + ": " + escape_invalid_utf8(e.what()));
   }
   if (root.IsNull()) throw InvalidArgument(file + ": empty file");
   return root;

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <flashrt/errors.h>
 #include <flashrt/hub.h>
+#include <flashrt/utf8.h>
 
 #include <algorithm>
 #include <cctype>
@@ -246,6 +247,27 @@ struct Outcome {
   std::optional<UnavailableEntry> unavailable;
 };
 
+// Everything the hub records is handed out as text and reaches Python as str. Paths and values
+// read from metadata are bytes, not necessarily UTF-8, so they are escaped once, here, where an
+// outcome is recorded: a refusal must stay printable, never become a UnicodeDecodeError.
+void make_printable(std::string& s) {
+  if (!is_valid_utf8(s)) s = escape_invalid_utf8(s);
+}
+
+void make_printable(Outcome& out) {
+  PackageResolution& r = out.resolution;
+  for (std::string* s : {&r.repo, &r.version, &r.revision, &r.dir, &r.source, &r.chosen}) {
+    make_printable(*s);
+  }
+  for (VariantDecision& d : r.variants) {
+    for (std::string* s : {&d.name, &d.isa, &d.library, &d.reason}) make_printable(*s);
+  }
+  if (out.unavailable) {
+    UnavailableEntry& u = *out.unavailable;
+    for (std::string* s : {&u.repo, &u.version, &u.error, &u.detail}) make_printable(*s);
+  }
+}
+
 void choose_variant(const PackageMetadata& md, const CpuFeatures& cpu, Outcome* out) {
   PackageResolution& res = out->resolution;
   std::vector<size_t> candidates;
@@ -370,7 +392,7 @@ KernelPathConfig KernelPathConfig::from_env(std::string bundled_root,
     for (const std::string& item : split(lk, ':')) {
       const size_t eq = item.find('=');
       if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
-        throw InvalidArgument("LOCAL_KERNELS: element '" + item +
+        throw InvalidArgument("LOCAL_KERNELS: element '" + escape_invalid_utf8(item) +
                               "' is not <org>/<package>=<path>");
       }
       c.local_kernels.emplace_back(item.substr(0, eq), item.substr(eq + 1));
@@ -415,6 +437,7 @@ const PackageResolution& KernelHub::resolve(const std::string& repo) {
     out.resolution.repo = repo;
     out.unavailable = UnavailableEntry{repo, "", "loader error", e.what()};
   }
+  make_printable(out);
   if (out.unavailable) {
     const UnavailableEntry& u = *out.unavailable;
     const bool dup = std::any_of(unavailable_.begin(), unavailable_.end(), [&](const auto& e) {
@@ -433,11 +456,12 @@ const frt_kernel_table& KernelHub::table(const std::string& repo) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = unavailable_.rbegin(); it != unavailable_.rend(); ++it) {
     if (it->repo == repo) {
-      throw KernelUnavailable(repo + ": " + it->error + ": " + it->detail);
+      throw KernelUnavailable(escape_invalid_utf8(repo + ": " + it->error + ": " + it->detail));
     }
   }
   // Only reachable when clear_unavailable_report() ran between the two locks.
-  throw KernelUnavailable(repo + ": unavailable (report was cleared; resolve again)");
+  throw KernelUnavailable(escape_invalid_utf8(repo) +
+                          ": unavailable (report was cleared; resolve again)");
 }
 
 std::vector<UnavailableEntry> KernelHub::unavailable_report() const {
@@ -469,7 +493,7 @@ std::vector<PackageResolution> KernelHub::resolutions() const {
 std::vector<std::string> KernelHub::visible_packages() const {
   std::set<std::string> found;
   for (const auto& [repo, path] : config_.local_kernels) {
-    if (has_metadata(path)) found.insert(repo);
+    if (has_metadata(path)) found.insert(escape_invalid_utf8(repo));
   }
   std::vector<std::string> roots = config_.roots;
   if (!config_.bundled_root.empty()) roots.push_back(config_.bundled_root);
@@ -479,8 +503,11 @@ std::vector<std::string> KernelHub::visible_packages() const {
       std::error_code ec2;
       if (!org->is_directory(ec2)) continue;
       for (fs::directory_iterator pkg(org->path(), ec2); !ec2 && pkg != end; pkg.increment(ec2)) {
+        // Folder names are bytes; a name that is not UTF-8 is listed escaped (it then resolves
+        // as not found, legibly) rather than breaking the whole listing in Python.
         if (has_metadata(pkg->path())) {
-          found.insert(org->path().filename().string() + "/" + pkg->path().filename().string());
+          found.insert(escape_invalid_utf8(org->path().filename().string() + "/" +
+                                           pkg->path().filename().string()));
         }
       }
     }
@@ -502,9 +529,9 @@ void set_bundled_root(std::string root) {
   std::lock_guard<std::mutex> lock(g_process_mu);
   if (g_process_hub != nullptr) {
     if (root == g_bundled_root) return;  // a repeated import saying the same thing is harmless
-    throw InvalidArgument("set_bundled_root('" + root +
-                          "') after the process kernel hub was created with bundled root '" +
-                          g_bundled_root + "'");
+    throw InvalidArgument(escape_invalid_utf8("set_bundled_root('" + root +
+                                              "') after the process kernel hub was created with " +
+                                              "bundled root '" + g_bundled_root + "'"));
   }
   g_bundled_root = std::move(root);
 }
@@ -529,7 +556,7 @@ const frt_kernel_table* open_variant_library(const std::string& path, std::strin
   } else {
     table = load_library(fs::path(path), nullptr, &reason);
   }
-  if (table == nullptr && why != nullptr) *why = reason;
+  if (table == nullptr && why != nullptr) *why = escape_invalid_utf8(reason);
   return table;
 }
 

@@ -4,6 +4,7 @@
 #include <flashrt/errors.h>
 #include <flashrt/hub.h>
 #include <flashrt/kernel_ops.h>
+#include <flashrt/utf8.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -275,6 +276,56 @@ TEST(HubTest, CorruptMetadataIsReportedWithoutFallThrough) {
     EXPECT_TRUE(report_mentions(hub, (c.root / "flashrt/linear/metadata.json").string()))
         << report_text(hub);
   }
+}
+
+// Issue 13: metadata.json holding bytes that are not UTF-8, in a folder whose name is not UTF-8
+// either. The refusal is recorded with the bytes escaped, so it reaches Python as a str.
+TEST(HubTest, BytesThatAreNotUtf8AreEscapedInTheReport) {
+  TempDir tmp;
+  const fs::path pkg = tmp.path() / "pkg\xff";
+  write_package(pkg, "flashrt/linear", kRevision, {real_variant("generic")});
+  std::string text;
+  {
+    std::ifstream in(pkg / "metadata.json");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  text.replace(text.find("2.0.0"), 5, "2.0\xff");
+  write_file(pkg / "metadata.json", text);
+
+  KernelPathConfig config;
+  config.local_kernels = {{"flashrt/linear", pkg.string()}};
+  config.bundled_root = FRT_TEST_KERNEL_ROOT;
+  KernelHub hub(config);
+  const PackageResolution& r = hub.resolve("flashrt/linear");
+  EXPECT_EQ(r.table, nullptr);
+  EXPECT_TRUE(is_valid_utf8(r.dir)) << escape_invalid_utf8(r.dir);
+  const std::vector<UnavailableEntry> report = hub.unavailable_report();
+  ASSERT_EQ(report.size(), 1u) << report_text(hub);
+  const UnavailableEntry& e = report[0];
+  EXPECT_EQ(e.error, "corrupt metadata");
+  for (const std::string& s : {e.repo, e.version, e.error, e.detail}) {
+    EXPECT_TRUE(is_valid_utf8(s)) << escape_invalid_utf8(s);
+  }
+  // Verbatim but escaped: the folder and the offending byte are both there.
+  EXPECT_NE(e.detail.find("pkg\\xff/metadata.json: invalid JSON"), std::string::npos) << e.detail;
+  EXPECT_NE(e.detail.find("ill-formed UTF-8 byte"), std::string::npos) << e.detail;
+  EXPECT_NE(e.detail.find("\\xff'"), std::string::npos) << e.detail;
+  try {
+    hub.table("flashrt/linear");
+    FAIL() << "no KernelUnavailable";
+  } catch (const KernelUnavailable& k) {
+    EXPECT_TRUE(is_valid_utf8(k.what())) << escape_invalid_utf8(k.what());
+  }
+  // The other package still serves from the bundled root.
+  EXPECT_NE(hub.resolve("flashrt/ffn").table, nullptr) << report_text(hub);
+}
+
+// A package folder named with bytes that are not UTF-8 is listed escaped.
+TEST(HubTest, VisiblePackagesAreValidUtf8) {
+  TempDir tmp;
+  write_package(tmp.path() / "org\xfe" / "pkg", "org/pkg", kRevision, {real_variant("generic")});
+  KernelHub hub(roots({tmp.path()}));
+  EXPECT_EQ(hub.visible_packages(), std::vector<std::string>{"org\\xfe/pkg"});
 }
 
 // (5)

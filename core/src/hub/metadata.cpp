@@ -4,19 +4,27 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <vector>
 
 namespace frt::detail {
 namespace {
 
 using nlohmann::json;
 
-// A value quoted in an error message, cut short so a huge blob cannot swamp the report.
-std::string show(const json& v) {
-  std::string s = v.dump();
-  constexpr size_t kMaxShown = 80;
-  if (s.size() > kMaxShown) s = s.substr(0, kMaxShown) + "...";
-  return s;
+// Values quoted in an error message are cut short so a huge blob cannot swamp the report, and
+// cut between characters: a cut inside a multi-byte character would be invalid UTF-8.
+constexpr size_t kMaxShown = 80;
+
+std::string clip(std::string_view s, size_t max_bytes = kMaxShown) {
+  const std::string_view head = utf8_prefix(s, max_bytes);
+  return head.size() < s.size() ? std::string(head) + "..." : std::string(s);
 }
+
+std::string show(const json& v) { return clip(v.dump()); }
+
+// nlohmann's message ends with the whole token read so far ("last read: '...'"), which for an
+// unterminated string is the rest of the file.
+constexpr size_t kMaxParseMessage = 240;
 
 // Field access that names the field path and the bad value on failure.
 class Reader {
@@ -98,8 +106,8 @@ VariantMetadata parse_variant(const Reader& r, const json& v, size_t index,
   }
   const auto agree = [&](const char* key, const std::string& from_name, const std::string& field) {
     if (from_name != field) {
-      r.fail("variant '" + out.name + "' names " + key + " '" + from_name + "' but field '" +
-             where + key + "' is '" + field + "'");
+      r.fail("variant '" + clip(out.name) + "' names " + key + " '" + clip(from_name) +
+             "' but field '" + where + key + "' is '" + clip(field) + "'");
     }
   };
   agree("arch", parsed.arch, out.arch);
@@ -120,8 +128,8 @@ VariantMetadata parse_variant(const Reader& r, const json& v, size_t index,
 
   out.sha256 = r.string(v, where, "sha256");
   if (out.sha256.size() != 64 || !is_lower_hex(out.sha256)) {
-    r.fail("field '" + where + "sha256' must be 64 lower-case hex digits, got '" + out.sha256 +
-           "'");
+    r.fail("field '" + where + "sha256' must be 64 lower-case hex digits, got '" +
+           clip(out.sha256) + "'");
   }
   return out;
 }
@@ -143,7 +151,7 @@ VariantName parse_variant_name(std::string_view name) {
   const bool ok = parts.size() == 4 && parts[0] == "cpu" && !parts[1].empty() &&
                   !parts[2].empty() && !parts[3].empty();
   if (!ok) {
-    throw MetadataError("variant name '" + std::string(name) +
+    throw MetadataError("variant name '" + clip(name) +
                         "' is not of the form cpu-<arch>-<os>-<isa>");
   }
   return {parts[1], parts[2], parts[3]};
@@ -154,11 +162,37 @@ PackageMetadata parse_metadata(std::string_view json_text, const std::filesystem
   const std::filesystem::path abs_dir = std::filesystem::absolute(dir).lexically_normal();
   const Reader r((abs_dir / "metadata.json").string());
 
+  // Two checks nlohmann does not make, done while it parses (`depth` counts the arrays and
+  // objects around the event):
+  // - nesting: parsing does not recurse, but dumping a value to quote it does, once per level;
+  //   10^5 nested brackets overflowed the stack. Refused past kMaxMetadataDepth.
+  // - duplicate keys: nlohmann keeps the last, so a second "sha256" would silently win. Refused,
+  //   as the catalog refuses them.
+  std::vector<std::set<std::string>> keys;  // keys[d]: the keys seen in the open object at depth d
+  const json::parser_callback_t guard = [&](int depth, json::parse_event_t event, json& parsed) {
+    const auto d = static_cast<size_t>(depth);
+    if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) {
+      if (depth >= kMaxMetadataDepth) {
+        r.fail("invalid JSON: arrays and objects nested deeper than " +
+               std::to_string(kMaxMetadataDepth) + " levels");
+      }
+      // An object at depth d reports its keys at depth d + 1.
+      if (keys.size() < d + 2) keys.resize(d + 2);
+      keys[d + 1].clear();
+    } else if (event == json::parse_event_t::key && d < keys.size()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (!keys[d].insert(key).second) {
+        r.fail("invalid JSON: key '" + clip(key) + "' appears twice in one object");
+      }
+    }
+    return true;
+  };
   json doc;
   try {
-    doc = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::parse_error& e) {
-    r.fail(std::string("invalid JSON: ") + e.what());
+    doc = json::parse(json_text.begin(), json_text.end(), guard);
+  } catch (const json::exception& e) {
+    // Not only parse_error: a number past double's range ("1e999") is an out_of_range.
+    r.fail(std::string("invalid JSON: ") + clip(e.what(), kMaxParseMessage));
   }
   if (!doc.is_object()) r.fail(std::string("top level must be an object, got ") + doc.type_name());
 
@@ -166,10 +200,10 @@ PackageMetadata parse_metadata(std::string_view json_text, const std::filesystem
   out.dir = abs_dir;
   out.name = r.string(doc, "", "name");
   if (!is_repo_name(out.name)) {
-    r.fail("field 'name' must be '<org>/<package>', got '" + out.name + "'");
+    r.fail("field 'name' must be '<org>/<package>', got '" + clip(out.name) + "'");
   }
   if (out.name != expected_name) {
-    r.fail("field 'name' is '" + out.name + "' but the package sits where '" +
+    r.fail("field 'name' is '" + clip(out.name) + "' but the package sits where '" +
            std::string(expected_name) + "' belongs");
   }
   out.version = r.string(doc, "", "version");
@@ -181,7 +215,7 @@ PackageMetadata parse_metadata(std::string_view json_text, const std::filesystem
   std::set<std::string> seen;
   for (size_t i = 0; i < variants.size(); ++i) {
     VariantMetadata v = parse_variant(r, variants[i], i, abs_dir);
-    if (!seen.insert(v.name).second) r.fail("variant '" + v.name + "' is declared twice");
+    if (!seen.insert(v.name).second) r.fail("variant '" + clip(v.name) + "' is declared twice");
     out.variants.push_back(std::move(v));
   }
   return out;

@@ -2,6 +2,8 @@
 // plumbing past this point). Written by the build; see DESIGN §5 for the folder layout.
 #pragma once
 
+#include <flashrt/utf8.h>
+
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -11,11 +13,17 @@
 namespace frt::detail {
 
 // metadata.json could not be read or does not say what a package must say. The message names
-// the file, the field and the offending value.
+// the file, the field and the offending value. It quotes file content and paths, so it is
+// escaped to valid UTF-8 on construction: it ends up verbatim in unavailable_report(), which the
+// door hands to Python as str.
 class MetadataError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit MetadataError(std::string_view what) : std::runtime_error(escape_invalid_utf8(what)) {}
 };
+
+// metadata.json is at most three containers deep; anything past this is refused before it can
+// reach code that recurses per level (nlohmann's dump, used to quote a bad value, does).
+inline constexpr int kMaxMetadataDepth = 64;
 
 // "cpu-<arch>-<os>-<isa>", e.g. "cpu-x86_64-linux-avx2".
 struct VariantName {

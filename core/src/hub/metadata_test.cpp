@@ -1,5 +1,6 @@
 #include "metadata.h"
 
+#include <flashrt/utf8.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -150,6 +151,84 @@ TEST(MetadataTest, UnreadableFile) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Issue 13: a refusal's text reaches Python as str, so bytes from the file that are not UTF-8
+// are escaped, never passed on.
+TEST(MetadataTest, BytesThatAreNotUtf8AreEscapedInTheMessage) {
+  const std::string err = error_of(package_json("[]", "flashrt/\xff\xfeinear"));
+  EXPECT_TRUE(is_valid_utf8(err)) << err;
+  EXPECT_NE(err.find("/pkgs/flashrt/linear/metadata.json: invalid JSON"), std::string::npos) << err;
+  EXPECT_NE(err.find("\\xff"), std::string::npos) << err;
+  // The path is file content too (a folder name is bytes).
+  try {
+    parse_metadata("{", "/pkgs/\xff/linear", "flashrt/linear");
+    FAIL() << "no error";
+  } catch (const MetadataError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("/pkgs/\\xff/linear/metadata.json: invalid JSON", 0), 0u)
+        << e.what();
+  }
+}
+
+TEST(MetadataTest, QuotedValuesAreCutBetweenCharacters) {
+  // 79 bytes of ASCII, then two-byte characters: a cut at byte 80 would split one.
+  const std::string e_acute = "\xc3\xa9";
+  std::string value = std::string(77, 'a');
+  for (int i = 0; i < 40; ++i) value += e_acute;
+  const std::string err = error_of(R"({"name": "flashrt/linear", "version": [")" + value + "\"]}");
+  EXPECT_TRUE(is_valid_utf8(err)) << err;
+  EXPECT_NE(
+      err.find("field 'version' must be a string, got array [\"" + std::string(77, 'a') + "..."),
+      std::string::npos)
+      << err;
+  // A huge value is cut, not quoted whole.
+  const std::string huge = error_of(package_json("[]", std::string(1 << 20, 'x')));
+  EXPECT_LT(huge.size(), 400u);
+  EXPECT_NE(huge.find("field 'name' must be '<org>/<package>', got 'xxx"), std::string::npos);
+}
+
+TEST(MetadataTest, DeepNestingIsRefusedNotOverflowed) {
+  // 10^5 levels overflowed the stack when the value was quoted (nlohmann's dump recurses).
+  for (const char* open : {"[", "{\"a\":"}) {
+    std::string deep;
+    for (int i = 0; i < 100000; ++i) deep += open;
+    const std::string err = error_of(R"({"name": "flashrt/linear", "version": )" + deep);
+    EXPECT_NE(err.find("metadata.json: invalid JSON: arrays and objects nested deeper than 64 "
+                       "levels"),
+              std::string::npos)
+        << err.substr(0, 200);
+  }
+  // At the limit it is still an ordinary type error.
+  const std::string ok_depth = std::string(62, '[') + std::string(62, ']');
+  EXPECT_NE(error_of(R"({"name": "flashrt/linear", "version": )" + ok_depth + "}")
+                .find("field 'version' must be a string, got array"),
+            std::string::npos);
+}
+
+TEST(MetadataTest, NumbersPastDoubleAreMetadataErrors) {
+  // nlohmann reports "1e999" as out_of_range, not parse_error; it used to escape the parser.
+  for (const char* n : {"1e999", "-1e999",
+                        "1"
+                        "0000000000000000000000000000000000000000"}) {
+    const std::string err = error_of(package_json("[]", "flashrt/linear", n));
+    EXPECT_NE(err.find("metadata.json: "), std::string::npos) << n << ": " << err;
+  }
+  EXPECT_NE(error_of(package_json("[]", "flashrt/linear", "1e999")).find("invalid JSON"),
+            std::string::npos);
+}
+
+TEST(MetadataTest, DuplicateKeysRefused) {
+  EXPECT_NE(error_of(R"({"name": "flashrt/linear", "name": "flashrt/linear"})")
+                .find("invalid JSON: key 'name' appears twice in one object"),
+            std::string::npos);
+  std::string v = variant_json("cpu-x86_64-linux-avx2", "avx2");
+  v.insert(v.size() - 1, R"(, "sha256": ")" + std::string(64, 'b') + "\"");
+  const std::string err = error_of(package_json("[" + v + "]"));
+  EXPECT_NE(err.find("key 'sha256' appears twice in one object"), std::string::npos) << err;
+  // The same key in sibling objects is not a duplicate.
+  const std::string two = package_json("[" + variant_json("cpu-x86_64-linux-avx2", "avx2") + "," +
+                                       variant_json("cpu-x86_64-linux-generic", "generic") + "]");
+  EXPECT_EQ(parse_metadata(two, "/pkgs/flashrt/linear", "flashrt/linear").variants.size(), 2u);
 }
 
 }  // namespace
