@@ -22,7 +22,7 @@ python scripts/check_catalog_names.py
 
 echo "== clang-format"
 mapfile -t sources < <(git ls-files 'core/*.cpp' 'core/*.h' 'kernels/*.cpp' 'kernels/*.h' \
-  'kernels/*.c' 'python/src/*.cpp' 'python/src/*.h' 'tests/*.cpp' 'tests/*.c')
+  'kernels/*.c' 'python/src/*.cpp' 'python/src/*.h' 'tests/*.cpp' 'tests/*.c' 'tests/*.h')
 clang-format --dry-run --Werror "${sources[@]}"
 
 echo "== C++ tests (Release)"

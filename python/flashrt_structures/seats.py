@@ -9,7 +9,9 @@ arguments (DESIGN §6). It converts tensors; it decides nothing.
 
 from __future__ import annotations
 
+import itertools
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -18,6 +20,41 @@ from torch import nn
 from . import _core
 
 RAN, BAND, FALLBACK, RESTORE, RAISE = 0, 1, 2, 3, 4
+
+# Note [Seats in a compiled graph]: under torch.compile a seat's call is the custom op
+# flashrt::seat(x, seat_id), opaque to dynamo and AOT autograd (its fake kernel gives the output's
+# shape and dtype), so a compiled host keeps every seat inside its graph with no break and no
+# recompilation per call. The op's kernel runs the whole eager contract at run time (band,
+# training mode, owning thread, dtype, the kernel's form check, fallbacks to the host module,
+# the ledger, the self-detach after 32 fallbacks). Two checks are made when the graph is traced
+# instead: extra forward arguments, and an input that needs autograd (a custom op has no
+# backward), both of which trace the host module itself, so they are not in the ledger. A
+# compiled graph keeps calling the op after detach(): the op then runs the host module (bit
+# identical to the host), since the graph cannot be told its modules changed.
+_SEATS: dict[int, "SeatModule"] = {}  # seat id -> seat module, while attached
+# seat id -> the host module it stood for, once detached; weak, so a dropped model is freed.
+_DETACHED: dict[int, "weakref.ref[nn.Module]"] = {}
+_OUT_WIDTH: dict[int, int] = {}
+_IDS = itertools.count(1)
+
+
+@torch.library.custom_op("flashrt::seat", mutates_args=())
+def seat_op(x: torch.Tensor, seat_id: int) -> torch.Tensor:
+    """A seat's call as one op: the core seat or, on any miss, the host module."""
+    seat = _SEATS.get(seat_id)
+    if seat is not None:
+        return seat._contract_call(x)
+    ref = _DETACHED.get(seat_id)
+    host = ref() if ref is not None else None
+    if host is None:
+        raise RuntimeError(f"flashrt: seat {seat_id} was released; this compiled graph predates "
+                           "it (torch._dynamo.reset() and compile again)")
+    return host(x)
+
+
+@seat_op.register_fake
+def _(x: torch.Tensor, seat_id: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], _OUT_WIDTH[seat_id]))
 
 
 class GuardRefused(RuntimeError):
@@ -51,6 +88,8 @@ class SeatModule(nn.Module):
                 setattr(self, attr, getattr(host, attr))
         form = seat.form
         self.width, self.out_width = form.width, form.out
+        self.seat_id = next(_IDS)
+        _OUT_WIDTH[self.seat_id] = self.out_width
         self.train(host.training)
 
     @property
@@ -86,9 +125,29 @@ class SeatModule(nn.Module):
                 self._on_restore(self)
         return out
 
+    def engaged(self) -> None:
+        """Attached: a compiled graph's flashrt::seat op with this id runs this seat."""
+        _SEATS[self.seat_id] = self
+        _DETACHED.pop(self.seat_id, None)
+
+    def released(self) -> None:
+        """Detached (or restored): a compiled graph calling it now runs the host module."""
+        _SEATS.pop(self.seat_id, None)
+        _DETACHED[self.seat_id] = weakref.ref(self._host)
+
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # Traced: see Note [Seats in a compiled graph].
+            if args or kwargs or not isinstance(x, torch.Tensor) or (
+                    x.requires_grad and torch.is_grad_enabled()):
+                return self._host(x, *args, **kwargs)
+            return seat_op(x, self.seat_id)
         if args or kwargs:
             return self._miss(self._seat.miss("extra forward arguments"), (x, *args), kwargs)
+        return self._contract_call(x)
+
+    def _contract_call(self, x: torch.Tensor) -> torch.Tensor:
+        """DESIGN §6 for one call: the kernel, or the host with a counted reason."""
         width = self.width
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != width:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -97,7 +156,7 @@ class SeatModule(nn.Module):
         verdict = self._seat.admit_rows(rows)
         if verdict != RAN:
             return self._miss(verdict, (x,))
-        if x.requires_grad and torch.is_grad_enabled():
+        if x.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             return self._miss(self._seat.miss("input requires grad (autograd)"), (x,))
         try:
             x2 = x.view(rows, width)

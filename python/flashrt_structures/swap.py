@@ -86,6 +86,7 @@ class AttachHandle:
             if r.seat is seat and not r.restored and r.parent._modules.get(r.name) is seat:
                 r.parent._modules[r.name] = r.original
                 r.restored = True
+                seat.released()
 
     def detach(self) -> None:
         """Puts the same original objects back, in reverse order; idempotent."""
@@ -94,6 +95,7 @@ class AttachHandle:
         for r in reversed(self.records):
             if r.parent._modules.get(r.name) is r.seat:
                 r.parent._modules[r.name] = r.original
+            r.seat.released()  # a compiled graph that still calls it runs the host
         for attr in ("_apply", "load_state_dict"):
             if attr in self._patched:
                 if self._patched[attr] is None:
@@ -126,6 +128,7 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
             seat.seat.mode = on_guard_fail
             seat._on_restore = handle._restore_one
             parent._modules[name] = seat
+            seat.engaged()
             records.append(_Record(path, parent, name, original, seat))
         for attr, what in (("_apply", "device or dtype migration"),
                            ("load_state_dict", "load_state_dict")):

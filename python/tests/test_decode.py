@@ -147,3 +147,36 @@ def test_a_scaled_rotary_form_the_host_declares_is_followed():
     loop = S.decode_loop(model, max_len=40)
     want = host_generate(model, ids, 20)
     assert teacher_forced_agreement(model, loop, want[:, :-1]) >= 0.999
+
+
+def test_the_decode_plan_is_made_in_the_core_and_explained_like_any_plan():
+    model = hosts.qwen3(2)
+    loop = S.decode_loop(model, max_len=32)
+    text = S.explain(loop)
+    assert text.startswith("flashrt decode plan: binding llama_decode, 2 layers, hidden 256, "
+                           "heads 4/2 x 64, vocab 512, window 32, 0 seated, buildable"), text
+    plan = loop.plan
+    assert plan.ok and plan.config.qk_norm and len(plan.layers) == 2
+    assert plan.layers[0].slots["q"] == "model.layers.0.self_attn.q_proj"
+    assert plan.layers[0].activation == S._core.Activation.silu
+    # A refused stack: the plan says why, site and form, before anything is built.
+    refused = S.decode.plan_decode(hosts.gemma(1), 32)
+    assert not refused.ok
+    site, why = refused.refused[0]
+    assert site == "model.layers.0.input_layernorm" and "different norm form" in why
+    assert "measured 'rms_one_plus'" in why
+    assert "refused:\n  model.layers.0.input_layernorm" in S.explain(refused)
+
+
+def test_what_is_attached_is_counted_in_the_decode_plan():
+    model = hosts.qwen3(2)
+    x = hosts.ids(4)
+    handle = S.auto_swaps(model, lambda: model(x), scheme="w8a16_decode",
+                          min_seat_weights=0).attach(model)
+    try:
+        plan = S.decode.plan_decode(model, 32)
+        assert plan.ok, S.explain(plan)
+        assert plan.seated == 2 * 5 + 1  # q, k, v, o, mlp per layer, and the head
+        assert all(layer.mlp_seated for layer in plan.layers)
+    finally:
+        handle.detach()
