@@ -1,4 +1,5 @@
-"""The transformers door on a Qwen3-0.6B-shaped host: prefill and steady decode, host vs attached.
+"""The transformers door on a Qwen3-0.6B-shaped host: prefill and steady decode, host vs attached,
+eager and compiled.
 
 Qwen3-0.6B's real config sizes (hidden 1024, intermediate 3072, 28 layers, 16 query / 8 KV
 heads of 128, vocabulary 151936, tied embeddings) with random weights, fp32, batch 1. Prefill is
@@ -6,7 +7,10 @@ one forward over a 128-token prompt; steady decode is 64 greedy steps over the K
 per step (median). Arms (host, w8a16_decode, w4a16_decode) alternate round by round in one
 process; the same weights serve every arm (an arm's seats are attached for its turn only).
 The bytes-per-token floor for decode is the weight bytes one step must read over the measured
-read bandwidth.
+read bandwidth. Compiled arms (torch.compile, default backend) run on their own copies of the
+model, compiled once (an arm switch on one compiled model would recompile every round): the
+compiled host, and the compiled host with w8a16_decode seats attached before compiling. Their
+compile time is the first prefill plus first decode steps, over the steady ones.
 
     .venv/bin/python bench/door.py --json bench/results/door.json
 """
@@ -14,6 +18,7 @@ read bandwidth.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import statistics
 import time
@@ -84,6 +89,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--rounds", type=int, default=3, help="decode rounds (64 steps each)")
     parser.add_argument("--prefill-rounds", type=int, default=7)
+    parser.add_argument("--no-compiled", action="store_true", help="skip the compiled arms")
     args = parser.parse_args()
 
     bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=5)
@@ -102,6 +108,18 @@ def main() -> int:
         run_arm(model, prompt[:, :16], 4)
         if handle is not None:
             handle.detach()
+    if not args.no_compiled:
+        torch._dynamo.config.cache_size_limit = 64
+        for name, scheme in (("compiled host", None), ("compiled w8a16_decode", "w8a16_decode")):
+            copy_ = copy.deepcopy(model)
+            plan = S.auto_swaps(copy_, lambda: copy_(step), scheme=scheme) if scheme else None
+            handle = plan.attach(copy_) if plan else None
+            compiled = torch.compile(copy_)
+            t0 = time.perf_counter()
+            run_arm(compiled, prompt, 4)  # traces and compiles the prefill and decode shapes
+            compile_s = time.perf_counter() - t0  # the first run: tracing and compiling
+            arms[name] = {"plan": plan, "swaps": plan.swaps if plan else None, "model": compiled,
+                          "handle": handle, "compile_s": compile_s}
     samples: dict[str, list[dict]] = {name: [] for name in arms}
     prefills: dict[str, list[float]] = {name: [] for name in arms}
     def rotated(r: int) -> list[tuple[str, dict]]:
@@ -109,23 +127,30 @@ def main() -> int:
         items = list(arms.items())
         return items[r % len(items):] + items[:r % len(items)]
 
+    def attached(arm: dict):
+        """The arm's model and, for an eager arm with seats, the handle attached for its turn."""
+        if "model" in arm:  # compiled: seats stay attached to its own copy
+            return arm["model"], None
+        return model, arm["plan"].attach(model) if arm["swaps"] else None
+
     for r in range(args.prefill_rounds):  # prefill alone: one 128-row forward per arm per round
         for name, arm in rotated(r):
-            handle = arm["plan"].attach(model) if arm["swaps"] else None
+            m, handle = attached(arm)
             try:
-                prefills[name].append(run_arm(model, prompt, 1)["prefill_s"])
+                prefills[name].append(run_arm(m, prompt, 1)["prefill_s"])
             finally:
                 if handle is not None:
                     handle.detach()
     for r in range(args.rounds):
         for name, arm in rotated(r):
-            handle = arm["plan"].attach(model) if arm["swaps"] else None
+            m, handle = attached(arm)
             try:
-                samples[name].append(run_arm(model, prompt, NEW))
+                samples[name].append(run_arm(m, prompt, NEW))
+                handle = handle or arm.get("handle")
                 if handle is not None:
                     arm["summary"] = handle.summary()
             finally:
-                if handle is not None:
+                if handle is not None and "model" not in arm:
                     handle.detach()
 
     host_prefill = statistics.median(prefills["host"])
@@ -135,15 +160,15 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, read bandwidth {bandwidth:.1f} GB/s, "
           f"kernels on {S.PARALLEL_BACKEND}")
     print(f"Qwen3-0.6B-shaped, {args.layers} layers, fp32 host, prompt {PROMPT}, decode {NEW}")
-    print(f"{'arm':<14}{'seats':>6}{'refused':>8}{'prefill s':>11}{'vs host':>9}"
+    print(f"{'arm':<24}{'seats':>6}{'refused':>8}{'prefill s':>11}{'vs host':>9}"
           f"{'decode tok/s':>14}{'vs host':>9}{'floor tok/s':>13}{'of floor':>10}{'same tokens':>13}")
     for name, arm in arms.items():
         pre = statistics.median(prefills[name])
         stp = statistics.median(s["decode_step_s"] for s in samples[name])
-        nbytes = weight_bytes(model, arm["swaps"])
+        nbytes = weight_bytes(model, arm["swaps"])  # the copies hold the same weights
         floor_tps = bandwidth * 1e9 / nbytes
         same = sum(a == b for a, b in zip(samples[name][0]["tokens"], host_tokens)) / NEW
-        notes = arm["plan"].notes if name != "host" else {"refused": []}
+        notes = arm["plan"].notes if arm.get("plan") else {"refused": []}
         summary = arm.get("summary", {})
         row = {"arm": name, "seats": summary.get("seams", 0), "refused": len(notes["refused"]),
                "keep_host": len(notes.get("scheme", {}).get("keep_host", {})),
@@ -152,12 +177,24 @@ def main() -> int:
                "decode_speedup_vs_host": host_step / stp, "weight_bytes_per_token": nbytes,
                "floor_tok_s": floor_tps, "frac_of_floor": (1 / stp) / floor_tps,
                "greedy_tokens_same_as_host": same, "ledger": summary,
-               "bind_seconds": arm.get("bind_s", 0.0)}
+               "bind_seconds": arm.get("bind_s", 0.0), "compiled": "model" in arm,
+               "compile_seconds": arm.get("compile_s")}
         rows.append(row)
-        print(f"{name:<14}{row['seats']:>6}{row['refused']:>8}{pre:>11.3f}"
+        print(f"{name:<24}{row['seats']:>6}{row['refused']:>8}{pre:>11.3f}"
               f"{row['prefill_vs_host']:>8.3f}x{1 / stp:>14.2f}{row['decode_speedup_vs_host']:>8.2f}x"
               f"{floor_tps:>13.1f}{row['frac_of_floor']:>10.0%}{same:>13.0%}")
-    result = {"machine": machine(),
+    by = {r["arm"]: r for r in rows}
+    if "compiled w8a16_decode" in by:
+        cw8, ew8, ch = by["compiled w8a16_decode"], by["w8a16_decode"], by["compiled host"]
+        goals = {"compiled_seats_vs_eager_seats": cw8["decode_tok_s"] / ew8["decode_tok_s"],
+                 "compiled_seats_vs_compiled_host": cw8["decode_tok_s"] / ch["decode_tok_s"]}
+        print(f"compiled + seats vs eager + seats {goals['compiled_seats_vs_eager_seats']:.2f}x "
+              f"(goal >= 1.2x); vs compiled host {goals['compiled_seats_vs_compiled_host']:.2f}x "
+              f"(goal >= 3x); compile s: host {ch['compile_seconds']:.1f}, "
+              f"seats {cw8['compile_seconds']:.1f}")
+    else:
+        goals = {}
+    result = {"machine": machine(), "compiled_goals": goals,
               "read_bandwidth_gbps": bandwidth, "layers": args.layers, "prompt": PROMPT,
               "new_tokens": NEW, "rounds": args.rounds, "prefill_rounds": args.prefill_rounds,
               "rows": rows}

@@ -3,6 +3,7 @@
 // registers' reach; in the ungated form up's bias and the activation are applied to the tile.
 #include "ffn_op.h"
 
+#include <frt_kern/panels.h>
 #include <frt_kern/rows.h>
 #include <frt_kern/util.h>
 
@@ -10,13 +11,6 @@
 
 namespace frt::kern {
 namespace {
-
-float activate(int32_t act, float g) {
-  if (act == FRT_ACT_SILU) return g / (1.0f + std::exp(-g));
-  if (act == FRT_ACT_GELU) return 0.5f * g * (1.0f + std::erf(g * 0.7071067811865476f));
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
-}
 
 struct FfnSpace {
   float* x_prep;  // rows of x prepared for gate/up
@@ -137,15 +131,13 @@ int32_t ffn_run(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t nth, 
         if (a->gate != nullptr) {
           run_panel(a->gate, p, rows, m, gate_tile);
           for (int64_t r = 0; r < m; ++r)
-            for (int64_t j = 0; j < width; ++j)
-              s.h[r * inter + c0 + j] =
-                  activate(a->act, gate_tile[r * FRT_PANEL + j]) * up_tile[r * FRT_PANEL + j];
+            kPanels.activate(a->act, gate_tile + r * FRT_PANEL, nullptr, up_tile + r * FRT_PANEL,
+                             s.h + r * inter + c0, width);
         } else {
+          const float* bias = a->up_bias != nullptr ? a->up_bias + c0 : nullptr;
           for (int64_t r = 0; r < m; ++r)
-            for (int64_t j = 0; j < width; ++j) {
-              const float b = a->up_bias != nullptr ? a->up_bias[c0 + j] : 0.0f;
-              s.h[r * inter + c0 + j] = activate(a->act, up_tile[r * FRT_PANEL + j] + b);
-            }
+            kPanels.activate(a->act, up_tile + r * FRT_PANEL, bias, nullptr, s.h + r * inter + c0,
+                             width);
         }
       }
       return ok(err);

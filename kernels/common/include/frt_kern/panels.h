@@ -20,6 +20,10 @@ struct PanelTable {
   // sum_i x[i] w[i] over n elements, w fp32 or bf16 (the host's own weight rows).
   float (*dot_f32)(const float* x, const float* w, int64_t n);
   float (*dot_bf16)(const float* x, const uint16_t* w, int64_t n);
+  // out[i] = act(g[i] + bias[i]) * mul[i] for i < n (act an frt_act; bias, mul may be null):
+  // the feed-forwards' epilogue. See Note [Vector activations] in activate_avx2.cpp.
+  void (*activate)(int32_t act, const float* g, const float* bias, const float* mul, float* out,
+                   int64_t n);
 };
 
 extern const PanelTable kPanels;
@@ -30,6 +34,10 @@ void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64
                     const float* xsum, int64_t m, float* out);
 float dot_f32_ref(const float* x, const float* w, int64_t n);
 float dot_bf16_ref(const float* x, const uint16_t* w, int64_t n);
+void activate_ref(int32_t act, const float* g, const float* bias, const float* mul, float* out,
+                  int64_t n);
+void activate_avx2(int32_t act, const float* g, const float* bias, const float* mul, float* out,
+                   int64_t n);
 float dot_f32_avx2(const float* x, const float* w, int64_t n);
 float dot_bf16_avx2(const float* x, const uint16_t* w, int64_t n);
 void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
