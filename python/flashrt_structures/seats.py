@@ -9,6 +9,7 @@ arguments (DESIGN §6). It converts tensors; it decides nothing.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import warnings
 import weakref
@@ -38,9 +39,8 @@ _OUT_WIDTH: dict[int, int] = {}
 _IDS = itertools.count(1)
 
 
-@torch.library.custom_op("flashrt::seat", mutates_args=())
-def seat_op(x: torch.Tensor, seat_id: int) -> torch.Tensor:
-    """A seat's call as one op: the core seat or, on any miss, the host module."""
+def _seat_kernel(x: torch.Tensor, seat_id: int) -> torch.Tensor:
+    """flashrt::seat's kernel: the core seat or, on any miss, the host module."""
     seat = _SEATS.get(seat_id)
     if seat is not None:
         return seat._contract_call(x)
@@ -52,9 +52,24 @@ def seat_op(x: torch.Tensor, seat_id: int) -> torch.Tensor:
     return host(x)
 
 
-@seat_op.register_fake
-def _(x: torch.Tensor, seat_id: int) -> torch.Tensor:
+def _seat_fake(x: torch.Tensor, seat_id: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], _OUT_WIDTH[seat_id]))
+
+
+# Defined with the low-level registration rather than torch.library.custom_op: the call costs
+# ~4 us instead of ~13 us (measured), and a compiled decode step makes one call per seat.
+_LIB = torch.library.Library("flashrt", "DEF")
+_LIB.define("seat(Tensor x, int seat_id) -> Tensor")
+_LIB.impl("seat", _seat_kernel, "CPU")
+torch.library.register_fake("flashrt::seat", _seat_fake, lib=_LIB)
+seat_op = torch.ops.flashrt.seat
+
+
+@atexit.register
+def _release_all() -> None:
+    """Seats still attached at exit go before the extension's own teardown (no leak report)."""
+    _SEATS.clear()
+    _DETACHED.clear()
 
 
 class GuardRefused(RuntimeError):
