@@ -137,17 +137,17 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
                 arm_t.append(_time(score, iters))
         finally:
             handle.detach()
-        unit_speedup = (min_speedup if min_speedup is not None
-                        else catalog.load(unit).gate.min_speedup)
-        verdict = _core.judge_unit(catalog.shipped().band(kind),
+        gate = catalog.load(unit).gate
+        verdict = _core.judge_unit(catalog.shipped().band(kind), gate,
                                    {k: v for k, v in metrics.items() if k != "band"}, fallbacks,
-                                   host_t, arm_t, unit_speedup, dict(floors or {}))
+                                   host_t, arm_t, min_speedup, dict(floors or {}))
         decision = verdict.text
         units[unit] = {"seats": len(swaps), "parity": metrics,
                        "speedup": verdict.latency.median_ratio,
                        "ratios": list(verdict.latency.ratios), "decision": decision,
-                       "min_speedup": unit_speedup}
-        if decision == "activated":
+                       "min_speedup": min_speedup if min_speedup is not None
+                       else gate.min_speedup}
+        if verdict.decision == _core.UnitDecision.activated:
             winners.update(swaps)
         else:
             refused.extend((path, f"{unit} unit {decision}") for path in swaps)

@@ -32,7 +32,8 @@ RAN, BAND, FALLBACK, RESTORE, RAISE = 0, 1, 2, 3, 4
 # backward), both of which trace the host module itself, so they are not in the ledger. A
 # compiled graph keeps calling the op after detach(): the op then runs the host module (bit
 # identical to the host), since the graph cannot be told its modules changed.
-_SEATS: dict[int, "SeatModule"] = {}  # seat id -> seat module, while attached
+# seat id -> seat module while attached; weak, so a model dropped while attached is freed.
+_SEATS: dict[int, "weakref.ref[SeatModule]"] = {}
 # seat id -> the host module it stood for, once detached; weak, so a dropped model is freed.
 _DETACHED: dict[int, "weakref.ref[nn.Module]"] = {}
 _OUT_WIDTH: dict[int, int] = {}
@@ -41,7 +42,8 @@ _IDS = itertools.count(1)
 
 def _seat_kernel(x: torch.Tensor, seat_id: int) -> torch.Tensor:
     """flashrt::seat's kernel: the core seat or, on any miss, the host module."""
-    seat = _SEATS.get(seat_id)
+    ref = _SEATS.get(seat_id)
+    seat = ref() if ref is not None else None
     if seat is not None:
         return seat._contract_call(x)
     ref = _DETACHED.get(seat_id)
@@ -142,7 +144,7 @@ class SeatModule(nn.Module):
 
     def engaged(self) -> None:
         """Attached: a compiled graph's flashrt::seat op with this id runs this seat."""
-        _SEATS[self.seat_id] = self
+        _SEATS[self.seat_id] = weakref.ref(self)
         _DETACHED.pop(self.seat_id, None)
 
     def released(self) -> None:

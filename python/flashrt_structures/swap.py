@@ -10,18 +10,28 @@ from typing import Any
 
 from torch import nn
 
+from . import _core
 from .seats import SeatModule, refusing
+
+_SELF_DETACH = _core.SELF_DETACH_AFTER
 
 log = logging.getLogger("flashrt")
 
-# Hosts a door has fired on and whose handle is still active (see attached()).
-_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, AttachHandle]" = weakref.WeakKeyDictionary()
+# Hosts a door has fired on and whose handle is still active (see attached()). The handle is held
+# weakly too: it holds its host, and a strong value would keep the weak key alive for ever.
+_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, weakref.ref[AttachHandle]]" = (
+    weakref.WeakKeyDictionary())
+
+
+def _active(model: nn.Module) -> "AttachHandle | None":
+    ref = _ACTIVE.get(model)
+    handle = ref() if ref is not None else None
+    return handle if handle is not None and handle.active else None
 
 
 def attached(model: nn.Module) -> bool:
     """True while a flashrt door's handle is active on `model`: the way to tell "never ran"."""
-    handle = _ACTIVE.get(model)
-    return handle is not None and handle.active
+    return _active(model) is not None
 
 
 def _resolve(root: nn.Module, path: str) -> tuple[nn.Module, str, nn.Module]:
@@ -104,7 +114,7 @@ class AttachHandle:
                     self.root.__dict__[attr] = self._patched[attr]
         self._patched.clear()
         self.active = False
-        if _ACTIVE.get(self.root) is self:
+        if _active(self.root) is None and self.root in _ACTIVE:
             del _ACTIVE[self.root]
 
 
@@ -117,8 +127,14 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
     if root.training and not allow_training:
         raise ValueError("flashrt: the host is in training mode; seats serve inference "
                          "(call model.eval() first)")
-    if _ACTIVE.get(root) is not None and _ACTIVE[root].active:
+    if _active(root) is not None:
         raise ValueError("flashrt: a handle is already attached to this host; detach it first")
+    for path, seat in swaps.items():
+        ledger = seat.seat.ledger
+        if ledger.restored:  # DESIGN §6: 32 consecutive fallbacks give the region back for good
+            raise ValueError(f"flashrt: the seat for {path} gave its region back to the host after "
+                             f"{_SELF_DETACH} consecutive fallbacks (last: {ledger.last_reason}); "
+                             "build a new plan to seat it again")
     resolved = [(path, *_resolve(root, path)) for path in swaps]  # every path before any change
     records: list[_Record] = []
     handle = AttachHandle(root, records, dict(notes or {}))
@@ -137,7 +153,7 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
     except Exception:
         handle.detach()
         raise
-    _ACTIVE[root] = handle
+    _ACTIVE[root] = weakref.ref(handle)
     refused = handle.notes.setdefault("refused", [])
     if log_line:  # the gated door's trial attaches stay quiet; its final one logs
         log.warning("[flashrt] %d seats, %d refused", len(records), len(refused))

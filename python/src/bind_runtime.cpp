@@ -1,3 +1,4 @@
+#include <flashrt/catalog.h>
 #include <flashrt/errors.h>
 #include <flashrt/gates.h>
 #include <flashrt/hub.h>
@@ -5,6 +6,7 @@
 #include <flashrt/seat.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -136,8 +138,9 @@ void bind_gates(nb::module_& m) {
       .def_ro("latency", &UnitVerdict::latency);
   m.def("band_name", [](ParityBand b) { return std::string(band_name(b)); });
   m.def("parity_band", &parity_band, nb::arg("band"), nb::arg("metric"));
-  m.def("judge_unit", &judge_unit, nb::arg("band"), nb::arg("metrics"), nb::arg("fallbacks"),
-        nb::arg("host_seconds"), nb::arg("arm_seconds"), nb::arg("min_speedup"), nb::arg("floors"));
+  m.def("judge_unit", &judge_unit, nb::arg("band"), nb::arg("gate"), nb::arg("metrics"),
+        nb::arg("fallbacks"), nb::arg("host_seconds"), nb::arg("arm_seconds"),
+        nb::arg("min_speedup").none(), nb::arg("floors"));
   m.def("latency_verdict", &latency_verdict, nb::arg("host_seconds"), nb::arg("arm_seconds"),
         nb::arg("min_speedup"));
   m.def("floors_shortfall", &floors_shortfall, nb::arg("metrics"), nb::arg("floors"));

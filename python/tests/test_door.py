@@ -219,7 +219,8 @@ def test_thirty_two_consecutive_fallbacks_put_the_host_back():
     model = hosts.qwen3(1)
     x = hosts.ids(1)
     head = model.lm_head
-    handle = all_seats(model).attach(model)
+    plan = all_seats(model)
+    handle = plan.attach(model)
     model.train()  # every seated call now falls back ("training mode")
     with pytest.warns(RuntimeWarning):
         with torch.no_grad():
@@ -233,6 +234,10 @@ def test_thirty_two_consecutive_fallbacks_put_the_host_back():
     assert handle.report()[0]["calls"] == 32  # restored seats see no more calls
     handle.detach()
     assert model.lm_head is head
+    # For good: the same seats are not attached again.
+    with pytest.raises(ValueError, match="gave its region back to the host after 32 consecutive"):
+        plan.attach(model)
+    assert model.lm_head is head and not S.attached(model)
 
 
 def test_on_guard_fail_raise_raises_instead_of_falling_back():

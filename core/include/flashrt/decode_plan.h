@@ -17,10 +17,17 @@
 namespace frt {
 
 // The slots the decode program reads, by name: a binding maps each to a path on its family.
-// gate/up/down/act are read only when the layer's feed-forward is not one seat.
+// The stack's and the layer's are read always (a binding must mark them required); the
+// feed-forward's only when the layer's feed-forward is not one seat; q_norm and k_norm are
+// optional (per-head norms, when the host has them).
 inline constexpr std::array<const char*, 2> kDecodeStackSlots = {"final_norm", "rotary"};
-inline constexpr std::array<const char*, 11> kDecodeLayerSlots = {
-    "input_norm", "post_norm", "q", "k", "v", "o", "mlp", "gate", "up", "down", "act"};
+inline constexpr std::array<const char*, 7> kDecodeLayerSlots = {
+    "input_norm", "post_norm", "q", "k", "v", "o", "mlp"};
+inline constexpr std::array<const char*, 4> kDecodeFfnSlots = {"gate", "up", "down", "act"};
+// What the program computes: a binding may only admit these (checked when it is planned).
+inline constexpr std::array<const char*, 1> kDecodeNormForms = {"rms"};
+inline constexpr std::array<Activation, 2> kDecodeActivations = {Activation::silu,
+                                                                 Activation::gelu_tanh};
 
 struct DecodeLayerPlan {
   std::map<std::string, std::string> slots;  // binding slot -> module path (present slots only)

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,10 +65,13 @@ struct UnitVerdict {
   LatencyVerdict latency;
 };
 
-// metrics: the parity figures (band metric among them); fallbacks: the unit's ledger count.
-UnitVerdict judge_unit(const OutputBand& band, const std::map<std::string, double>& metrics,
-                       int64_t fallbacks, const std::vector<double>& host_seconds,
-                       const std::vector<double>& arm_seconds, double min_speedup,
+// metrics: the parity figures (band metric among them); fallbacks: the unit's ledger count;
+// gate: the unit's structure's gates (its minimum speedup), unless the caller overrides it.
+UnitVerdict judge_unit(const OutputBand& band, const GateSpec& gate,
+                       const std::map<std::string, double>& metrics, int64_t fallbacks,
+                       const std::vector<double>& host_seconds,
+                       const std::vector<double>& arm_seconds,
+                       std::optional<double> min_speedup_override,
                        const std::map<std::string, double>& floors);
 
 }  // namespace frt

@@ -335,6 +335,11 @@ class SpecParser : YamlFields {
     }
     if (m.site == SiteKind::node && m.nodes.size() != 1)
       fail("match.site", "site 'node' needs exactly one node");
+    // A seam is seated through its projections' weights: a pattern without one has nothing to
+    // pack, and its weight dtype and rows come from its first linear node.
+    if (std::none_of(m.nodes.begin(), m.nodes.end(),
+                     [](const MatchNode& n) { return n.kind == NodeKind::linear; }))
+      fail("match.nodes", "needs at least one linear node");
     if (const YAML::Node flow = node["flow"]) {
       if (!flow.IsSequence()) fail("match.flow", "expected a list of relations");
       for (size_t i = 0; i < flow.size(); ++i) {

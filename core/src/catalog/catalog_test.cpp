@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include "flashrt/decode_plan.h"
 #include "flashrt/errors.h"
 #include "flashrt/hub.h"
 #include "flashrt/plan.h"
@@ -573,8 +574,57 @@ TEST_F(CatalogFiles, ALinearRungOnARegionOfSeveralProjectionsMustBePerNode) {
   write("ladders.yaml", replaced(ladders, "{impl: ffn, package: flashrt/ffn, op: gated_ffn}",
                                  "{impl: ffn_lin, package: flashrt/linear, op: linear}"));
   expect_error_in("ladders.yaml", "ladders.decoder_ffn[0].op",
-                  "the linear op seats one projection; structure 'decoder_ffn' has 3 (set "
-                  "per_node: true)");
+                  "the linear op seats one projection; structure 'decoder_ffn' is a region of 4 "
+                  "nodes (set per_node: true)");
+}
+
+TEST_F(CatalogFiles, AMatchPatternNeedsALinearNode) {
+  // An activation alone: nothing to pack, and no weight to take dtype or rows from.
+  expect_error(replaced(replaced(kWithActivation, "    proj: {kind: linear, weight: weight}\n", ""),
+                        "    - feeds: [proj, act]\n", ""),
+               "match.nodes", "needs at least one linear node");
+}
+
+TEST_F(CatalogFiles, ALinearRungOnARegionOfOneProjectionAndAnActivationMustBePerNode) {
+  // One projection and its activation under a parent: a linear seat at the parent would drop
+  // the activation.
+  write("structures/demo.yaml", kWithActivation);
+  write("schemes.yaml", kSchemes);
+  write("ladders.yaml", kLadders);
+  expect_error_in("ladders.yaml", "ladders.demo[0].op",
+                  "the linear op seats one projection; structure 'demo' is a region of 2 nodes");
+}
+
+TEST_F(CatalogFiles, ABindingIsHeldToWhatTheDecodeProgramComputes) {
+  fs::remove_all(dir_);
+  fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);
+  std::ifstream in(dir_ / "bindings/llama_decode.yaml");
+  const std::string binding((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const HostGraph empty;
+  const auto plan_error = [&](const std::string& text) {
+    write("bindings/llama_decode.yaml", text);
+    const Catalog c = Catalog::load(dir_.string());
+    try {
+      plan_decode(empty, c, "llama_decode", 32);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(plan_error(replaced(binding, "activation: [silu, gelu_tanh]",
+                                "activation: [silu, gelu_tanh, gelu]"))
+                .find("activation 'gelu' is not a form the decode program computes"),
+            std::string::npos);
+  EXPECT_NE(plan_error(replaced(binding, "  norm_form: [rms]\n", ""))
+                .find("declares no norm_form it covers"),
+            std::string::npos);
+  EXPECT_NE(plan_error(replaced(binding, "  input_norm: input_layernorm",
+                                "  input_norm: {path: input_layernorm, required: false}"))
+                .find("slot 'input_norm' is read by every program, so it cannot be optional"),
+            std::string::npos);
+  EXPECT_NE(plan_error(replaced(binding, "  o: self_attn.o_proj\n", ""))
+                .find("has no slot 'o', which the decode program reads"),
+            std::string::npos);
 }
 
 TEST_F(CatalogFiles, SchemeNamesAnUnknownForm) {

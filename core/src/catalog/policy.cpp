@@ -234,20 +234,26 @@ void check_ladders(const Catalog& c, const fs::path& root) {
       const Rung& r = rungs[i];
       const std::string field = "ladders." + structure + "[" + std::to_string(i) + "].op";
       if (r.op == OpKind::linear) {
-        // One linear op replaces one projection: a region of several is seated per node.
-        size_t linears = 0;
-        for (const MatchNode& n : spec.match.nodes) linears += n.kind == NodeKind::linear;
-        if (linears != 1 && !r.per_node)
-          f.fail(field, "the linear op seats one projection; structure '" + structure + "' has " +
-                            std::to_string(linears) + " (set per_node: true)");
+        // One linear op replaces one module: a region (site: parent) is seated per node, or the
+        // seat would stand for the whole region and drop what else it computes.
+        if (spec.match.site != SiteKind::node && !r.per_node)
+          f.fail(field, "the linear op seats one projection; structure '" + structure +
+                            "' is a region of " + std::to_string(spec.match.nodes.size()) +
+                            " nodes (set per_node: true)");
         continue;
       }
       if (op_weight_operands(r.op).empty())
         f.fail(field, std::string("'") + name_of(r.op) + "' is not an op a seat runs");
-      for (const std::string& operand : op_weight_operands(r.op))
-        if (spec.slot(operand) == nullptr)
+      for (const std::string& operand : op_weight_operands(r.op)) {
+        const bool filled =
+            std::any_of(spec.match.nodes.begin(), spec.match.nodes.end(), [&](const MatchNode& n) {
+              return n.kind == NodeKind::linear && n.weight_slot == operand;
+            });
+        if (spec.slot(operand) == nullptr || !filled)
           f.fail(field, std::string("op '") + name_of(r.op) + "' reads slot '" + operand +
-                            "', which structure '" + structure + "' does not declare");
+                            "', which structure '" + structure +
+                            "' does not declare and fill from a linear node");
+      }
       bool has_act = false;
       for (const MatchNode& n : spec.match.nodes) has_act |= n.kind == NodeKind::activation;
       if (!has_act)

@@ -23,15 +23,18 @@ int64_t int_attr(const HostGraph& g, const std::string& key) {
   }
 }
 
+// A value the binding does not list is not covered; nor is anything under a key it omits.
 bool allowed(const BindingSpec& b, const std::string& key, const std::string& value) {
   const auto it = b.attributes.find(key);
-  if (it == b.attributes.end()) return true;
+  if (it == b.attributes.end()) return false;
   return std::find(it->second.begin(), it->second.end(), value) != it->second.end();
 }
 
 std::string allowed_list(const BindingSpec& b, const std::string& key) {
+  const auto it = b.attributes.find(key);
+  if (it == b.attributes.end()) return "none declared";
   std::string out;
-  for (const std::string& v : b.attributes.at(key)) out += (out.empty() ? "" : ", ") + v;
+  for (const std::string& v : it->second) out += (out.empty() ? "" : ", ") + v;
   return out;
 }
 
@@ -95,16 +98,36 @@ class Planner {
 DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::string& binding,
                        int64_t max_len) {
   const BindingSpec& b = catalog.binding(binding);
-  // The program reads these slots by name: a binding lacking one cannot drive it.
-  const auto require = [&](const auto& names, const std::vector<BindingSlot>& slots) {
-    for (const char* name : names)
-      if (std::none_of(slots.begin(), slots.end(),
-                       [&](const BindingSlot& s) { return s.name == name; }))
+  // The program reads these slots by name: a binding lacking one, or marking one it always reads
+  // optional, cannot drive it; a binding admitting a form the program does not compute would
+  // build a program that computes something else.
+  const auto require = [&](const auto& names, const std::vector<BindingSlot>& slots, bool always) {
+    for (const char* name : names) {
+      const auto it = std::find_if(slots.begin(), slots.end(),
+                                   [&](const BindingSlot& s) { return s.name == name; });
+      if (it == slots.end())
         throw InvalidArgument("binding '" + binding + "' has no slot '" + name +
                               "', which the decode program reads");
+      if (always && !it->required)
+        throw InvalidArgument("binding '" + binding + "': slot '" + name +
+                              "' is read by every program, so it cannot be optional");
+    }
   };
-  require(kDecodeStackSlots, b.stack);
-  require(kDecodeLayerSlots, b.layer);
+  require(kDecodeStackSlots, b.stack, true);
+  require(kDecodeLayerSlots, b.layer, true);
+  require(kDecodeFfnSlots, b.layer, false);
+  const auto admits_only = [&](const std::string& key, const auto& computed, auto name) {
+    const auto it = b.attributes.find(key);
+    if (it == b.attributes.end())
+      throw InvalidArgument("binding '" + binding + "' declares no " + key + " it covers");
+    for (const std::string& v : it->second)
+      if (std::none_of(computed.begin(), computed.end(), [&](auto c) { return name(c) == v; }))
+        throw InvalidArgument("binding '" + binding + "': " + key + " '" + v +
+                              "' is not a form the decode program computes");
+  };
+  admits_only("norm_form", kDecodeNormForms, [](const char* c) { return std::string(c); });
+  admits_only("activation", kDecodeActivations,
+              [](Activation a) { return std::string(name_of(a)); });
   DecodePlan p;
   p.binding = binding;
   Planner pl(g, b, p);

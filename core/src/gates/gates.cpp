@@ -132,10 +132,13 @@ std::string floors_shortfall(const std::map<std::string, double>& metrics,
 
 namespace frt {
 
-UnitVerdict judge_unit(const OutputBand& band, const std::map<std::string, double>& metrics,
-                       int64_t fallbacks, const std::vector<double>& host_seconds,
-                       const std::vector<double>& arm_seconds, double min_speedup,
+UnitVerdict judge_unit(const OutputBand& band, const GateSpec& gate,
+                       const std::map<std::string, double>& metrics, int64_t fallbacks,
+                       const std::vector<double>& host_seconds,
+                       const std::vector<double>& arm_seconds,
+                       std::optional<double> min_speedup_override,
                        const std::map<std::string, double>& floors) {
+  const double min_speedup = min_speedup_override.value_or(gate.min_speedup);
   UnitVerdict v;
   const auto metric = metrics.find(band.metric);
   if (metric == metrics.end())

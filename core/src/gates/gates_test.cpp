@@ -77,12 +77,16 @@ TEST(Gates, FloorsAndCeilings) {
   EXPECT_THROW(floors_shortfall(m, {{"top1_agreement", 0.9}}), InvalidArgument);
 }
 
+// The gates of the structure a unit is made of: its minimum speedup (1.02) comes from here.
+const GateSpec& gate() { return catalog().get("linear_proj").gate; }
+
 // judge_unit decides in a fixed order: fallbacks, then the caller's floors, then latency.
 TEST(Gates, JudgeUnitRefusesForFallbacksFirst) {
   const OutputBand& band = catalog().band(OutputKind::values);
   // Every later check would refuse too: the ledger decides first.
-  const UnitVerdict v = judge_unit(band, {{"cosine", 0.9}, {"max_abs", 1.0}}, /*fallbacks=*/3,
-                                   {1, 1, 1}, {2, 2, 2}, 1.02, {{"cosine", 0.999}});
+  const UnitVerdict v =
+      judge_unit(band, gate(), {{"cosine", 0.9}, {"max_abs", 1.0}}, /*fallbacks=*/3, {1, 1, 1},
+                 {2, 2, 2}, std::nullopt, {{"cosine", 0.999}});
   EXPECT_EQ(v.decision, UnitDecision::refused_fallbacks);
   EXPECT_EQ(v.text.rfind("refused: 3 fallbacks", 0), 0u) << v.text;
   EXPECT_EQ(v.band, ParityBand::low);
@@ -91,22 +95,23 @@ TEST(Gates, JudgeUnitRefusesForFallbacksFirst) {
 
 TEST(Gates, JudgeUnitRefusesForAFloorBeforeLatency) {
   const OutputBand& band = catalog().band(OutputKind::values);
-  const UnitVerdict v = judge_unit(band, {{"cosine", 0.998}, {"max_abs", 0.01}}, 0, {1, 1, 1},
-                                   {2, 2, 2}, 1.02, {{"cosine", 0.999}});
+  const UnitVerdict v = judge_unit(band, gate(), {{"cosine", 0.998}, {"max_abs", 0.01}}, 0,
+                                   {1, 1, 1}, {2, 2, 2}, std::nullopt, {{"cosine", 0.999}});
   EXPECT_EQ(v.decision, UnitDecision::refused_floor);
   EXPECT_EQ(v.text, "refused: cosine 0.998 < floor 0.999");
   EXPECT_EQ(v.band, ParityBand::warn);
   // A ceiling is a floor too.
-  const UnitVerdict c = judge_unit(band, {{"cosine", 0.9999}, {"max_abs", 0.5}}, 0, {2, 2, 2},
-                                   {1, 1, 1}, 1.02, {{"max_abs", 0.1}});
+  const UnitVerdict c = judge_unit(band, gate(), {{"cosine", 0.9999}, {"max_abs", 0.5}}, 0,
+                                   {2, 2, 2}, {1, 1, 1}, std::nullopt, {{"max_abs", 0.1}});
   EXPECT_EQ(c.decision, UnitDecision::refused_floor);
   EXPECT_NE(c.text.find("max_abs 0.5 > ceiling 0.1"), std::string::npos) << c.text;
 }
 
 TEST(Gates, JudgeUnitRefusesASlowUnitWithTheMedianSpeedup) {
   const OutputBand& band = catalog().band(OutputKind::values);
-  const UnitVerdict v = judge_unit(band, {{"cosine", 0.9999}, {"max_abs", 0.001}}, 0,
-                                   {1.01, 1.01, 1.01}, {1, 1, 1}, 1.02, {{"cosine", 0.999}});
+  const UnitVerdict v =
+      judge_unit(band, gate(), {{"cosine", 0.9999}, {"max_abs", 0.001}}, 0, {1.01, 1.01, 1.01},
+                 {1, 1, 1}, std::nullopt, {{"cosine", 0.999}});
   EXPECT_EQ(v.decision, UnitDecision::refused_latency);
   EXPECT_EQ(v.text, "refused: median speedup 1.010x < 1.02x");
   EXPECT_EQ(v.band, ParityBand::pass);
@@ -114,11 +119,23 @@ TEST(Gates, JudgeUnitRefusesASlowUnitWithTheMedianSpeedup) {
   EXPECT_FALSE(v.latency.activates);
 }
 
+TEST(Gates, TheCallersMinimumSpeedupOverridesTheStructures) {
+  const OutputBand& band = catalog().band(OutputKind::values);
+  const UnitVerdict v =
+      judge_unit(band, gate(), {{"cosine", 0.9999}}, 0, {2, 2, 2}, {1, 1, 1}, 2.5, {});
+  EXPECT_EQ(v.decision, UnitDecision::refused_latency);
+  EXPECT_EQ(v.text, "refused: median speedup 2.000x < 2.5x");
+  const UnitVerdict d =
+      judge_unit(band, gate(), {{"cosine", 0.9999}}, 0, {2, 2, 2}, {1, 1, 1}, std::nullopt, {});
+  EXPECT_EQ(d.decision, UnitDecision::activated);
+}
+
 TEST(Gates, JudgeUnitActivatesAFastUnitWithinItsFloors) {
   const OutputBand& band = catalog().band(OutputKind::distribution);
   // A warn band alone does not refuse: only floors turn a number into a refusal.
-  const UnitVerdict v = judge_unit(band, {{"top1_agreement", 0.9}, {"last_position_cosine", 0.99}},
-                                   0, {2, 2, 2}, {1, 1, 1.5}, 1.02, {});
+  const UnitVerdict v =
+      judge_unit(band, gate(), {{"top1_agreement", 0.9}, {"last_position_cosine", 0.99}}, 0,
+                 {2, 2, 2}, {1, 1, 1.5}, std::nullopt, {});
   EXPECT_EQ(v.decision, UnitDecision::activated);
   EXPECT_EQ(v.text, "activated");
   EXPECT_EQ(v.band, ParityBand::warn);
@@ -128,9 +145,10 @@ TEST(Gates, JudgeUnitActivatesAFastUnitWithinItsFloors) {
 
 TEST(Gates, JudgeUnitNeedsTheBandsMetricAndMeasuredFloors) {
   const OutputBand& band = catalog().band(OutputKind::distribution);
-  EXPECT_THROW(judge_unit(band, {{"cosine", 0.99}}, 0, {2}, {1}, 1.02, {}), InvalidArgument);
-  EXPECT_THROW(judge_unit(catalog().band(OutputKind::values), {{"cosine", 0.9999}}, 0, {2}, {1},
-                          1.02, {{"top1_agreement", 0.9}}),
+  EXPECT_THROW(judge_unit(band, gate(), {{"cosine", 0.99}}, 0, {2}, {1}, std::nullopt, {}),
+               InvalidArgument);
+  EXPECT_THROW(judge_unit(catalog().band(OutputKind::values), gate(), {{"cosine", 0.9999}}, 0, {2},
+                          {1}, std::nullopt, {{"top1_agreement", 0.9}}),
                InvalidArgument);
 }
 

@@ -122,11 +122,14 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
     c.seat.slots[slot] = is_bias ? bias_of(module) : weight_of(module);
     c.desc.has_bias |= is_bias;
   }
-  const HostModule* up = g.find(seam.slots.at("up"));
-  const HostModule* down = g.find(seam.slots.at("down"));
-  c.desc.k = up->in_features;
-  c.desc.inner = up->out_features;
-  c.desc.n = down->out_features;
+  // The op's operands in the ABI's order: the first reads x ([inner x k]), the last writes y
+  // ([n x inner]); the catalog load checked that linear nodes fill each of them.
+  const std::vector<std::string>& operands = op_weight_operands(rung.op);
+  const HostModule* first = g.find(seam.slots.at(operands.front()));
+  const HostModule* last = g.find(seam.slots.at(operands.back()));
+  c.desc.k = first->in_features;
+  c.desc.inner = first->out_features;
+  c.desc.n = last->out_features;
   c.desc.act = static_cast<int32_t>(seam.activation);
   out.push_back(std::move(c));
   return out;
@@ -165,7 +168,10 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
                                               " where a seat pays for its call");
       continue;
     }
-    const std::vector<DType>& weight_dtypes = spec.slots.front().dtypes;
+    const MatchNode& lead =
+        *std::find_if(spec.match.nodes.begin(), spec.match.nodes.end(),
+                      [](const MatchNode& n) { return n.kind == NodeKind::linear; });
+    const std::vector<DType>& weight_dtypes = spec.slot(lead.weight_slot)->dtypes;
     if (!allows(weight_dtypes, seam.weight_dtype)) {
       p.refused.emplace_back(seam.site, where + ": weight dtype " + name_of(seam.weight_dtype) +
                                             "; impls take " + dtype_list(weight_dtypes));
