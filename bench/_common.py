@@ -24,8 +24,11 @@ def cpu_model() -> str:
 
 
 def machine() -> dict[str, Any]:
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "parallel": S.PARALLEL_BACKEND}
+    """The machine a result came from: CPU model, the ISA tier the kernel path loads, threads."""
+    cpu = S._core.cpu()
+    return {"cpu": cpu_model(), "tier": cpu.tier, "cores": os.cpu_count(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "parallel": S.PARALLEL_BACKEND}
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

@@ -118,12 +118,12 @@ def main() -> int:
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
     bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=5)
-    cpu = S._core.cpu()
-    print(f"machine: {machine()['cpu']} ({cpu.tier}), read bandwidth {bandwidth:.1f} GB/s, "
+    m = machine()
+    print(f"machine: {m['cpu']} ({m['tier']}), read bandwidth {bandwidth:.1f} GB/s, "
           f"kernels on {S.PARALLEL_BACKEND}")
     hosts = [bench_host("Phi (Phi-1.5 widths)", phi(args.phi_layers), args.rounds, bandwidth),
              bench_host("GPT-NeoX (Pythia-410M)", neox(args.neox_layers), args.rounds, bandwidth)]
-    write_result(args.json, {"machine": {**machine(), "tier": cpu.tier},
+    write_result(args.json, {"machine": m,
                              "read_bandwidth_gbps": bandwidth, "prompt": PROMPT, "new_tokens": NEW,
                              "rounds": args.rounds, "hosts": hosts})
     return 0
