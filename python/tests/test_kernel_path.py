@@ -183,8 +183,10 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
         "plan = S.auto_swaps(m, lambda: m(x), scheme='w8a16_decode', min_seat_weights=0)\n"
         "text = S.explain(plan)\n"
         "out = S.decode_loop(m, max_len=32).generate(x, max_new_tokens=3)\n"
+        "gated = S.attach(m, lambda: m(x), rounds=1, iters=1)\n"
         "print(json.dumps({'swaps': sorted(plan.swaps), 'explain': text,\n"
-        "  'unavailable': impls.unavailable_report(), 'generated': out.shape[1]}))\n"
+        "  'unavailable': impls.unavailable_report(), 'generated': out.shape[1],\n"
+        "  'gated_scheme': gated.notes['scheme']['name'], 'gated_active': gated.active}))\n"
     )
     env = dict(os.environ, LOCAL_KERNELS=f"flashrt/linear={pkg}")
     env.pop("FLASHRT_KERNEL_PATH", None)
@@ -199,6 +201,8 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
     row = next(e for e in out["unavailable"] if e["repo"] == "flashrt/linear")
     assert row["error"] == "corrupt metadata" and "\\xff" in row["detail"]
     assert out["generated"] == 3 + 3  # decode_loop runs on flashrt/decode
+    # The gated door: auto needs flashrt/linear, so it resolves to 'none' and seats nothing.
+    assert out["gated_scheme"] == "none" and out["gated_active"] is False
 
 
 def test_an_error_message_with_bytes_that_are_not_utf8_keeps_its_class(tmp_path):
