@@ -132,8 +132,7 @@ def decode_loop(model: nn.Module, max_len: int) -> DecodeLoop:
         raise ValueError(f"decode_loop: max_len {max_len} < {SELF_CHECK_TOKENS}")
     plan = plan_decode(model, max_len)
     if not plan.ok:
-        site, why = plan.refused[0]
-        _refuse(why)
+        _refuse(plan.refused[0][1])
     keep: list[Any] = []
     specs = []
     for layer in plan.layers:

@@ -173,7 +173,7 @@ class SeatModule(nn.Module):
         verdict = self._seat.admit_rows(rows)
         if verdict != RAN:
             return self._miss(verdict, (x,))
-        if x.requires_grad and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        if x.requires_grad and torch.is_grad_enabled():
             return self._miss(self._seat.miss("input requires grad (autograd)"), (x,))
         try:
             x2 = x.view(rows, width)

@@ -13,8 +13,6 @@ from torch import nn
 from . import _core
 from .seats import SeatModule, refusing
 
-_SELF_DETACH = _core.SELF_DETACH_AFTER
-
 log = logging.getLogger("flashrt")
 
 # Hosts a door has fired on and whose handle is still active (see attached()). The handle is held
@@ -133,8 +131,8 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
         ledger = seat.seat.ledger
         if ledger.restored:  # DESIGN §6: 32 consecutive fallbacks give the region back for good
             raise ValueError(f"flashrt: the seat for {path} gave its region back to the host after "
-                             f"{_SELF_DETACH} consecutive fallbacks (last: {ledger.last_reason}); "
-                             "build a new plan to seat it again")
+                             f"{_core.SELF_DETACH_AFTER} consecutive fallbacks "
+                             f"(last: {ledger.last_reason}); build a new plan to seat it again")
     resolved = [(path, *_resolve(root, path)) for path in swaps]  # every path before any change
     records: list[_Record] = []
     handle = AttachHandle(root, records, dict(notes or {}))

@@ -16,6 +16,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A policy file's top level: a mapping, or a refusal naming the file.
+YAML::Node load_mapping(const YamlFields& f, const fs::path& path) {
+  YAML::Node root = load_yaml_file(path.string());
+  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  return root;
+}
+
 bool is_file(const fs::path& p) {
   std::error_code ec;
   return fs::is_regular_file(p, ec);
@@ -51,8 +58,7 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
 
 void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
   const YamlFields f(escape_invalid_utf8(path.string()));
-  const YAML::Node root = load_yaml_file(path.string());
-  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  const YAML::Node root = load_mapping(f, path);
   f.check_keys(root, "", {"forms", "schemes", "auto", "keep_host"});
   const YAML::Node forms = f.require(root, "", "forms");
   f.expect_map(forms, "forms", /*allow_empty=*/false);
@@ -109,8 +115,7 @@ void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
 void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& out,
                   const fs::path& path) {
   const YamlFields f(escape_invalid_utf8(path.string()));
-  const YAML::Node root = load_yaml_file(path.string());
-  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  const YAML::Node root = load_mapping(f, path);
   f.check_keys(root, "", {"ladders"});
   const YAML::Node ladders = f.require(root, "", "ladders");
   f.expect_map(ladders, "ladders", /*allow_empty=*/false);
@@ -142,8 +147,7 @@ void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& ou
 
 void load_gates(std::map<OutputKind, OutputBand>& out, const fs::path& path) {
   const YamlFields f(escape_invalid_utf8(path.string()));
-  const YAML::Node root = load_yaml_file(path.string());
-  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  const YAML::Node root = load_mapping(f, path);
   f.check_keys(root, "", {"output_kinds"});
   const YAML::Node kinds = f.require(root, "", "output_kinds");
   f.expect_map(kinds, "output_kinds", /*allow_empty=*/false);
@@ -190,8 +194,7 @@ std::vector<BindingSlot> binding_slots(const YamlFields& f, const YAML::Node& no
 
 BindingSpec load_binding(const fs::path& path) {
   const YamlFields f(escape_invalid_utf8(path.string()));
-  const YAML::Node root = load_yaml_file(path.string());
-  if (!root.IsMap()) f.fail("(top level)", "expected a mapping");
+  const YAML::Node root = load_mapping(f, path);
   f.check_keys(root, "",
                {"name", "description", "layers", "stack", "layer", "fused_forms", "attributes"});
   BindingSpec b;
@@ -227,7 +230,7 @@ BindingSpec load_binding(const fs::path& path) {
 // A region op reads the structure's slots of its operands' names and computes an activation;
 // a scheme's structure needs a ladder. Checked once everything is read.
 void check_ladders(const Catalog& c, const fs::path& root) {
-  const YamlFields f((root / "ladders.yaml").string());
+  const YamlFields f(escape_invalid_utf8((root / "ladders.yaml").string()));
   for (const auto& [structure, rungs] : c.ladders()) {
     const StructureSpec& spec = c.get(structure);
     for (size_t i = 0; i < rungs.size(); ++i) {
@@ -261,7 +264,7 @@ void check_ladders(const Catalog& c, const fs::path& root) {
                           structure + "' matches none");
     }
   }
-  const YamlFields sf((root / "schemes.yaml").string());
+  const YamlFields sf(escape_invalid_utf8((root / "schemes.yaml").string()));
   for (const auto& [name, scheme] : c.schemes().schemes)
     for (const auto& [structure, form] : scheme.formats)
       if (c.ladder(structure).empty())
