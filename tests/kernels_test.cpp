@@ -121,6 +121,11 @@ std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
   return w;
 }
 
+double scale64(const void* base, int64_t i, int32_t dtype) {
+  return dtype == FRT_F16 ? frt_f16_to_f32(static_cast<const uint16_t*>(base)[i])
+                          : static_cast<const float*>(base)[i];
+}
+
 // float64 dequantisation straight from the packed view, by the format's definition.
 std::vector<double> dequant64(const frt_packed_weight& w) {
   const int64_t n = w.n, k = w.k;
@@ -130,13 +135,18 @@ std::vector<double> dequant64(const frt_packed_weight& w) {
     for (int64_t i = 0; i < k; ++i) {
       if (w.format == FRT_W_INT8_CHANNEL) {
         const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
-        out[c * k + i] = static_cast<double>(q) * w.scales[p * FRT_PANEL + j];
+        out[c * k + i] = static_cast<double>(q) * scale64(w.scales, p * FRT_PANEL + j, FRT_F32);
+      } else if (w.format == FRT_W_INT8_GROUP) {
+        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
+        const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
+        out[c * k + i] = static_cast<double>(q) * scale64(w.scales, at, w.scale_dtype);
       } else {
         const uint8_t b =
             static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];
         const int q = i % 2 == 0 ? (b & 15) : (b >> 4);
         const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
-        out[c * k + i] = (q - static_cast<double>(w.zeros[at])) * w.scales[at];
+        out[c * k + i] =
+            q * scale64(w.scales, at, w.scale_dtype) + scale64(w.mins, at, w.scale_dtype);
       }
     }
   }
@@ -145,19 +155,27 @@ std::vector<double> dequant64(const frt_packed_weight& w) {
 
 struct Format {
   const char* name;
-  bool int4;
+  WeightFormat format;
   int group;
   bool symmetric;
+  DType scales;
 };
-const std::vector<Format> kFormats = {{"int8", false, 0, true},
-                                      {"int4_g32_sym", true, 32, true},
-                                      {"int4_g64_asym", true, 64, false},
-                                      {"int4_g128_sym", true, 128, true},
-                                      {"int4_g128_asym", true, 128, false}};
+const std::vector<Format> kFormats = {
+    {"int8", WeightFormat::int8_channel, 0, true, DType::f32},
+    {"int8_g32", WeightFormat::int8_group, 32, true, DType::f32},
+    {"int8_g64_f16", WeightFormat::int8_group, 64, true, DType::f16},
+    {"int8_g128_f16", WeightFormat::int8_group, 128, true, DType::f16},
+    {"int4_g32_sym", WeightFormat::int4_group, 32, true, DType::f32},
+    {"int4_g32_asym_f16", WeightFormat::int4_group, 32, false, DType::f16},
+    {"int4_g64_asym", WeightFormat::int4_group, 64, false, DType::f32},
+    {"int4_g128_sym_f16", WeightFormat::int4_group, 128, true, DType::f16},
+    {"int4_g128_asym", WeightFormat::int4_group, 128, false, DType::f32}};
 
 PackedLinear pack(const Format& f, std::vector<float>& w, int64_t n, int64_t k) {
   const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
-  return f.int4 ? PackedLinear::int4(v, f.group, f.symmetric) : PackedLinear::int8(v);
+  if (f.format == WeightFormat::int4_group)
+    return PackedLinear::int4(v, f.group, f.symmetric, f.scales);
+  return PackedLinear::int8(v, f.group, f.scales);
 }
 
 // |got - want| within fp32 accumulation error over sum |x w| (plus bf16 output rounding).
@@ -379,7 +397,7 @@ TEST_P(FfnKernel, RefusesMismatchedShapesFormatsAndRows) {
                      c = random_weight(64, 96, rng);
   const PackedLinear gate = pack(kFormats[0], a, 128, 64), down = pack(kFormats[0], b, 64, 128),
                      bad_down = pack(kFormats[0], c, 64, 96),
-                     int4_gate = pack(kFormats[1], a, 128, 64);
+                     int4_gate = pack(kFormats[4], a, 128, 64);
   Rows x(DType::f32, 2, 64, 64, rng);
   Out y(DType::f32, 2, 64);
   EXPECT_EQ("", ffn_refusal(*t, gated(gate, gate, down, Activation::silu), x.view(), y.view()));
@@ -433,7 +451,7 @@ TEST_P(FfnKernel, UngatedMatchesFloat64ReferenceEveryFormatActivationBiasAndDtyp
   int runs = 0;
   for (const Format& f : kFormats)
     for (const Case& c : cases) {
-      if (f.int4 && (c.hidden % f.group != 0 || c.inter % f.group != 0)) continue;
+      if (f.group != 0 && (c.hidden % f.group != 0 || c.inter % f.group != 0)) continue;
       for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu})
         for (DType dt : {DType::f32, DType::bf16}) {
           // Bit 0: up bias, bit 1: down bias. The six runs of a format and case cycle through
@@ -558,7 +576,7 @@ TEST_P(FfnKernel, UngatedRefusesMismatchedShapesFormatsRowsAndActivations) {
                      c = random_weight(64, 96, rng);
   const PackedLinear up = pack(kFormats[0], a, 128, 64), down = pack(kFormats[0], b, 64, 128),
                      bad_down = pack(kFormats[0], c, 64, 96),
-                     int4_up = pack(kFormats[1], a, 128, 64);
+                     int4_up = pack(kFormats[4], a, 128, 64);
   std::vector<float> bu(128, 0.1f), bd(64, 0.1f);
   Rows x(DType::f32, 2, 64, 64, rng);
   Out y(DType::f32, 2, 64);

@@ -17,14 +17,17 @@ PackedLinear = _core.PackedLinear
 Activation = Literal["silu", "gelu_tanh"]
 
 
-def pack_int8(weight: torch.Tensor) -> PackedLinear:
-    """Weight-only int8, one scale per output channel. weight: [n, k] f32/bf16 (any strides)."""
-    return _core.pack_int8(weight.detach())
+def pack_int8(weight: torch.Tensor, group: int = 0, scales: str = "f32") -> PackedLinear:
+    """Weight-only int8: one scale per output channel (group 0) or per group of 32/64/128 of k,
+    group scales in f32 or f16. weight: [n, k] f32/bf16 (any strides)."""
+    return _core.pack_int8(weight.detach(), group, scales)
 
 
-def pack_int4(weight: torch.Tensor, group: int = 32, symmetric: bool = True) -> PackedLinear:
-    """Weight-only int4 with one scale (and zero point if asymmetric) per group of k."""
-    return _core.pack_int4(weight.detach(), group, symmetric)
+def pack_int4(
+    weight: torch.Tensor, group: int = 32, symmetric: bool = True, scales: str = "f32"
+) -> PackedLinear:
+    """Weight-only int4 with one scale and one min per group of k (W = q*scale + min)."""
+    return _core.pack_int4(weight.detach(), group, symmetric, scales)
 
 
 def _out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:

@@ -1,6 +1,8 @@
+#include <flashrt/errors.h>
 #include <flashrt/pack.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include "convert.h"
@@ -8,6 +10,35 @@
 namespace nb = nanobind;
 
 namespace frt::py {
+namespace {
+
+using QArray = nb::ndarray<const int8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using ScaleArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+
+DType scale_dtype(const std::string& name) {
+  if (name == "f32") return DType::f32;
+  if (name == "f16") return DType::f16;
+  throw InvalidArgument("scales '" + name + "': supported f32, f16");
+}
+
+DType array_dtype(const ScaleArray& a) {
+  if (a.dtype() == nb::dtype<float>()) return DType::f32;
+  if (a.dtype().code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) &&
+      a.dtype().bits == 16 && a.dtype().lanes == 1)
+    return DType::f16;
+  throw InvalidArgument("adopt: scales must be float32 or float16 arrays");
+}
+
+// scales/mins: [n] or [n, 1] for one scale per row, else [n, groups].
+void check_parts_shape(const ScaleArray& a, int64_t n, int64_t groups, const char* what) {
+  const int64_t rows = a.ndim() >= 1 ? static_cast<int64_t>(a.shape(0)) : -1;
+  const int64_t cols = a.ndim() == 2 ? static_cast<int64_t>(a.shape(1)) : 1;
+  if (a.ndim() < 1 || a.ndim() > 2 || rows != n || cols != groups)
+    throw InvalidArgument(std::string("adopt: ") + what + " must be [" + std::to_string(n) + ", " +
+                          std::to_string(groups) + "]");
+}
+
+}  // namespace
 
 void bind_quant(nb::module_& m) {
   nb::class_<PackStats>(m, "PackStats")
@@ -22,6 +53,11 @@ void bind_quant(nb::module_& m) {
       .def_prop_ro("symmetric", &PackedLinear::symmetric)
       .def_prop_ro("nbytes", &PackedLinear::nbytes)
       .def_prop_ro("form", &PackedLinear::form)
+      .def_prop_ro("format", &PackedLinear::format)
+      .def(
+          "compare",
+          [](const PackedLinear& p, nb::handle w) { return p.compare(view_of(w, "weight")); },
+          nb::arg("weight"))
       .def_prop_ro("stats", &PackedLinear::stats)
       .def("dequantize", [](const PackedLinear& p) {
         auto* data = new std::vector<float>(p.dequantize());
@@ -34,20 +70,50 @@ void bind_quant(nb::module_& m) {
   // Packing reads the host's weight in place (any strides) and never keeps a pointer to it.
   m.def(
       "pack_int8",
-      [](nb::handle w) {
+      [](nb::handle w, int group, const std::string& scales) {
         const TensorView v = view_of(w, "weight");
+        const DType dt = scale_dtype(scales);
         nb::gil_scoped_release release;
-        return PackedLinear::int8(v);
+        return PackedLinear::int8(v, group, dt);
       },
-      nb::arg("weight"));
+      nb::arg("weight"), nb::arg("group") = 0, nb::arg("scales") = "f32");
   m.def(
       "pack_int4",
-      [](nb::handle w, int group, bool symmetric) {
+      [](nb::handle w, int group, bool symmetric, const std::string& scales) {
         const TensorView v = view_of(w, "weight");
+        const DType dt = scale_dtype(scales);
         nb::gil_scoped_release release;
-        return PackedLinear::int4(v, group, symmetric);
+        return PackedLinear::int4(v, group, symmetric, dt);
       },
-      nb::arg("weight"), nb::arg("group"), nb::arg("symmetric"));
+      nb::arg("weight"), nb::arg("group"), nb::arg("symmetric"), nb::arg("scales") = "f32");
+
+  // A checkpoint's own quantised values (numpy, C-contiguous), laid out without requantising.
+  m.def(
+      "from_quantized",
+      [](WeightFormat format, int group, QArray q, ScaleArray scales,
+         std::optional<ScaleArray> mins) {
+        QuantizedParts parts;
+        parts.format = format;
+        parts.group = group;
+        parts.n = static_cast<int64_t>(q.shape(0));
+        parts.k = static_cast<int64_t>(q.shape(1));
+        parts.q = q.data();
+        parts.scale_dtype = array_dtype(scales);
+        parts.scales = scales.data();
+        const int64_t groups =
+            format == WeightFormat::int8_channel || group <= 0 ? 1 : parts.k / group;
+        check_parts_shape(scales, parts.n, groups, "scales");
+        if (mins) {
+          if (array_dtype(*mins) != parts.scale_dtype)
+            throw InvalidArgument("adopt: mins and scales must share a dtype");
+          check_parts_shape(*mins, parts.n, groups, "mins");
+          parts.mins = mins->data();
+        }
+        nb::gil_scoped_release release;
+        return PackedLinear::from_quantized(parts);
+      },
+      nb::arg("format"), nb::arg("group"), nb::arg("q"), nb::arg("scales"),
+      nb::arg("mins").none() = nb::none());
 }
 
 }  // namespace frt::py

@@ -92,14 +92,22 @@ void bind_runtime(nb::module_& m) {
   m.def(
       "build_seat",
       [](const SeatPlan& plan, const std::map<std::string, nb::handle>& tensors,
-         const std::string& on_guard_fail) {
+         const std::string& on_guard_fail, const std::map<std::string, PackedLinear*>& adopted) {
         std::map<std::string, TensorView> views;
         for (const auto& [name, t] : tensors) views[name] = view_of(t, name.c_str());
+        // Adopted packs move into the seat: the Python objects are left empty (n = 0).
+        std::map<std::string, PackedLinear> packs;
+        for (const auto& [name, p] : adopted) {
+          if (p == nullptr || p->n() == 0)
+            throw InvalidArgument("adopted '" + name + "': an empty pack (already seated?)");
+          packs.emplace(name, std::move(*p));
+        }
         const GuardMode mode = guard_mode(on_guard_fail);
         nb::gil_scoped_release release;
-        return build_seat(plan, views, mode, process_hub());
+        return build_seat(plan, views, mode, process_hub(), std::move(packs));
       },
-      nb::arg("plan"), nb::arg("tensors"), nb::arg("on_guard_fail") = "fallback");
+      nb::arg("plan"), nb::arg("tensors"), nb::arg("on_guard_fail") = "fallback",
+      nb::arg("adopted") = std::map<std::string, PackedLinear*>{});
 }
 
 void bind_gates(nb::module_& m) {

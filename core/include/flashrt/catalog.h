@@ -111,8 +111,10 @@ struct WeightForm {
   WeightFormat format = WeightFormat::int8_channel;
   int group = 0;
   bool symmetric = true;
-  std::string tag;               // "w8a16": the impl name's suffix
-  std::string describe() const;  // "int8 per-channel", "int4 g32 symmetric"
+  DType scale_dtype = DType::f32;  // group forms may keep scales (and mins) in f16
+  std::string tag;                 // "w8a16": the impl name's suffix
+  // "int8 per-channel", "int8 g32", "int4 g32 symmetric", "int4 g32 asymmetric f16 scales"
+  std::string describe() const;
 };
 
 struct SchemeSpec {

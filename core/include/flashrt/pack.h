@@ -21,12 +21,40 @@ struct PackStats {
   double rel_err = 0;      // ||W - dequant||_F / ||W||_F (0 when W is all zero)
 };
 
+// A weight a checkpoint already holds quantised (GGUF blocks, compressed-tensors packs), unpacked
+// to plain row-major arrays by the door; from_quantized() lays it out for the kernels without
+// requantising, so the seat computes with exactly the checkpoint's values.
+struct QuantizedParts {
+  WeightFormat format = WeightFormat::int8_channel;
+  int group = 0;  // the group formats
+  int64_t n = 0, k = 0;
+  const int8_t* q = nullptr;       // [n][k]: int8 values, or nibble values 0..15 for int4
+  DType scale_dtype = DType::f32;  // f32 or f16 (group formats)
+  const void* scales = nullptr;    // [n] (int8 per-channel) or [n][k / group]
+  const void* mins = nullptr;      // int4: [n][k / group], W = q * scale + min
+};
+
 class PackedLinear {
  public:
-  // Throws InvalidArgument for a non-2-D or empty weight, a non-finite element, an int4 group
-  // outside {32, 64, 128} or a width k that is not a multiple of it.
-  static PackedLinear int8(const TensorView& weight);
-  static PackedLinear int4(const TensorView& weight, int group, bool symmetric);
+  // Throws InvalidArgument for a non-2-D or empty weight, a non-finite element, a group outside
+  // {32, 64, 128} or a width k that is not a multiple of it. group 0 is int8 per-channel;
+  // scale_dtype f16 stores group scales (and mins) in half precision, rounded before the
+  // weights are quantised against them.
+  static PackedLinear int8(const TensorView& weight, int group = 0, DType scale_dtype = DType::f32);
+  static PackedLinear int4(const TensorView& weight, int group, bool symmetric,
+                           DType scale_dtype = DType::f32);
+  // Throws InvalidArgument when the parts do not describe a valid form (values out of range,
+  // missing mins, non-finite scales).
+  static PackedLinear from_quantized(const QuantizedParts& parts);
+  // The round-trip statistics against a host weight (what the pack stands in for).
+  PackStats compare(const TensorView& weight) const;
+
+  // A moved-from pack is empty (n() == 0), so a stale handle cannot reach freed buffers.
+  PackedLinear(PackedLinear&& other) noexcept;
+  PackedLinear& operator=(PackedLinear&& other) noexcept;
+  PackedLinear(const PackedLinear&) = delete;
+  PackedLinear& operator=(const PackedLinear&) = delete;
+  ~PackedLinear() = default;
 
   const frt_packed_weight& view() const { return view_; }
   const PackStats& stats() const { return stats_; }
@@ -35,7 +63,7 @@ class PackedLinear {
   int64_t k() const { return view_.k; }
   int group() const { return view_.group; }
   bool symmetric() const { return symmetric_; }
-  // Bytes the kernels stream per call: quantised data plus scales (and zeros).
+  // Bytes the kernels stream per call: quantised data plus scales (and mins).
   int64_t nbytes() const;
   // "int8 per-channel" / "int4 g32 asymmetric"
   std::string form() const;
@@ -49,7 +77,7 @@ class PackedLinear {
   };
   std::unique_ptr<void, Buffer> qdata_;
   std::unique_ptr<void, Buffer> scales_;
-  std::unique_ptr<void, Buffer> zeros_;
+  std::unique_ptr<void, Buffer> mins_;
   int64_t qbytes_ = 0, scale_count_ = 0;
   bool symmetric_ = true;
   frt_packed_weight view_{};

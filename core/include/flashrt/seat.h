@@ -133,8 +133,10 @@ class FfnSeat : public Seat {
 // "weight"/"bias" for a linear, "gate"/"up"/"down" and the biases for an ffn). Packs the weights
 // (read in place, never kept), resolves the plan's package and checks every operand's shape;
 // throws Refused naming the operand and its shape when a tensor does not fit the plan.
+// `adopted` holds weights a checkpoint already quantised (adopt_prequantized): an operand found
+// there is taken as it is (its form must be the plan's) instead of packed from the host tensor.
 std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const std::map<std::string, TensorView>& tensors, GuardMode mode,
-                                 KernelHub& hub);
+                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted = {});
 
 }  // namespace frt

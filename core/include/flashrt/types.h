@@ -28,8 +28,12 @@ enum class Activation : int32_t {
 // Packed weight layouts (frt_kernel_abi.h, "weight formats").
 enum class WeightFormat : int32_t {
   int8_channel = FRT_W_INT8_CHANNEL,
-  int4_group = FRT_W_INT4_GROUP
+  int4_group = FRT_W_INT4_GROUP,
+  int8_group = FRT_W_INT8_GROUP
 };
+inline bool is_group_format(WeightFormat f) {
+  return f == WeightFormat::int4_group || f == WeightFormat::int8_group;
+}
 
 // The ops kernel packages own (frt_op_kind).
 enum class OpKind : int32_t {

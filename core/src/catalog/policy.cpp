@@ -38,20 +38,29 @@ void check_structure(const YamlFields& f, const Catalog& c, const std::string& f
 WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::string& field,
                       const std::string& name) {
   if (!node.IsMap()) f.fail(field, "expected a mapping with format and tag");
-  f.check_keys(node, field, {"format", "group", "symmetric", "tag"});
+  f.check_keys(node, field, {"format", "group", "symmetric", "scales", "tag"});
   WeightForm w;
   w.name = name;
   w.format = f.named(f.require(node, field, "format"), child(field, "format"), "weight format",
                      parse_weight_format, known_weight_formats());
   w.tag = f.text(f.require(node, field, "tag"), child(field, "tag"));
-  if (w.format == WeightFormat::int4_group) {
+  if (is_group_format(w.format)) {
     const int64_t g = f.integer(f.require(node, field, "group"), child(field, "group"));
     if (g != 32 && g != 64 && g != 128) f.fail(child(field, "group"), "not in {32, 64, 128}");
     w.group = static_cast<int>(g);
-    if (const YAML::Node sym = node["symmetric"])
-      w.symmetric = f.boolean(sym, child(field, "symmetric"));
-  } else if (node["group"] || node["symmetric"]) {
-    f.fail(field, "group and symmetric belong to int4_group forms");
+    if (const YAML::Node scales = node["scales"]) {
+      const std::string dt = f.text(scales, child(field, "scales"));
+      if (dt != "f32" && dt != "f16")
+        f.fail(child(field, "scales"), "'" + dt + "' not in {f32, f16}");
+      w.scale_dtype = dt == "f16" ? DType::f16 : DType::f32;
+    }
+  } else if (node["group"] || node["scales"]) {
+    f.fail(field, "group and scales belong to the group forms (int8_group, int4_group)");
+  }
+  if (const YAML::Node sym = node["symmetric"]) {
+    if (w.format != WeightFormat::int4_group)
+      f.fail(child(field, "symmetric"), "belongs to int4_group forms");
+    w.symmetric = f.boolean(sym, child(field, "symmetric"));
   }
   return w;
 }
@@ -295,7 +304,9 @@ void load_policy(Catalog& c, const std::string& dir) {
 
 std::string WeightForm::describe() const {
   if (format == WeightFormat::int8_channel) return "int8 per-channel";
-  return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric");
+  const std::string scales = scale_dtype == DType::f16 ? " f16 scales" : "";
+  if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
+  return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;
 }
 
 const std::vector<Rung>& Catalog::ladder(const std::string& structure) const {

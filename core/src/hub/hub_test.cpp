@@ -367,13 +367,16 @@ TEST(HubTest, DigestMismatch) {
 }
 
 // (7)
+const std::string kAbi = std::to_string(FRT_KERNEL_ABI_MAJOR);
+
 TEST(HubTest, AbiMismatchInMetadata) {
   TempDir tmp;
   write_package(tmp.path() / "flashrt/linear", "flashrt/linear", kRevision,
                 {real_variant("generic")}, /*abi_major=*/1);
   KernelHub hub(roots({tmp.path()}));
   EXPECT_EQ(hub.resolve("flashrt/linear").table, nullptr);
-  EXPECT_TRUE(report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 1, loader speaks 2"))
+  EXPECT_TRUE(
+      report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 1, loader speaks " + kAbi))
       << report_text(hub);
 }
 
@@ -383,12 +386,13 @@ TEST(HubTest, AbiMismatchInLibrary) {
                 {{"cpu-x86_64-linux-generic", {}, FRT_TEST_ABI99_LIB, std::nullopt, ""}});
   KernelHub hub(roots({tmp.path()}));
   EXPECT_EQ(hub.resolve("flashrt/linear").table, nullptr);
-  EXPECT_TRUE(report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 99, loader speaks 2"))
+  EXPECT_TRUE(
+      report_mentions(hub, "cpu-x86_64-linux-generic: ABI version 99, loader speaks " + kAbi))
       << report_text(hub);
 
   std::string why;
   EXPECT_EQ(open_variant_library(FRT_TEST_ABI99_LIB, &why), nullptr);
-  EXPECT_EQ(why, "ABI version 99, loader speaks 2");
+  EXPECT_EQ(why, "ABI version 99, loader speaks " + kAbi);
   const frt_kernel_table* t = open_variant_library(real_library("linear", "generic"), &why);
   ASSERT_NE(t, nullptr) << why;
   EXPECT_EQ(std::string(t->isa), "generic");

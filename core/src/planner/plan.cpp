@@ -61,7 +61,9 @@ bool allows(const std::vector<DType>& ds, DType d) {
   return std::find(ds.begin(), ds.end(), d) != ds.end();
 }
 
-int32_t abi_dtype(DType d) { return d == DType::bf16 ? FRT_BF16 : FRT_F32; }
+int32_t abi_dtype(DType d) {
+  return d == DType::bf16 ? FRT_BF16 : d == DType::f16 ? FRT_F16 : FRT_F32;
+}
 
 // One seat the rung would build, before the package is asked.
 struct Candidate {
@@ -77,6 +79,7 @@ frt_op_desc base_desc(OpKind op, const WeightForm& form, DType act, int64_t rows
   d.op = static_cast<int32_t>(op);
   d.wformat = static_cast<int32_t>(form.format);
   d.group = form.group;
+  d.scale_dtype = abi_dtype(form.scale_dtype);
   d.x_dtype = d.y_dtype = abi_dtype(act);
   d.rows_max = rows_max;
   return d;
@@ -191,7 +194,7 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     }
     WeightForm form = form_it->second;
     std::vector<std::string> steps;
-    if (form.format == WeightFormat::int4_group) {
+    if (is_group_format(form.format)) {
       bool divides = true;
       for (const MatchNode& n : spec.match.nodes)
         if (n.kind == NodeKind::linear && seam.dims.at(n.in_dim) % form.group != 0) divides = false;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <new>
 #include <sstream>
+#include <utility>
 
 namespace frt {
 namespace {
@@ -68,92 +69,172 @@ void for_each_row(int64_t n, Fn fn) {
   if (error) std::rethrow_exception(error);
 }
 
+// Single to half, round to nearest even (finite inputs; overflow saturates to infinity).
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (ax < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+    float af;
+    std::memcpy(&af, &ax, sizeof af);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(af * 16777216.0f)));
+  }
+  const uint32_t rounded = ax + 0xfffu + ((ax >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+int64_t scale_bytes(DType dt) { return dt == DType::f16 ? 2 : 4; }
+
+// The stored scale-array element, read or written in its dtype.
+float read_scale(const void* base, int64_t i, DType dt) {
+  return dt == DType::f16 ? frt_f16_to_f32(static_cast<const uint16_t*>(base)[i])
+                          : static_cast<const float*>(base)[i];
+}
+// Stores v and returns the value stored (what the kernels will compute with).
+float write_scale(void* base, int64_t i, DType dt, float v) {
+  if (dt != DType::f16) return static_cast<float*>(base)[i] = v;
+  const uint16_t h = f32_to_f16(v);
+  static_cast<uint16_t*>(base)[i] = h;
+  return frt_f16_to_f32(h);
+}
+
+void check_group(int group, int64_t k, const char* bits, const std::string& what) {
+  if (group != 32 && group != 64 && group != 128)
+    throw InvalidArgument(std::string("pack: ") + bits + " group " + std::to_string(group) +
+                          " not in {32, 64, 128}");
+  if (k % group != 0)
+    throw InvalidArgument(std::string("pack: ") + bits + " width k=" + std::to_string(k) +
+                          " is not a multiple of group " + std::to_string(group) + " (" + what +
+                          ")");
+}
+
+void check_scale_dtype(DType dt) {
+  if (dt != DType::f32 && dt != DType::f16)
+    throw InvalidArgument(std::string("pack: scales in ") + name_of(dt) + "; supported: f32, f16");
+}
+
 }  // namespace
 
 void PackedLinear::Buffer::operator()(void* p) const { std::free(p); }
 
-struct PackAccess {
-  static PackedLinear make() { return PackedLinear(); }
-  static void finish_stats(PackedLinear& p, const TensorView& w) {
-    const std::vector<float> deq = p.dequantize();
-    const int64_t n = p.n(), k = p.k();
-    double max_abs = 0, sq = 0, ref_sq = 0;
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t i = 0; i < k; ++i) {
-        const double want = load_element(w, r, i);
-        const double err = std::fabs(want - deq[r * k + i]);
-        max_abs = std::max(max_abs, err);
-        sq += err * err;
-        ref_sq += want * want;
-      }
-    p.stats_.max_abs_err = max_abs;
-    p.stats_.rms_err = std::sqrt(sq / static_cast<double>(n * k));
-    p.stats_.rel_err = ref_sq > 0 ? std::sqrt(sq / ref_sq) : 0.0;
-  }
-};
+PackedLinear::PackedLinear(PackedLinear&& o) noexcept { *this = std::move(o); }
 
-WeightFormat PackedLinear::format() const {
-  return view_.format == FRT_W_INT8_CHANNEL ? WeightFormat::int8_channel : WeightFormat::int4_group;
+PackedLinear& PackedLinear::operator=(PackedLinear&& o) noexcept {
+  qdata_ = std::move(o.qdata_);
+  scales_ = std::move(o.scales_);
+  mins_ = std::move(o.mins_);
+  qbytes_ = std::exchange(o.qbytes_, 0);
+  scale_count_ = std::exchange(o.scale_count_, 0);
+  symmetric_ = o.symmetric_;
+  view_ = std::exchange(o.view_, frt_packed_weight{});
+  stats_ = o.stats_;
+  return *this;
 }
 
+struct PackAccess {
+  // Allocates the buffers of a form: qdata, scales and (int4) mins, all zeroed, and the view.
+  static PackedLinear allocate(WeightFormat format, int group, int64_t n, int64_t k,
+                               DType scale_dtype) {
+    const int64_t panels = (n + kPanel - 1) / kPanel;
+    PackedLinear p;
+    p.qbytes_ = panels * (format == WeightFormat::int4_group ? k / 2 : k) * kPanel;
+    p.scale_count_ = panels * (format == WeightFormat::int8_channel ? 1 : k / group) * kPanel;
+    p.qdata_.reset(aligned_zeroed(p.qbytes_));
+    p.scales_.reset(aligned_zeroed(p.scale_count_ * scale_bytes(scale_dtype)));
+    if (format == WeightFormat::int4_group)
+      p.mins_.reset(aligned_zeroed(p.scale_count_ * scale_bytes(scale_dtype)));
+    p.view_ = {static_cast<int32_t>(format),
+               group,
+               scale_dtype == DType::f16 ? FRT_F16 : FRT_F32,
+               0,
+               n,
+               k,
+               p.qdata_.get(),
+               p.scales_.get(),
+               p.mins_.get()};
+    return p;
+  }
+  static void finish_stats(PackedLinear& p, const TensorView& w) { p.stats_ = p.compare(w); }
+};
+
+PackStats PackedLinear::compare(const TensorView& w) const {
+  const std::vector<float> deq = dequantize();
+  const int64_t n = this->n(), k = this->k();
+  if (w.rank != 2 || w.shape[0] != n || w.shape[1] != k)
+    throw InvalidArgument("pack: compared against " + w.describe() + ", the pack is [" +
+                          std::to_string(n) + ", " + std::to_string(k) + "]");
+  PackStats stats;
+  double sq = 0, ref_sq = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      const double want = load_element(w, r, i);
+      const double err = std::fabs(want - deq[r * k + i]);
+      stats.max_abs_err = std::max(stats.max_abs_err, err);
+      sq += err * err;
+      ref_sq += want * want;
+    }
+  stats.rms_err = std::sqrt(sq / static_cast<double>(n * k));
+  stats.rel_err = ref_sq > 0 ? std::sqrt(sq / ref_sq) : 0.0;
+  return stats;
+}
+
+WeightFormat PackedLinear::format() const { return static_cast<WeightFormat>(view_.format); }
+
 int64_t PackedLinear::nbytes() const {
-  return qbytes_ + scale_count_ * 4 * (view_.format == FRT_W_INT4_GROUP ? 2 : 1);
+  const int64_t per = view_.scale_dtype == FRT_F16 ? 2 : 4;
+  return qbytes_ + scale_count_ * per * (view_.format == FRT_W_INT4_GROUP ? 2 : 1);
 }
 
 std::string PackedLinear::form() const {
+  const std::string scales = view_.scale_dtype == FRT_F16 ? " f16 scales" : "";
   if (view_.format == FRT_W_INT8_CHANNEL) return "int8 per-channel";
-  return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric");
+  if (view_.format == FRT_W_INT8_GROUP) return "int8 g" + std::to_string(view_.group) + scales;
+  return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
+         scales;
 }
 
-PackedLinear PackedLinear::int8(const TensorView& w) {
+PackedLinear PackedLinear::int8(const TensorView& w, int group, DType scale_dtype) {
   check_weight(w);
-  const int64_t n = w.shape[0], k = w.shape[1], panels = (n + kPanel - 1) / kPanel;
-  PackedLinear p = PackAccess::make();
-  p.qbytes_ = panels * k * kPanel;
-  p.scale_count_ = panels * kPanel;
-  p.qdata_.reset(aligned_zeroed(p.qbytes_));
-  p.scales_.reset(aligned_zeroed(p.scale_count_ * 4));
+  check_scale_dtype(scale_dtype);
+  const int64_t n = w.shape[0], k = w.shape[1];
+  if (group != 0) check_group(group, k, "int8", w.describe());
+  if (group == 0 && scale_dtype != DType::f32)
+    throw InvalidArgument("pack: int8 per-channel scales are f32");
+  const WeightFormat format = group == 0 ? WeightFormat::int8_channel : WeightFormat::int8_group;
+  PackedLinear p = PackAccess::allocate(format, group, n, k, scale_dtype);
+  const int64_t span = group == 0 ? k : group, groups = k / span;
   auto* q = static_cast<int8_t*>(p.qdata_.get());
-  auto* scales = static_cast<float*>(p.scales_.get());
   for_each_row(n, [&](int64_t r, std::vector<float>& row) {
     load_row(w, r, row);
-    float amax = 0;
-    for (float v : row) amax = std::max(amax, std::fabs(v));
-    const float scale = amax / 127.0f;
-    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
-    int8_t* panel = q + (r / kPanel) * k * kPanel;
-    const int64_t j = r % kPanel;
-    for (int64_t i = 0; i < k; ++i)
-      panel[i * kPanel + j] =
-          static_cast<int8_t>(std::clamp(std::nearbyint(row[i] * inv), -127.0f, 127.0f));
-    scales[r] = scale;
+    const int64_t panel = r / kPanel, j = r % kPanel;
+    int8_t* qp = q + panel * k * kPanel;
+    for (int64_t g = 0; g < groups; ++g) {
+      float amax = 0;
+      for (int64_t i = g * span; i < (g + 1) * span; ++i) amax = std::max(amax, std::fabs(row[i]));
+      const int64_t at = group == 0 ? r : (panel * groups + g) * kPanel + j;
+      const float scale = write_scale(p.scales_.get(), at, scale_dtype, amax / 127.0f);
+      const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+      for (int64_t i = g * span; i < (g + 1) * span; ++i)
+        qp[i * kPanel + j] =
+            static_cast<int8_t>(std::clamp(std::nearbyint(row[i] * inv), -127.0f, 127.0f));
+    }
   });
-  p.view_ = {FRT_W_INT8_CHANNEL, 0, n, k, p.qdata_.get(), scales, nullptr};
   PackAccess::finish_stats(p, w);
   return p;
 }
 
-PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric) {
+PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric, DType scale_dtype) {
   check_weight(w);
+  check_scale_dtype(scale_dtype);
   const int64_t n = w.shape[0], k = w.shape[1];
-  if (group != 32 && group != 64 && group != 128)
-    throw InvalidArgument("pack: int4 group " + std::to_string(group) + " not in {32, 64, 128}");
-  if (k % group != 0)
-    throw InvalidArgument("pack: int4 width k=" + std::to_string(k) +
-                          " is not a multiple of group " + std::to_string(group) + " (" +
-                          w.describe() + ")");
-  const int64_t panels = (n + kPanel - 1) / kPanel, groups = k / group;
-  PackedLinear p = PackAccess::make();
+  check_group(group, k, "int4", w.describe());
+  const int64_t groups = k / group;
+  PackedLinear p = PackAccess::allocate(WeightFormat::int4_group, group, n, k, scale_dtype);
   p.symmetric_ = symmetric;
-  p.qbytes_ = panels * (k / 2) * kPanel;
-  p.scale_count_ = panels * groups * kPanel;
-  p.qdata_.reset(aligned_zeroed(p.qbytes_));
-  p.scales_.reset(aligned_zeroed(p.scale_count_ * 4));
-  p.zeros_.reset(aligned_zeroed(p.scale_count_ * 4));
   auto* q = static_cast<uint8_t*>(p.qdata_.get());
-  auto* scales = static_cast<float*>(p.scales_.get());
-  auto* zeros = static_cast<float*>(p.zeros_.get());
-  // Padding columns of the last panel keep scale 0, so they contribute nothing.
+  // Padding columns of the last panel keep scale and min 0, so they contribute nothing.
   for_each_row(n, [&](int64_t r, std::vector<float>& row) {
     load_row(w, r, row);
     const int64_t panel = r / kPanel, j = r % kPanel;
@@ -162,14 +243,15 @@ PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric) 
       const float* v = row.data() + g * group;
       float lo = 0, hi = 0;  // the range always holds 0, so a constant group is exact
       for (int i = 0; i < group; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]);
-      float scale, zero;
-      if (symmetric) {
-        scale = std::max(-lo, hi) / 7.0f;
+      const int64_t at = (panel * groups + g) * kPanel + j;
+      float zero;
+      float scale = write_scale(p.scales_.get(), at, scale_dtype,
+                                symmetric ? std::max(-lo, hi) / 7.0f : (hi - lo) / 15.0f);
+      if (symmetric)
         zero = 8.0f;
-      } else {
-        scale = (hi - lo) / 15.0f;
+      else
         zero = scale > 0 ? std::clamp(std::nearbyint(-lo / scale), 0.0f, 15.0f) : 0.0f;
-      }
+      write_scale(p.mins_.get(), at, scale_dtype, -zero * scale);
       const float inv = scale > 0 ? 1.0f / scale : 0.0f;
       for (int i = 0; i < group; ++i) {
         const float qv = std::clamp(std::nearbyint(v[i] * inv) + zero, 0.0f, 15.0f);
@@ -177,31 +259,92 @@ PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric) 
         uint8_t& byte = qp[(kk / 2) * kPanel + j];
         byte |= static_cast<uint8_t>(static_cast<int>(qv) << ((kk % 2) * 4));
       }
-      scales[(panel * groups + g) * kPanel + j] = scale;
-      zeros[(panel * groups + g) * kPanel + j] = zero;
     }
   });
-  p.view_ = {FRT_W_INT4_GROUP, group, n, k, p.qdata_.get(), scales, zeros};
   PackAccess::finish_stats(p, w);
+  return p;
+}
+
+PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
+  const int64_t n = in.n, k = in.k;
+  if (n <= 0 || k <= 0 || in.q == nullptr || in.scales == nullptr)
+    throw InvalidArgument("adopt: empty quantised weight [" + std::to_string(n) + ", " +
+                          std::to_string(k) + "]");
+  check_scale_dtype(in.scale_dtype);
+  const bool int4 = in.format == WeightFormat::int4_group;
+  if (in.format == WeightFormat::int8_channel) {
+    if (in.scale_dtype != DType::f32)
+      throw InvalidArgument("adopt: int8 per-channel scales are f32");
+  } else {
+    check_group(in.group, k, int4 ? "int4" : "int8", "adopted weight");
+  }
+  if (int4 && in.mins == nullptr) throw InvalidArgument("adopt: int4 weight without mins");
+  const int group = in.format == WeightFormat::int8_channel ? 0 : in.group;
+  PackedLinear p = PackAccess::allocate(in.format, group, n, k, in.scale_dtype);
+  const int64_t groups = group == 0 ? 1 : k / group;
+  const int64_t row_bytes = int4 ? k / 2 : k;
+  auto* q = static_cast<uint8_t*>(p.qdata_.get());
+  bool symmetric = true;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t panel = r / kPanel, j = r % kPanel;
+    uint8_t* qp = q + panel * row_bytes * kPanel;
+    const int8_t* src = in.q + r * k;
+    for (int64_t i = 0; i < k; ++i) {
+      const int v = src[i];
+      if (int4 ? (v < 0 || v > 15) : (v < -128))
+        throw InvalidArgument("adopt: value " + std::to_string(v) + " at [" + std::to_string(r) +
+                              ", " + std::to_string(i) + "] is outside the form's range");
+      if (int4)
+        qp[(i / 2) * kPanel + j] |= static_cast<uint8_t>(v << ((i % 2) * 4));
+      else
+        qp[i * kPanel + j] = static_cast<uint8_t>(static_cast<int8_t>(v));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t at = group == 0 ? r : (panel * groups + g) * kPanel + j;
+      const float s = read_scale(in.scales, r * groups + g, in.scale_dtype);
+      if (!std::isfinite(s))
+        throw InvalidArgument("adopt: scale of row " + std::to_string(r) + " group " +
+                              std::to_string(g) + " is " + std::to_string(s));
+      write_scale(p.scales_.get(), at, in.scale_dtype, s);
+      if (int4) {
+        const float mn = read_scale(in.mins, r * groups + g, in.scale_dtype);
+        if (!std::isfinite(mn))
+          throw InvalidArgument("adopt: min of row " + std::to_string(r) + " group " +
+                                std::to_string(g) + " is " + std::to_string(mn));
+        write_scale(p.mins_.get(), at, in.scale_dtype, mn);
+        if (mn != -8.0f * s) symmetric = false;
+      }
+    }
+  }
+  p.symmetric_ = symmetric;
   return p;
 }
 
 std::vector<float> PackedLinear::dequantize() const {
   const int64_t n = view_.n, k = view_.k;
+  const DType dt = view_.scale_dtype == FRT_F16 ? DType::f16 : DType::f32;
   std::vector<float> out(static_cast<size_t>(n * k));
   for (int64_t r = 0; r < n; ++r) {
     const int64_t panel = r / kPanel, j = r % kPanel;
     for (int64_t i = 0; i < k; ++i) {
       float v;
       if (view_.format == FRT_W_INT8_CHANNEL) {
-        v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] * view_.scales[r];
+        v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
+            static_cast<const float*>(view_.scales)[r];
+      } else if (view_.format == FRT_W_INT8_GROUP) {
+        const int64_t groups = k / view_.group, g = i / view_.group;
+        v = static_cast<float>(
+                static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j]) *
+            read_scale(view_.scales, (panel * groups + g) * kPanel + j, dt);
       } else {
         const int64_t groups = k / view_.group, g = i / view_.group;
         const uint8_t byte =
             static_cast<const uint8_t*>(view_.qdata)[(panel * (k / 2) + i / 2) * kPanel + j];
         const int nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
         const int64_t at = (panel * groups + g) * kPanel + j;
-        v = (static_cast<float>(nib) - view_.zeros[at]) * view_.scales[at];
+        // Product then sum, two roundings: the d*q + m that GGUF's own dequantiser computes.
+        const float prod = static_cast<float>(nib) * read_scale(view_.scales, at, dt);
+        v = prod + read_scale(view_.mins, at, dt);
       }
       out[r * k + i] = v;
     }

@@ -140,13 +140,38 @@ const TensorView* optional_operand(const std::map<std::string, TensorView>& t,
   return it == t.end() ? nullptr : &it->second;
 }
 
-PackedLinear pack(const TensorView& w, const WeightForm& form, const std::string& what, int64_t n,
-                  int64_t k) {
+// The operand's packed weight: the adopted one when the checkpoint supplied it, else the host
+// tensor packed to the plan's form. n, k > 0 are the shape the other operands imply.
+PackedLinear pack(const std::map<std::string, TensorView>& tensors,
+                  std::map<std::string, PackedLinear>& adopted, const std::string& name,
+                  const SeatPlan& plan, int64_t n, int64_t k) {
+  const std::string what = name == "weight" ? plan.site + " weight" : name;
+  const WeightForm& form = plan.form;
+  if (const auto it = adopted.find(name); it != adopted.end()) {
+    PackedLinear w = std::move(it->second);
+    adopted.erase(it);
+    const bool same = w.format() == form.format && w.group() == form.group &&
+                      (w.view().scale_dtype == FRT_F16) == (form.scale_dtype == DType::f16);
+    if (!same)
+      throw Refused(what + ": adopted as " + w.form() + ", the plan seats " + form.describe());
+    if ((n > 0 && w.n() != n) || (k > 0 && w.k() != k))
+      throw Refused(what + ": adopted [" + std::to_string(w.n()) + ", " + std::to_string(w.k()) +
+                    "], expected [" + std::to_string(n) + ", " + std::to_string(k) + "]");
+    return w;
+  }
+  const TensorView& w = operand(tensors, name, plan);
   if (w.rank != 2 || (n > 0 && w.shape[0] != n) || (k > 0 && w.shape[1] != k))
     throw Refused(what + " " + w.describe() + ": expected a [" + std::to_string(n) + ", " +
                   std::to_string(k) + "] weight");
-  if (form.format == WeightFormat::int8_channel) return PackedLinear::int8(w);
-  return PackedLinear::int4(w, form.group, form.symmetric);
+  switch (form.format) {
+    case WeightFormat::int8_channel:
+      return PackedLinear::int8(w);
+    case WeightFormat::int8_group:
+      return PackedLinear::int8(w, form.group, form.scale_dtype);
+    case WeightFormat::int4_group:
+      break;
+  }
+  return PackedLinear::int4(w, form.group, form.symmetric, form.scale_dtype);
 }
 
 // A bias read once into fp32 (it is small, and kernels take fp32 biases).
@@ -163,7 +188,7 @@ std::vector<float> bias_values(const TensorView* b, int64_t n, const std::string
 
 std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const std::map<std::string, TensorView>& tensors, GuardMode mode,
-                                 KernelHub& hub) {
+                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted) {
   const frt_kernel_table& table = hub.table(plan.package);
   if (!kernel_dtype(plan.act_dtype))
     throw Refused("activation dtype " + std::string(name_of(plan.act_dtype)) +
@@ -177,7 +202,7 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
   form.band_min = plan.band_min;
   form.band_max = plan.band_max;
   if (plan.op == OpKind::linear) {
-    PackedLinear w = pack(operand(tensors, "weight", plan), plan.form, plan.site + " weight", 0, 0);
+    PackedLinear w = pack(tensors, adopted, "weight", plan, 0, 0);
     std::vector<float> b = bias_values(optional_operand(tensors, "bias"), w.n(), "bias");
     form.width = w.k();
     form.out = w.n();
@@ -187,10 +212,9 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
   if (plan.op != OpKind::gated_ffn && plan.op != OpKind::ffn)
     throw InvalidArgument("seat " + plan.site + ": op " + name_of(plan.op) + " is not a seat op");
   std::optional<PackedLinear> gate;
-  PackedLinear up = pack(operand(tensors, "up", plan), plan.form, "up", 0, 0);
-  if (plan.op == OpKind::gated_ffn)
-    gate = pack(operand(tensors, "gate", plan), plan.form, "gate", up.n(), up.k());
-  PackedLinear down = pack(operand(tensors, "down", plan), plan.form, "down", up.k(), up.n());
+  PackedLinear up = pack(tensors, adopted, "up", plan, 0, 0);
+  if (plan.op == OpKind::gated_ffn) gate = pack(tensors, adopted, "gate", plan, up.n(), up.k());
+  PackedLinear down = pack(tensors, adopted, "down", plan, up.k(), up.n());
   std::vector<float> up_bias = bias_values(optional_operand(tensors, "up_bias"), up.n(), "up bias");
   std::vector<float> down_bias =
       bias_values(optional_operand(tensors, "down_bias"), down.n(), "down bias");

@@ -4,38 +4,37 @@
 
 namespace frt::kern {
 
-int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* err) {
-  if (w == nullptr || w->qdata == nullptr || w->scales == nullptr)
-    return fail(err, FRT_REASON_FORMAT, "%s: no packed weight", what);
-  if (w->n <= 0 || w->k <= 0)
-    return fail(err, FRT_REASON_SHAPE, "%s: empty weight %lldx%lld", what,
-                static_cast<long long>(w->n), static_cast<long long>(w->k));
-  if (w->format == FRT_W_INT8_CHANNEL) return ok(err);
-  if (w->format != FRT_W_INT4_GROUP)
-    return fail(err, FRT_REASON_FORMAT, "%s: unknown weight format %d", what, w->format);
-  if (w->group != 32 && w->group != 64 && w->group != 128)
-    return fail(err, FRT_REASON_FORMAT, "%s: int4 group %d not in {32, 64, 128}", what, w->group);
-  if (w->k % w->group != 0)
-    return fail(err, FRT_REASON_SHAPE, "%s: int4 width k=%lld is not a multiple of group %d", what,
-                static_cast<long long>(w->k), w->group);
-  if (w->zeros == nullptr) return fail(err, FRT_REASON_FORMAT, "%s: int4 without zeros", what);
-  return ok(err);
-}
-
-int32_t check_weight_form(int32_t wformat, int32_t group, int64_t n, int64_t k, const char* what,
-                          frt_error* err) {
+int32_t check_weight_form(int32_t wformat, int32_t group, int32_t scale_dtype, int64_t n, int64_t k,
+                          const char* what, frt_error* err) {
   if (n <= 0 || k <= 0)
     return fail(err, FRT_REASON_SHAPE, "%s: empty weight %lldx%lld", what,
                 static_cast<long long>(n), static_cast<long long>(k));
-  if (wformat == FRT_W_INT8_CHANNEL) return ok(err);
-  if (wformat != FRT_W_INT4_GROUP)
+  if (wformat == FRT_W_INT8_CHANNEL) {
+    if (scale_dtype != FRT_F32)
+      return fail(err, FRT_REASON_FORMAT, "%s: int8 per-channel scales in %s; supported: f32", what,
+                  dtype_name(scale_dtype));
+    return ok(err);
+  }
+  if (wformat != FRT_W_INT4_GROUP && wformat != FRT_W_INT8_GROUP)
     return fail(err, FRT_REASON_FORMAT, "%s: unknown weight format %d", what, wformat);
+  const char* bits = wformat == FRT_W_INT4_GROUP ? "int4" : "int8";
   if (group != 32 && group != 64 && group != 128)
-    return fail(err, FRT_REASON_FORMAT, "%s: int4 group %d not in {32, 64, 128}", what, group);
+    return fail(err, FRT_REASON_FORMAT, "%s: %s group %d not in {32, 64, 128}", what, bits, group);
   if (k % group != 0)
-    return fail(err, FRT_REASON_SHAPE, "%s: int4 width k=%lld is not a multiple of group %d", what,
-                static_cast<long long>(k), group);
+    return fail(err, FRT_REASON_SHAPE, "%s: %s width k=%lld is not a multiple of group %d", what,
+                bits, static_cast<long long>(k), group);
+  if (scale_dtype != FRT_F32 && scale_dtype != FRT_F16)
+    return fail(err, FRT_REASON_FORMAT, "%s: %s group scales in %s; supported: f32, f16", what,
+                bits, dtype_name(scale_dtype));
   return ok(err);
+}
+
+int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* err) {
+  if (w == nullptr || w->qdata == nullptr || w->scales == nullptr)
+    return fail(err, FRT_REASON_FORMAT, "%s: no packed weight", what);
+  if (w->format == FRT_W_INT4_GROUP && w->mins == nullptr)
+    return fail(err, FRT_REASON_FORMAT, "%s: int4 without mins", what);
+  return check_weight_form(w->format, w->group, w->scale_dtype, w->n, w->k, what, err);
 }
 
 int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err) {
@@ -94,6 +93,8 @@ void run_panel(const frt_packed_weight* w, int64_t p, const PreparedRows& rows, 
                float* tile) {
   if (w->format == FRT_W_INT8_CHANNEL)
     kPanels.int8(w, p, rows.x, rows.ldx, m, tile);
+  else if (w->format == FRT_W_INT8_GROUP)
+    kPanels.int8g(w, p, rows.x, rows.ldx, m, tile);
   else
     kPanels.int4(w, p, rows.x, rows.ldx, rows.xsum, m, tile);
 }

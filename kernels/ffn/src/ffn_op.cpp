@@ -39,7 +39,8 @@ int32_t check_call(const frt_ffn_args* a, const frt_packed_weight* first, frt_er
   if (int32_t r = check_weight(a->up, "ffn up", err); r != FRT_REASON_OK) return r;
   if (int32_t r = check_weight(a->down, "ffn down", err); r != FRT_REASON_OK) return r;
   if (first->format != a->up->format || first->format != a->down->format ||
-      first->group != a->up->group || first->group != a->down->group)
+      first->group != a->up->group || first->group != a->down->group ||
+      first->scale_dtype != a->up->scale_dtype || first->scale_dtype != a->down->scale_dtype)
     return fail(err, FRT_REASON_FORMAT, "ffn: weights must share one weight format");
   if (first->n != a->up->n || first->k != a->up->k || a->down->k != a->up->n)
     return fail(err, FRT_REASON_SHAPE,
@@ -57,10 +58,12 @@ int32_t check_call(const frt_ffn_args* a, const frt_packed_weight* first, frt_er
 
 // Plan-time form checks both ops share: up (and gate) [inner x k], down [n x inner].
 int32_t check_form(const frt_op_desc* d, frt_error* err) {
-  if (int32_t r = check_weight_form(d->wformat, d->group, d->inner, d->k, "ffn up", err);
+  if (int32_t r =
+          check_weight_form(d->wformat, d->group, d->scale_dtype, d->inner, d->k, "ffn up", err);
       r != FRT_REASON_OK)
     return r;
-  if (int32_t r = check_weight_form(d->wformat, d->group, d->n, d->inner, "ffn down", err);
+  if (int32_t r =
+          check_weight_form(d->wformat, d->group, d->scale_dtype, d->n, d->inner, "ffn down", err);
       r != FRT_REASON_OK)
     return r;
   return check_rows(d->rows_max, d->x_dtype, d->y_dtype, err);

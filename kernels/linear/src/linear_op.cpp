@@ -20,7 +20,8 @@ int32_t linear_supports(const frt_linear_args* a, frt_error* err) {
 }
 
 int32_t linear_supports_form(const frt_op_desc* d, frt_error* err) {
-  if (int32_t r = check_weight_form(d->wformat, d->group, d->n, d->k, "linear", err);
+  if (int32_t r =
+          check_weight_form(d->wformat, d->group, d->scale_dtype, d->n, d->k, "linear", err);
       r != FRT_REASON_OK)
     return r;
   return check_rows(d->rows_max, d->x_dtype, d->y_dtype, err);

@@ -19,9 +19,37 @@ extern "C" {
 #endif
 
 /* 2.0: a package lists the ops it owns (frt_op) and answers supports_op() at plan time, instead
- * of one wide table every package filled with nulls (1.x). */
-#define FRT_KERNEL_ABI_MAJOR 2
+ * of one wide table every package filled with nulls (1.x).
+ * 3.0: group scales may be fp16, int4 groups carry a min (W = q*scale + min) instead of a zero
+ * point, and int8 has a group form: the layouts GGUF's Q8_0/Q4_0/Q4_1 blocks map onto exactly. */
+#define FRT_KERNEL_ABI_MAJOR 3
 #define FRT_KERNEL_ABI_MINOR 0
+
+/* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
+static inline float frt_f16_to_f32(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  union {
+    uint32_t u;
+    float f;
+  } v;
+  if (exp == 0x1fu) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else { /* subnormal: normalise */
+    exp = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+  }
+  v.u = bits;
+  return v.f;
+}
 
 /* Width of one weight panel: every packed format stores output channels in panels of this many
  * columns, so one packed buffer serves every variant (generic, avx2, avx512vnni). */
@@ -34,7 +62,8 @@ typedef struct frt_error {
   char message[256];
 } frt_error;
 
-enum frt_dtype { FRT_F32 = 0, FRT_BF16 = 1 };
+/* f16 only as a scale dtype of the group formats; activations are f32 or bf16. */
+enum frt_dtype { FRT_F32 = 0, FRT_BF16 = 1, FRT_F16 = 2 };
 
 /* gelu is the exact (erf) form; gelu_tanh the tanh approximation. */
 enum frt_act { FRT_ACT_SILU = 0, FRT_ACT_GELU_TANH = 1, FRT_ACT_GELU = 2 };
@@ -55,22 +84,27 @@ enum frt_op_kind {
  * P = ceil(n / FRT_PANEL) panels; column j of panel p is output channel p*FRT_PANEL + j; columns
  * past n are padding with zero scale.
  *
- * FRT_W_INT8_CHANNEL: qdata int8 [P][k][FRT_PANEL]; scales float [P*FRT_PANEL];
+ * FRT_W_INT8_CHANNEL: qdata int8 [P][k][FRT_PANEL]; scales f32 [P*FRT_PANEL];
  *   W[c][i] = q * scales[c].
+ * FRT_W_INT8_GROUP: group size g in {32, 64, 128}, k % g == 0; qdata int8 [P][k][FRT_PANEL];
+ *   scales [P][k/g][FRT_PANEL] in scale_dtype;  W[c][i] = q * scale.      (GGUF Q8_0 at g = 32)
  * FRT_W_INT4_GROUP: group size g in {32, 64, 128}, k % g == 0; nibbles q in [0, 15];
  *   qdata uint8 [P][k/2][FRT_PANEL], byte = q(c, 2r) | q(c, 2r+1) << 4;
- *   scales, zeros float [P][k/g][FRT_PANEL];  W[c][i] = (q - zero) * scale.
- *   Symmetric packs have zero == 8 everywhere; asymmetric ones an integer zero in [0, 15].
+ *   scales, mins [P][k/g][FRT_PANEL] in scale_dtype;  W[c][i] = q * scale + min.
+ *   Symmetric packs have min == -8 * scale (GGUF Q4_0); asymmetric ones any min (Q4_1).
+ * scale_dtype is FRT_F32 or FRT_F16 for the group formats and FRT_F32 for per-channel int8.
  */
-enum frt_wformat { FRT_W_INT8_CHANNEL = 1, FRT_W_INT4_GROUP = 2 };
+enum frt_wformat { FRT_W_INT8_CHANNEL = 1, FRT_W_INT4_GROUP = 2, FRT_W_INT8_GROUP = 3 };
 
 typedef struct frt_packed_weight {
-  int32_t format; /* frt_wformat */
-  int32_t group;  /* int4 group size; 0 for int8 */
+  int32_t format;      /* frt_wformat */
+  int32_t group;       /* group size; 0 for int8 per-channel */
+  int32_t scale_dtype; /* frt_dtype of scales and mins */
+  int32_t reserved;
   int64_t n, k;
   const void* qdata;
-  const float* scales;
-  const float* zeros; /* int4 only */
+  const void* scales;
+  const void* mins; /* int4 only */
 } frt_packed_weight;
 
 /* y[m][n] = sum_k x[m][k] W[n][k] (+ bias[n]). Rows are strided (ldx, ldy in elements), the
@@ -169,13 +203,15 @@ typedef struct frt_dense_args {
 typedef struct frt_op_desc {
   int32_t op;      /* frt_op_kind */
   int32_t wformat; /* frt_wformat of the packed weights */
-  int32_t group;   /* int4 group size */
+  int32_t group;   /* group size of the group formats */
   int32_t act;     /* frt_act (ffn ops) */
   int32_t x_dtype, y_dtype;
   int32_t has_bias;
-  int64_t rows_max; /* the band's upper end: the most rows one call will bring */
-  int64_t n, k;     /* output and input widths */
-  int64_t inner;    /* intermediate width (ffn ops) */
+  int64_t rows_max;    /* the band's upper end: the most rows one call will bring */
+  int64_t n, k;        /* output and input widths */
+  int64_t inner;       /* intermediate width (ffn ops) */
+  int32_t scale_dtype; /* frt_dtype of the weights' scales */
+  int32_t reserved;
 } frt_op_desc;
 
 /* One op a package owns. `args` points at the struct its kind names. An op runs as `phases`

@@ -11,10 +11,12 @@ namespace frt::kern {
 
 // out[r][j] = sum_i x[r][i] * W[p*FRT_PANEL + j][i] for r < m, j < FRT_PANEL (padding columns
 // come out as 0). x is fp32 with row stride ldx. For int4, xsum[r][g] is the sum of x[r] over
-// group g (row stride k / group), which the kernels use to apply the zero point once per group.
+// group g (row stride k / group), which the kernels use to apply the min once per group.
 struct PanelTable {
   void (*int8)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                float* out);
+  void (*int8g)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                float* out);
   void (*int4)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                const float* xsum, int64_t m, float* out);
   // sum_i x[i] w[i] over n elements, w fp32 or bf16 (the host's own weight rows).
@@ -30,6 +32,8 @@ extern const PanelTable kPanels;
 
 void int8_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                     float* out);
+void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                     float* out);
 void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                     const float* xsum, int64_t m, float* out);
 float dot_f32_ref(const float* x, const float* w, int64_t n);
@@ -42,6 +46,8 @@ float dot_f32_avx2(const float* x, const float* w, int64_t n);
 float dot_bf16_avx2(const float* x, const uint16_t* w, int64_t n);
 void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                      float* out);
+void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                      float* out);
 void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                      const float* xsum, int64_t m, float* out);
 

@@ -12,8 +12,8 @@ namespace frt::kern {
 int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* err);
 int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err);
 // The same checks on a form described at plan time (no data yet): format, group, widths.
-int32_t check_weight_form(int32_t wformat, int32_t group, int64_t n, int64_t k, const char* what,
-                          frt_error* err);
+int32_t check_weight_form(int32_t wformat, int32_t group, int32_t scale_dtype, int64_t n, int64_t k,
+                          const char* what, frt_error* err);
 
 // Floats of workspace the row preparation of `w` needs for m rows (x copy when not fp32, plus
 // group sums for int4).

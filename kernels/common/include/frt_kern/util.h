@@ -25,6 +25,12 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+// Element i of a scale (or min) array stored in dtype (FRT_F32 or FRT_F16).
+inline float scale_at(const void* base, int64_t i, int32_t dtype) {
+  return dtype == FRT_F16 ? frt_f16_to_f32(static_cast<const uint16_t*>(base)[i])
+                          : static_cast<const float*>(base)[i];
+}
+
 inline int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t align64(int64_t bytes) { return (bytes + 63) & ~int64_t{63}; }
 
@@ -56,7 +62,7 @@ inline int32_t ok(frt_error* err) {
 }
 
 inline const char* dtype_name(int32_t dt) {
-  return dt == FRT_F32 ? "f32" : dt == FRT_BF16 ? "bf16" : "unknown dtype";
+  return dt == FRT_F32 ? "f32" : dt == FRT_BF16 ? "bf16" : dt == FRT_F16 ? "f16" : "unknown dtype";
 }
 
 }  // namespace frt::kern

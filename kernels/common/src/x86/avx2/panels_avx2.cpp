@@ -25,6 +25,23 @@ constexpr int64_t kPrefetchBytes = FRT_PREFETCH_BYTES;
 
 inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
 
+// Eight scales (or mins) of a group form from element i, in their stored dtype (F16C converts).
+inline __m256 load_scales8(const void* base, int64_t i, int32_t dtype) {
+  if (dtype == FRT_F16)
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i)));
+  return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+}
+
+// out += s * acc for one group of one row, both column halves (scales from element `at`).
+inline void add_scaled(const frt_packed_weight* w, int64_t at, __m256 acc0, __m256 acc1,
+                       float* out) {
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(load_scales8(w->scales, at, w->scale_dtype), acc0,
+                                        _mm256_loadu_ps(out)));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(load_scales8(w->scales, at + 8, w->scale_dtype), acc1,
+                                            _mm256_loadu_ps(out + 8)));
+}
+
 // One row, four k per step into four pairs of accumulators. Written out by hand: with arrays of
 // accumulators GCC 12 kept a stack copy of every accumulator in the loop (a store per FMA).
 void int8_row1(const int8_t* q, int64_t k, const float* x, const float* scale, float* out) {
@@ -78,8 +95,61 @@ void int8_rows(const int8_t* q, int64_t k, const float* x, int64_t ldx, const fl
   }
 }
 
-// The zero point is applied once per group through the row's group sum:
-// sum (q - z) s x = s (sum q x - z sum x).
+// int8 with group scales: one row, four k per step (Note [Accumulator chains]); each group's
+// sum is scaled into `out` (L1) as it closes.
+void int8g_row1(const int8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+                float* out) {
+  const int64_t groups = w->k / w->group;
+  _mm256_storeu_ps(out, _mm256_setzero_ps());
+  _mm256_storeu_ps(out + 8, _mm256_setzero_ps());
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+    for (int64_t i = g * w->group; i < (g + 1) * w->group; i += 4) {  // group % 4 == 0
+      const int8_t* r = q + i * FRT_PANEL;
+      _mm_prefetch(reinterpret_cast<const char*>(r + kPrefetchBytes), _MM_HINT_T0);
+      const __m256 x0 = bcast(x + i), x1 = bcast(x + i + 1), x2 = bcast(x + i + 2),
+                   x3 = bcast(x + i + 3);
+      a0 = _mm256_fmadd_ps(load_i8x8(r), x0, a0);
+      a1 = _mm256_fmadd_ps(load_i8x8(r + 8), x0, a1);
+      b0 = _mm256_fmadd_ps(load_i8x8(r + 16), x1, b0);
+      b1 = _mm256_fmadd_ps(load_i8x8(r + 24), x1, b1);
+      c0 = _mm256_fmadd_ps(load_i8x8(r + 32), x2, c0);
+      c1 = _mm256_fmadd_ps(load_i8x8(r + 40), x2, c1);
+      d0 = _mm256_fmadd_ps(load_i8x8(r + 48), x3, d0);
+      d1 = _mm256_fmadd_ps(load_i8x8(r + 56), x3, d1);
+    }
+    add_scaled(w, s0 + g * FRT_PANEL, _mm256_add_ps(_mm256_add_ps(a0, b0), _mm256_add_ps(c0, d0)),
+               _mm256_add_ps(_mm256_add_ps(a1, b1), _mm256_add_ps(c1, d1)), out);
+  }
+}
+
+template <int MR>
+void int8g_rows(const int8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+                int64_t ldx, float* out) {
+  const int64_t groups = w->k / w->group;
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_ps(out + r * FRT_PANEL, _mm256_setzero_ps());
+    _mm256_storeu_ps(out + r * FRT_PANEL + 8, _mm256_setzero_ps());
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256 lo[MR], hi[MR];
+    for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int64_t i = g * w->group; i < (g + 1) * w->group; ++i) {
+      const int8_t* row = q + i * FRT_PANEL;
+      const __m256 w0 = load_i8x8(row), w1 = load_i8x8(row + 8);
+      for (int r = 0; r < MR; ++r) {
+        const __m256 xb = bcast(x + r * ldx + i);
+        lo[r] = _mm256_fmadd_ps(w0, xb, lo[r]);
+        hi[r] = _mm256_fmadd_ps(w1, xb, hi[r]);
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      add_scaled(w, s0 + g * FRT_PANEL, lo[r], hi[r], out + r * FRT_PANEL);
+  }
+}
+
+// The min is applied once per group through the row's group sum:
+// sum (q s + mn) x = s sum q x + mn sum x.
 struct Nibbles {  // one packed row (16 columns, k and k+1) as fp32 columns 0-7 and 8-15
   __m256 even0, odd0, even1, odd1;
 };
@@ -93,23 +163,26 @@ inline Nibbles load_nibbles(const uint8_t* row) {
       _mm256_cvtepi32_ps(_mm256_and_si256(v1, low4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4))};
 }
 
-// out += s * (acc - z * xs) for one group of one row, both column halves. The running result
-// lives in `out` (L1), not in registers: the group loop needs all sixteen ymm registers.
-inline void apply_group(const float* sg, const float* zg, float xs, __m256 acc0, __m256 acc1,
+// out += s * acc + mn * xs for one group of one row, both column halves (scales and mins from
+// element `at`). The running result lives in `out` (L1), not in registers: the group loop needs
+// all sixteen ymm registers.
+inline void apply_group(const frt_packed_weight* w, int64_t at, float xs, __m256 acc0, __m256 acc1,
                         float* out) {
   const __m256 xsv = _mm256_set1_ps(xs);
-  _mm256_storeu_ps(
-      out, _mm256_fmadd_ps(_mm256_loadu_ps(sg), _mm256_fnmadd_ps(_mm256_loadu_ps(zg), xsv, acc0),
-                           _mm256_loadu_ps(out)));
-  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(_mm256_loadu_ps(sg + 8),
-                                            _mm256_fnmadd_ps(_mm256_loadu_ps(zg + 8), xsv, acc1),
-                                            _mm256_loadu_ps(out + 8)));
+  const int32_t dt = w->scale_dtype;
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(load_scales8(w->scales, at, dt), acc0,
+                                        _mm256_fmadd_ps(load_scales8(w->mins, at, dt), xsv,
+                                                        _mm256_loadu_ps(out))));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(load_scales8(w->scales, at + 8, dt), acc1,
+                                            _mm256_fmadd_ps(load_scales8(w->mins, at + 8, dt), xsv,
+                                                            _mm256_loadu_ps(out + 8))));
 }
 
 // One row: two packed rows (four k) per step, even and odd k in separate accumulators (Note
 // [Accumulator chains]), named rather than in arrays for the reason given at int8_row1.
-void int4_row1(const uint8_t* q, int64_t k, int64_t group, const float* x, const float* xsum,
-               const float* scale, const float* zero, float* out) {
+void int4_row1(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+               const float* xsum, float* out) {
+  const int64_t k = w->k, group = w->group;
   const int64_t groups = k / group, pairs = group / 2;
   _mm256_storeu_ps(out, _mm256_setzero_ps());
   _mm256_storeu_ps(out + 8, _mm256_setzero_ps());
@@ -133,7 +206,7 @@ void int4_row1(const uint8_t* q, int64_t k, int64_t group, const float* x, const
       p0 = _mm256_fmadd_ps(b.odd0, x3, p0);
       p1 = _mm256_fmadd_ps(b.odd1, x3, p1);
     }
-    apply_group(scale + g * FRT_PANEL, zero + g * FRT_PANEL, xsum[g],
+    apply_group(w, s0 + g * FRT_PANEL, xsum[g],
                 _mm256_add_ps(_mm256_add_ps(e0, o0), _mm256_add_ps(f0, p0)),
                 _mm256_add_ps(_mm256_add_ps(e1, o1), _mm256_add_ps(f1, p1)), out);
   }
@@ -141,8 +214,9 @@ void int4_row1(const uint8_t* q, int64_t k, int64_t group, const float* x, const
 
 // MR rows share each unpacked row; results gather in `out` group by group.
 template <int MR>
-void int4_rows(const uint8_t* q, int64_t k, int64_t group, const float* x, int64_t ldx,
-               const float* xsum, const float* scale, const float* zero, float* out) {
+void int4_rows(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+               int64_t ldx, const float* xsum, float* out) {
+  const int64_t k = w->k, group = w->group;
   const int64_t groups = k / group, pairs = group / 2;
   for (int r = 0; r < MR; ++r) {
     _mm256_storeu_ps(out + r * FRT_PANEL, _mm256_setzero_ps());
@@ -164,9 +238,8 @@ void int4_rows(const uint8_t* q, int64_t k, int64_t group, const float* x, int64
       }
     }
     for (int r = 0; r < MR; ++r)
-      apply_group(scale + g * FRT_PANEL, zero + g * FRT_PANEL, xsum[r * groups + g],
-                  _mm256_add_ps(ev[r][0], od[r][0]), _mm256_add_ps(ev[r][1], od[r][1]),
-                  out + r * FRT_PANEL);
+      apply_group(w, s0 + g * FRT_PANEL, xsum[r * groups + g], _mm256_add_ps(ev[r][0], od[r][0]),
+                  _mm256_add_ps(ev[r][1], od[r][1]), out + r * FRT_PANEL);
   }
 }
 
@@ -178,7 +251,7 @@ void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
                      float* out) {
   const int64_t k = w->k;
   const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
-  const float* scale = w->scales + p * FRT_PANEL;
+  const float* scale = static_cast<const float*>(w->scales) + p * FRT_PANEL;
   int64_t r = 0;
   for (; r + 4 <= m; r += 4) int8_rows<4>(q, k, x + r * ldx, ldx, scale, out + r * FRT_PANEL);
   const float* xr = x + r * ldx;
@@ -198,18 +271,37 @@ void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
   }
 }
 
+void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                      float* out) {
+  const int64_t k = w->k, s0 = p * (k / w->group) * FRT_PANEL;
+  const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) int8g_rows<4>(q, w, s0, x + r * ldx, ldx, out + r * FRT_PANEL);
+  const float* xr = x + r * ldx;
+  float* outr = out + r * FRT_PANEL;
+  switch (m - r) {
+    case 3:
+      int8g_rows<3>(q, w, s0, xr, ldx, outr);
+      break;
+    case 2:
+      int8g_rows<2>(q, w, s0, xr, ldx, outr);
+      break;
+    case 1:
+      int8g_row1(q, w, s0, xr, outr);
+      break;
+    default:
+      break;
+  }
+}
+
 void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                      const float* xsum, int64_t m, float* out) {
-  const int64_t k = w->k, group = w->group, groups = k / group;
+  const int64_t k = w->k, groups = k / w->group, s0 = p * groups * FRT_PANEL;
   const auto* q = static_cast<const uint8_t*>(w->qdata) + p * (k / 2) * FRT_PANEL;
-  const float* scale = w->scales + p * groups * FRT_PANEL;
-  const float* zero = w->zeros + p * groups * FRT_PANEL;
   int64_t r = 0;
   for (; r + 2 <= m; r += 2)
-    int4_rows<2>(q, k, group, x + r * ldx, ldx, xsum + r * groups, scale, zero,
-                 out + r * FRT_PANEL);
-  if (r < m)
-    int4_row1(q, k, group, x + r * ldx, xsum + r * groups, scale, zero, out + r * FRT_PANEL);
+    int4_rows<2>(q, w, s0, x + r * ldx, ldx, xsum + r * groups, out + r * FRT_PANEL);
+  if (r < m) int4_row1(q, w, s0, x + r * ldx, xsum + r * groups, out + r * FRT_PANEL);
 }
 
 namespace {
