@@ -19,6 +19,7 @@ _core.set_bundled_root(str(BUNDLED_KERNELS))
 
 from . import _host_threads, impls, ops, swap  # noqa: E402  (after the bundled root is set)
 from ._core import KernelUnavailable, Refused  # noqa: E402
+from .adopt import AdoptionReport, adopt_prequantized  # noqa: E402
 from .autoswap import AutoPlan, auto_swaps, explain, list_schemes  # noqa: E402
 from .catalog import list_structures, load  # noqa: E402
 from .decode import DecodeLoop, decode_loop  # noqa: E402
@@ -30,7 +31,7 @@ from .swap import attached  # noqa: E402
 PARALLEL_BACKEND = _host_threads.install()
 
 __all__ = [
-    "BUNDLED_KERNELS", "PARALLEL_BACKEND", "AutoPlan", "DecodeLoop", "decode_loop", "FrontDoorResult", "GateRefused",
+    "BUNDLED_KERNELS", "PARALLEL_BACKEND", "AdoptionReport", "AutoPlan", "adopt_prequantized", "DecodeLoop", "decode_loop", "FrontDoorResult", "GateRefused",
     "GuardRefused", "KernelUnavailable", "Refused", "attach", "attached", "auto_swaps", "explain",
     "get", "impls", "list_schemes", "list_structures", "load", "ops", "swap",
 ]

@@ -70,7 +70,7 @@ def explain(plan: Any) -> str:
     plan = getattr(plan, "plan", plan)  # a DecodeLoop carries its DecodePlan
     if isinstance(plan, _core.DecodePlan):
         return _core.explain_decode(plan)
-    return _core.explain(plan.core if isinstance(plan, AutoPlan) else plan)
+    return _core.explain(getattr(plan, "core", plan))
 
 
 def list_schemes() -> list[str]:

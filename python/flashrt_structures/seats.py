@@ -191,11 +191,15 @@ class SeatModule(nn.Module):
         return f"{self._seat.form.describe()}"
 
 
-def build(model: nn.Module, plan: _core.SeatPlan, on_guard_fail: str = "fallback") -> SeatModule:
-    """The seat module for one planned seat: the host tensor of each operand, read in place."""
+def build(model: nn.Module, plan: _core.SeatPlan, on_guard_fail: str = "fallback",
+          adopted: dict[str, _core.PackedLinear] | None = None) -> SeatModule:
+    """The seat module for one planned seat: the host tensor of each operand, read in place, or
+    the checkpoint's own pack of it when adopted (which moves into the seat)."""
     tensors = {}
     for operand, slot in plan.slots.items():
+        if adopted and operand in adopted:
+            continue
         tensor = getattr(model.get_submodule(slot.module), slot.tensor)
         tensors[operand] = tensor.detach()
-    seat = _core.build_seat(plan, tensors, on_guard_fail=on_guard_fail)
+    seat = _core.build_seat(plan, tensors, on_guard_fail=on_guard_fail, adopted=adopted or {})
     return SeatModule(plan.site, model.get_submodule(plan.site), seat)

@@ -74,11 +74,13 @@ void bind_catalog(nb::module_& m) {
       });
 
   nb::class_<WeightForm>(m, "WeightForm")
-      .def_ro("name", &WeightForm::name)
-      .def_ro("format", &WeightForm::format)
-      .def_ro("group", &WeightForm::group)
-      .def_ro("symmetric", &WeightForm::symmetric)
-      .def_ro("tag", &WeightForm::tag)
+      .def(nb::init<>())
+      .def_rw("name", &WeightForm::name)
+      .def_rw("format", &WeightForm::format)
+      .def_rw("group", &WeightForm::group)
+      .def_rw("symmetric", &WeightForm::symmetric)
+      .def_rw("scale_dtype", &WeightForm::scale_dtype)
+      .def_rw("tag", &WeightForm::tag)
       .def("describe", &WeightForm::describe);
 
   nb::class_<SchemeSpec>(m, "SchemeSpec")

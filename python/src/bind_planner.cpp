@@ -95,7 +95,10 @@ void bind_planner(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("structures", &PlanOptions::structures)
       .def_rw("scheme", &PlanOptions::scheme)
-      .def_rw("min_seat_weights", &PlanOptions::min_seat_weights);
+      .def_rw("min_seat_weights", &PlanOptions::min_seat_weights)
+      .def_rw("source_forms", &PlanOptions::source_forms)
+      .def_rw("source_refusals", &PlanOptions::source_refusals)
+      .def_rw("source", &PlanOptions::source);
 
   nb::class_<Plan>(m, "Plan")
       .def_ro("scheme", &Plan::scheme)

@@ -44,7 +44,8 @@ void bind_quant(nb::module_& m) {
   nb::class_<PackStats>(m, "PackStats")
       .def_ro("max_abs_err", &PackStats::max_abs_err)
       .def_ro("rms_err", &PackStats::rms_err)
-      .def_ro("rel_err", &PackStats::rel_err);
+      .def_ro("rel_err", &PackStats::rel_err)
+      .def_ro("max_abs_ref", &PackStats::max_abs_ref);
 
   nb::class_<PackedLinear>(m, "PackedLinear")
       .def_prop_ro("n", &PackedLinear::n)

@@ -19,6 +19,7 @@ struct PackStats {
   double max_abs_err = 0;  // max |W - dequant(pack(W))|
   double rms_err = 0;      // root mean square of the same
   double rel_err = 0;      // ||W - dequant||_F / ||W||_F (0 when W is all zero)
+  double max_abs_ref = 0;  // max |W|: what max_abs_err is small against
 };
 
 // A weight a checkpoint already holds quantised (GGUF blocks, compressed-tensors packs), unpacked
@@ -69,6 +70,7 @@ class PackedLinear {
   std::string form() const;
   // The weight the kernels compute with, [n][k] in fp32 (for tests and error reports).
   std::vector<float> dequantize() const;
+  void dequantize_row(int64_t row, std::vector<float>& out) const;  // one output channel
 
  private:
   PackedLinear() = default;

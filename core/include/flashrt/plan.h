@@ -82,6 +82,14 @@ struct PlanOptions {
   std::vector<std::string> structures;  // empty: every structure in the catalog
   std::string scheme = "auto";
   std::optional<int64_t> min_seat_weights;  // unset: the catalog's keep_host rule
+  // Adoption (adopt_prequantized): the form each module's weight already has in a quantised
+  // checkpoint, by module path. When any is given the scheme is not consulted: a seam takes its
+  // projections' own forms, a seam whose weights the checkpoint holds unquantised stays at host,
+  // and a module in source_refusals (a block type no kernel reads) refuses its seam with that
+  // reason. source names the checkpoint format for the plan ("gguf").
+  std::map<std::string, WeightForm> source_forms;
+  std::map<std::string, std::string> source_refusals;
+  std::string source;
 };
 
 struct Plan {

@@ -7,6 +7,7 @@
 #include <flashrt/plan.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -88,7 +89,7 @@ frt_op_desc base_desc(OpKind op, const WeightForm& form, DType act, int64_t rows
 // The seats a rung builds for a seam: one per linear node (per_node), or one for the region.
 std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec, const Seam& seam,
                                   const Rung& rung, const WeightForm& form, DType act,
-                                  const DimSpec& band) {
+                                  const DimSpec& band, const PlanOptions& options) {
   std::vector<Candidate> out;
   SeatPlan base;
   base.seam = seam;
@@ -104,7 +105,12 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
     for (const MatchNode& n : spec.match.nodes) {
       if (n.kind != NodeKind::linear) continue;
       const HostModule* m = g.find(seam.nodes.at(n.name));
-      Candidate c{base, base_desc(OpKind::linear, form, act, band.max)};
+      // An adopted projection keeps its own form (a region's may differ, seated per node).
+      const auto own = options.source_forms.find(m->path);
+      const WeightForm& f = own == options.source_forms.end() ? form : own->second;
+      Candidate c{base, base_desc(OpKind::linear, f, act, band.max)};
+      c.seat.form = f;
+      c.seat.impl = rung.impl + "_" + f.tag;
       c.seat.site = rung.per_node ? m->path : seam.site;
       c.seat.replaces = {c.seat.site};
       c.seat.slots["weight"] = weight_of(m->path);
@@ -138,6 +144,39 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
   return out;
 }
 
+// What an adopted checkpoint says of one seam: its linear nodes' own forms.
+struct SourceVerdict {
+  std::optional<WeightForm> form;  // the first node's form (all of them when !mixed)
+  bool mixed = false;
+  std::string refusal;      // a node in a block type no kernel reads
+  std::string unquantised;  // the nodes the checkpoint holds unquantised, when no form
+};
+
+SourceVerdict source_verdict(const StructureSpec& spec, const Seam& seam,
+                             const PlanOptions& options) {
+  SourceVerdict v;
+  for (const MatchNode& n : spec.match.nodes) {
+    if (n.kind != NodeKind::linear) continue;
+    const std::string& module = seam.nodes.at(n.name);
+    if (const auto r = options.source_refusals.find(module); r != options.source_refusals.end()) {
+      v.refusal += (v.refusal.empty() ? "" : "; ") + module + ": " + r->second;
+      continue;
+    }
+    const auto f = options.source_forms.find(module);
+    if (f == options.source_forms.end()) {
+      v.unquantised += (v.unquantised.empty() ? "" : ", ") + module;
+      continue;
+    }
+    if (!v.form)
+      v.form = f->second;
+    else if (f->second.name != v.form->name)
+      v.mixed = true;
+  }
+  // A region seats only when every projection has a form; one held unquantised keeps it whole.
+  if (!v.unquantised.empty()) v.form.reset();
+  return v;
+}
+
 }  // namespace
 
 std::vector<std::string> scheme_names(const Catalog& catalog) {
@@ -149,7 +188,11 @@ std::vector<std::string> scheme_names(const Catalog& catalog) {
 Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& options,
           KernelHub& hub) {
   Plan p;
-  p.scheme = resolve_scheme(options.scheme, catalog, hub);
+  const bool adopting = !options.source_forms.empty() || !options.source_refusals.empty();
+  if (adopting)
+    p.scheme.name = "adopt " + options.source;
+  else
+    p.scheme = resolve_scheme(options.scheme, catalog, hub);
   const int64_t min_weights = options.min_seat_weights.value_or(catalog.schemes().min_seat_weights);
   Discovery d = discover(graph, catalog, options.structures);
   p.refused = d.refused;
@@ -159,8 +202,25 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   for (Seam& seam : d.seams) {
     const StructureSpec& spec = catalog.get(seam.structure);
     const std::string where = seam.structure + " " + seam.shape;
+    std::optional<WeightForm> source_form;
+    bool mixed_source = false;
+    if (adopting) {
+      const SourceVerdict v = source_verdict(spec, seam, options);
+      if (!v.refusal.empty()) {
+        p.refused.emplace_back(seam.site, where + ": " + v.refusal);
+        continue;
+      }
+      if (!v.form) {
+        p.keep_host.emplace_back(seam.site, where + ": the " + options.source +
+                                                " checkpoint holds " + v.unquantised +
+                                                " unquantised; it stays with the host");
+        continue;
+      }
+      source_form = v.form;
+      mixed_source = v.mixed;
+    }
     auto form_it = p.scheme.formats.find(seam.structure);
-    if (form_it == p.scheme.formats.end()) {
+    if (!adopting && form_it == p.scheme.formats.end()) {
       p.keep_host.emplace_back(
           seam.site, "scheme '" + p.scheme.name + "' keeps " + where + " at host precision");
       continue;
@@ -192,9 +252,9 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       p.refused.emplace_back(seam.site, where + ": the structure declares no row band");
       continue;
     }
-    WeightForm form = form_it->second;
+    WeightForm form = adopting ? *source_form : form_it->second;
     std::vector<std::string> steps;
-    if (is_group_format(form.format)) {
+    if (!adopting && is_group_format(form.format)) {
       bool divides = true;
       for (const MatchNode& n : spec.match.nodes)
         if (n.kind == NodeKind::linear && seam.dims.at(n.in_dim) % form.group != 0) divides = false;
@@ -225,7 +285,12 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
             if (e.repo == rung.package) p.kernel_unavailable.push_back(e);
         continue;
       }
-      std::vector<Candidate> cs = candidates(graph, spec, seam, rung, form, act, *band);
+      if (mixed_source && rung.op != OpKind::linear) {
+        steps.push_back(impl +
+                        ": the checkpoint holds the region's projections in different forms");
+        continue;
+      }
+      std::vector<Candidate> cs = candidates(graph, spec, seam, rung, form, act, *band, options);
       std::string why;
       for (const Candidate& c : cs)
         if (why.empty()) why = form_refusal(*r.table, c.desc);

@@ -160,21 +160,35 @@ struct PackAccess {
 };
 
 PackStats PackedLinear::compare(const TensorView& w) const {
-  const std::vector<float> deq = dequantize();
   const int64_t n = this->n(), k = this->k();
   if (w.rank != 2 || w.shape[0] != n || w.shape[1] != k)
     throw InvalidArgument("pack: compared against " + w.describe() + ", the pack is [" +
                           std::to_string(n) + ", " + std::to_string(k) + "]");
-  PackStats stats;
-  double sq = 0, ref_sq = 0;
-  for (int64_t r = 0; r < n; ++r)
+  // Row by row on the pool: each thread keeps its own partial sums.
+  struct Partial {
+    double max_abs = 0, max_ref = 0, sq = 0, ref_sq = 0;
+  };
+  std::vector<Partial> parts(static_cast<size_t>(n));
+  for_each_row(n, [&](int64_t r, std::vector<float>& row) {
+    dequantize_row(r, row);
+    Partial& p = parts[r];
     for (int64_t i = 0; i < k; ++i) {
       const double want = load_element(w, r, i);
-      const double err = std::fabs(want - deq[r * k + i]);
-      stats.max_abs_err = std::max(stats.max_abs_err, err);
-      sq += err * err;
-      ref_sq += want * want;
+      const double err = std::fabs(want - row[i]);
+      p.max_abs = std::max(p.max_abs, err);
+      p.max_ref = std::max(p.max_ref, std::fabs(want));
+      p.sq += err * err;
+      p.ref_sq += want * want;
     }
+  });
+  PackStats stats;
+  double sq = 0, ref_sq = 0;
+  for (const Partial& p : parts) {
+    stats.max_abs_err = std::max(stats.max_abs_err, p.max_abs);
+    stats.max_abs_ref = std::max(stats.max_abs_ref, p.max_ref);
+    sq += p.sq;
+    ref_sq += p.ref_sq;
+  }
   stats.rms_err = std::sqrt(sq / static_cast<double>(n * k));
   stats.rel_err = ref_sq > 0 ? std::sqrt(sq / ref_sq) : 0.0;
   return stats;
@@ -320,34 +334,40 @@ PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
   return p;
 }
 
+void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
+  const int64_t k = view_.k, panel = r / kPanel, j = r % kPanel;
+  const DType dt = view_.scale_dtype == FRT_F16 ? DType::f16 : DType::f32;
+  out.resize(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) {
+    float v;
+    if (view_.format == FRT_W_INT8_CHANNEL) {
+      v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
+          static_cast<const float*>(view_.scales)[r];
+    } else if (view_.format == FRT_W_INT8_GROUP) {
+      const int64_t groups = k / view_.group, g = i / view_.group;
+      v = static_cast<float>(
+              static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j]) *
+          read_scale(view_.scales, (panel * groups + g) * kPanel + j, dt);
+    } else {
+      const int64_t groups = k / view_.group, g = i / view_.group;
+      const uint8_t byte =
+          static_cast<const uint8_t*>(view_.qdata)[(panel * (k / 2) + i / 2) * kPanel + j];
+      const int nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+      const int64_t at = (panel * groups + g) * kPanel + j;
+      // Product then sum, two roundings: the d*q + m that GGUF's own dequantiser computes.
+      const float prod = static_cast<float>(nib) * read_scale(view_.scales, at, dt);
+      v = prod + read_scale(view_.mins, at, dt);
+    }
+    out[i] = v;
+  }
+}
+
 std::vector<float> PackedLinear::dequantize() const {
   const int64_t n = view_.n, k = view_.k;
-  const DType dt = view_.scale_dtype == FRT_F16 ? DType::f16 : DType::f32;
-  std::vector<float> out(static_cast<size_t>(n * k));
+  std::vector<float> out(static_cast<size_t>(n * k)), row;
   for (int64_t r = 0; r < n; ++r) {
-    const int64_t panel = r / kPanel, j = r % kPanel;
-    for (int64_t i = 0; i < k; ++i) {
-      float v;
-      if (view_.format == FRT_W_INT8_CHANNEL) {
-        v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
-            static_cast<const float*>(view_.scales)[r];
-      } else if (view_.format == FRT_W_INT8_GROUP) {
-        const int64_t groups = k / view_.group, g = i / view_.group;
-        v = static_cast<float>(
-                static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j]) *
-            read_scale(view_.scales, (panel * groups + g) * kPanel + j, dt);
-      } else {
-        const int64_t groups = k / view_.group, g = i / view_.group;
-        const uint8_t byte =
-            static_cast<const uint8_t*>(view_.qdata)[(panel * (k / 2) + i / 2) * kPanel + j];
-        const int nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-        const int64_t at = (panel * groups + g) * kPanel + j;
-        // Product then sum, two roundings: the d*q + m that GGUF's own dequantiser computes.
-        const float prod = static_cast<float>(nib) * read_scale(view_.scales, at, dt);
-        v = prod + read_scale(view_.mins, at, dt);
-      }
-      out[r * k + i] = v;
-    }
+    dequantize_row(r, row);
+    std::copy(row.begin(), row.end(), out.begin() + r * k);
   }
   return out;
 }
