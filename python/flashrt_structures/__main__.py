@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     k = sub.add_parser("kernels", help="kernel packages, variants, the chosen one, and refusals")
     k.add_argument("--json", action="store_true", help="print the same as JSON")
-    sub.add_parser("demo", help="the main job on the embedded default")
+    d = sub.add_parser("demo", help="the main job: chat with SmolLM2 through flashrt")
+    d.add_argument("prompt", nargs="?", default=None, help="what to ask (default: embedded)")
     args = parser.parse_args(argv)
     if args.command == "kernels":
         report = impls.kernels_report()
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from . import demo
 
-    return demo.main()
+    return demo.main(getattr(args, "prompt", None))
 
 
 if __name__ == "__main__":

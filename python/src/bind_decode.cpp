@@ -4,6 +4,7 @@
 #include <flashrt/errors.h>
 #include <flashrt/hub.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -96,6 +97,14 @@ void bind_decode(nb::module_& m) {
                          static_cast<const float*>(vv.data));
           },
           nb::arg("layer"), nb::arg("k"), nb::arg("v"))
+      // The last step's logits (a copy, [vocab] fp32): for scoring, not the hot path.
+      .def("logits",
+           [](const DecodeProgram& p) {
+             auto* data = new std::vector<float>(p.logits());
+             nb::capsule owner(
+                 data, [](void* v) noexcept { delete static_cast<std::vector<float>*>(v); });
+             return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), {data->size()}, owner);
+           })
       .def_prop_ro("weight_bytes", &DecodeProgram::weight_bytes)
       .def_prop_ro("config", &DecodeProgram::config);
 

@@ -1,0 +1,75 @@
+"""GGUF checkpoints written the way llama.cpp's converter writes them, for adoption tests.
+
+The file's tensors are the host's projections quantised by gguf's own quantisers, named by
+transformers' own tensor-name map, with q/k rows in the file's order (the inverse of the row
+permutation transformers' loader applies). The host's weights are then set to what the loader
+would produce from the file (gguf's dequantiser, then the loader's processor), so host and file
+are the same model, as after `from_pretrained(gguf_file=...)`.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from torch import nn
+from transformers import modeling_gguf_pytorch_utils as tg
+
+ARCH = {"llama": "llama", "qwen3": "qwen3"}
+
+
+def _processor(model: nn.Module, arch: str):
+    return tg.TENSOR_PROCESSORS.get(arch, tg.TensorProcessor)(config=model.config.to_dict())
+
+
+def name_map(model: nn.Module, arch: str) -> dict[str, str]:
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        return tg.get_gguf_hf_weights_map(model, _processor(model, arch))
+    finally:
+        gguf.get_tensor_name_map = original
+
+
+def write(model: nn.Module, path: Path, qtype: str | dict[str, str], *,
+          load_into_host: bool = True) -> Path:
+    """Writes every nn.Linear weight of `model` to a GGUF file at `path` in block type qtype
+    (one name for all, or {gguf tensor name: type} with a default under "*"), and sets the host's
+    weights to what transformers' loader would read back."""
+    arch = ARCH[model.config.model_type]
+    processor = _processor(model, arch)
+    g2h = name_map(model, arch)
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(model.config.num_hidden_layers)
+    loaded = {}
+    for gname, hname in sorted(g2h.items()):
+        param = model.get_parameter(hname)
+        if id(param) not in linear_weights or gname in loaded:
+            continue
+        kind = qtype if isinstance(qtype, str) else qtype.get(gname, qtype["*"])
+        qt = gguf.GGMLQuantizationType[kind]
+        n = param.shape[0]
+        # The file's row order: the inverse of the loader's permutation (found on row indices).
+        order = processor.process(weights=np.arange(n, dtype=np.float64).reshape(n, 1),
+                                  name=gname, tensor_key_mapping=g2h,
+                                  parsed_parameters={}).weights[:, 0].astype(np.int64)
+        file_rows = param.detach().float().numpy()[np.argsort(order)]
+        data = gguf.quants.quantize(np.ascontiguousarray(file_rows), qt)
+        writer.add_tensor(gname, data, raw_dtype=qt)
+        back = gguf.quants.dequantize(data, qt)
+        loaded[gname] = (hname, processor.process(weights=back, name=gname,
+                                                  tensor_key_mapping=g2h,
+                                                  parsed_parameters={}).weights)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if load_into_host:
+        with torch.no_grad():
+            for hname, values in loaded.values():
+                model.get_parameter(hname).copy_(torch.from_numpy(np.ascontiguousarray(values)))
+    return path

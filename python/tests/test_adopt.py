@@ -1,0 +1,126 @@
+"""adopt_prequantized on GGUF files written by gguf's own writer and quantisers (random Llama and
+Qwen3 hosts), and refusals: corrupt, truncated, another model's file, unsupported block types."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import flashrt_structures as S
+import gguf_files
+import hosts
+import pytest
+
+
+def llama_gqa() -> LlamaForCausalLM:
+    """8 query heads over 2 kv heads: the q/k row permutation differs per tensor."""
+    torch.manual_seed(5)
+    cfg = LlamaConfig(vocab_size=hosts.VOCAB, hidden_size=256, intermediate_size=512,
+                      num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                      max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def same_weights(model: torch.nn.Module, snap: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("make", [llama_gqa, hosts.qwen3], ids=["llama", "qwen3"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, make, qtype):
+    model = make()
+    path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
+    x = hosts.ids(1)
+    with torch.no_grad():
+        want = model(x).logits
+    report = S.adopt_prequantized(model, "gguf", path)
+    try:
+        text = S.explain(report)
+        assert report.handle is not None and S.attached(model)
+        tag = qtype.lower()
+        assert f"_{tag} (" in text, text
+        # Every seated projection is the file's own blocks: exact, or fp32 rounding of d*q + m.
+        assert report.conversion, text
+        assert report.worst_conversion <= 1e-6, report.conversion
+        with torch.no_grad():
+            got = model(x).logits
+        cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert float(cos) > 0.99999, float(cos)
+        assert report.handle.summary()["guarded_calls"] > 0
+        assert report.handle.summary()["fallbacks"] == 0
+    finally:
+        if report.handle is not None:
+            report.handle.detach()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)  # detached: the host again, bit for bit
+
+
+def test_a_block_type_no_kernel_reads_is_refused_by_name_per_tensor(tmp_path):
+    model = hosts.qwen3()
+    path = gguf_files.write(model, tmp_path / "m.gguf",
+                            {"*": "Q4_0", "blk.0.ffn_down.weight": "Q5_0"})
+    report = S.adopt_prequantized(model, "gguf", path)
+    try:
+        refused = dict(report.plan.refused)
+        assert "model.layers.0.mlp" in refused, S.explain(report)
+        assert "blk.0.ffn_down.weight is Q5_0 blocks" in refused["model.layers.0.mlp"]
+        seated = {sp.site for sp in report.plan.seats}
+        assert "model.layers.1.mlp" in seated  # the other layer's blocks are adopted
+    finally:
+        report.handle.detach()
+
+
+def test_unquantised_tensors_in_the_file_stay_with_the_host(tmp_path):
+    model = hosts.qwen3()
+    path = gguf_files.write(model, tmp_path / "m.gguf", {"*": "Q8_0", "output.weight": "F32"})
+    report = S.adopt_prequantized(model, "gguf", path)
+    try:
+        kept = dict(report.plan.keep_host)
+        assert "lm_head" in kept and "unquantised" in kept["lm_head"], S.explain(report)
+    finally:
+        report.handle.detach()
+
+
+def test_a_corrupt_or_truncated_file_is_refused_and_the_host_untouched(tmp_path):
+    model = hosts.qwen3()
+    path = gguf_files.write(model, tmp_path / "m.gguf", "Q4_1")
+    snap = snapshot(model)
+    data = path.read_bytes()
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(data[: len(data) // 2])
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"GGUF" + bytes(range(256)) * 8)
+    for bad in (truncated, garbage, tmp_path / "missing.gguf"):
+        with pytest.raises(S.Refused, match="adopt"):
+            S.adopt_prequantized(model, "gguf", bad)
+        assert not S.attached(model)
+        assert same_weights(model, snap)
+
+
+def test_a_file_for_a_different_model_is_refused_with_the_reason(tmp_path):
+    other = hosts.qwen3()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.5)
+    path = gguf_files.write(other, tmp_path / "other.gguf", "Q8_0")
+    model = hosts.qwen3()
+    snap = snapshot(model)
+    with pytest.raises(S.Refused, match="not this file's"):
+        S.adopt_prequantized(model, "gguf", path)
+    assert not S.attached(model) and same_weights(model, snap)
+    wider = hosts.llama()  # another architecture's shapes entirely
+    with pytest.raises(S.Refused, match="adopt"):
+        S.adopt_prequantized(wider, "gguf", path)
+    assert not S.attached(wider)
+
+
+def test_unknown_formats_and_a_missing_source_are_clear_errors():
+    model = hosts.qwen3()
+    with pytest.raises(ValueError, match="supported: gguf"):
+        S.adopt_prequantized(model, "awq", "x")
+    with pytest.raises(ValueError, match="needs source"):
+        S.adopt_prequantized(model, "gguf")
