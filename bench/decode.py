@@ -14,6 +14,7 @@ Peers (torchao int8 weight-only; llama.cpp Q8_0/Q4_0 through llama-cpp-python) a
 they are measured when importable and reported as not installed otherwise.
 
     .venv/bin/python bench/decode.py --json bench/results/decode.json
+    .venv/bin/python bench/decode.py --model smollm2 --json bench/results/decode_smollm2.json
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def host_arm(model, prompt, new):
 
 
 def loop_arm(loop, prompt, new):
-    out = loop.generate(prompt, new)
+    out = loop.generate(prompt, new, eos_token_id=[])
     return loop.timing["prefill_s"], loop.timing["decode_s"], out[0, PROMPT:].tolist()
 
 
@@ -81,6 +82,92 @@ def host_weight_bytes(model) -> int:
                for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
+SMOL_PROMPTS = ["What is the capital of France?", "Name three primary colors.",
+                "Write a haiku about the sea.", "Explain what a CPU cache is.",
+                "Give me a recipe for pancakes."]
+SMOL_NEW = 64
+
+
+def smollm2_main(args) -> int:
+    """The real model: SmolLM2-135M-Instruct's Q4_1 GGUF. Arms, alternated per prompt: the
+    host's greedy generate (fp32, dequantised by transformers), decode_loop over the file's own
+    blocks (adopt_prequantized), and llama.cpp on the same file. Greedy agreement of decode_loop
+    with llama.cpp over 64 tokens on 5 chat prompts (and over the first 32)."""
+    from flashrt_structures import smollm2
+
+    tok, model = smollm2.load()
+    path = smollm2.checkpoint()
+    prompts = [smollm2.chat_ids(tok, p) for p in SMOL_PROMPTS]
+    max_len = max(p.shape[1] for p in prompts) + SMOL_NEW + 8
+    report = S.adopt_prequantized(model, "gguf", path)
+    loop = S.decode_loop(model, max_len)
+    report.handle.detach()  # the loop holds the seats; the host arm runs the plain host
+    arms = {"host_generate": lambda p: host_arm(model, p, SMOL_NEW),
+            "loop_adopted_q4_1": lambda p: loop_gen(loop, p, SMOL_NEW)}
+    peers = {}
+    try:
+        import llama_cpp
+
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=max_len,
+                              n_threads=os.cpu_count(), logits_all=False, verbose=False)
+        arms["llama.cpp_q4_1"] = lambda p: llama_arm(llm, p, SMOL_NEW)
+        peers["llama_cpp"] = f"llama-cpp-python {llama_cpp.__version__} on the same GGUF file"
+    except ImportError as e:
+        peers["llama_cpp"] = f"not measured: {e} (optional peer: pip install llama-cpp-python)"
+    samples: dict[str, list] = {n: [] for n in arms}
+    bandwidth = []
+    for _ in range(args.rounds):
+        for p in prompts:
+            for name, fn in arms.items():
+                bandwidth.append(ops.read_bandwidth_gbps(1 << 28, repeats=2))
+                samples[name].append(fn(p))
+    bw = max(bandwidth)
+    rows = []
+    print(f"machine: {machine()}")
+    print(f"SmolLM2-135M-Instruct ({path.name}), {len(prompts)} chat prompts x {args.rounds} "
+          f"rounds, {SMOL_NEW} new tokens greedy; read bandwidth {bw:.1f} GB/s")
+    floor = bw * 1e9 / loop.weight_bytes
+    for name in arms:
+        pre_tok = sum(p.shape[1] for p in prompts) * args.rounds
+        pre = sum(s[0] for s in samples[name])
+        dec = statistics.median(s[1] / (SMOL_NEW - 1) for s in samples[name])
+        row = {"arm": name, "prefill_tok_s": pre_tok / pre, "decode_tok_s": 1 / dec,
+               "decode_step_seconds": dec}
+        rows.append(row)
+    agreement = {}
+    if "llama.cpp_q4_1" in samples:
+        a64, a32 = [], []
+        for mine, theirs in zip(samples["loop_adopted_q4_1"][:len(prompts)],
+                                samples["llama.cpp_q4_1"][:len(prompts)]):
+            a64.append(sum(x == y for x, y in zip(mine[2], theirs[2])) / SMOL_NEW)
+            a32.append(sum(x == y for x, y in zip(mine[2][:32], theirs[2][:32])) / 32)
+        agreement = {"loop_vs_llama_cpp_64": statistics.mean(a64),
+                     "loop_vs_llama_cpp_first32": statistics.mean(a32), "per_prompt_64": a64}
+    host_tokens = [s[2] for s in samples["host_generate"][:len(prompts)]]
+    agreement["loop_vs_host_64"] = statistics.mean(
+        sum(x == y for x, y in zip(m[2], h)) / SMOL_NEW
+        for m, h in zip(samples["loop_adopted_q4_1"][:len(prompts)], host_tokens))
+    print(f"{'arm':<20}{'prefill tok/s':>14}{'decode tok/s':>14}{'vs llama.cpp':>14}")
+    ref = next((r["decode_tok_s"] for r in rows if r["arm"] == "llama.cpp_q4_1"), None)
+    for r in rows:
+        vs = f"{r['decode_tok_s'] / ref:>13.2f}x" if ref else f"{'-':>14}"
+        print(f"{r['arm']:<20}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.1f}{vs}")
+    print(f"decode_loop weight bytes/token {loop.weight_bytes / 1e6:.1f} MB: floor {floor:.0f} "
+          f"tok/s at {bw:.1f} GB/s; agreement {agreement}")
+    write_result(args.json, {"bench": "decode_smollm2", "machine": machine(),
+                             "read_bandwidth_gbps": bw, "read_bandwidth_samples": bandwidth,
+                             "model": path.name, "prompts": SMOL_PROMPTS, "new_tokens": SMOL_NEW,
+                             "rounds": args.rounds, "rows": rows, "agreement": agreement,
+                             "loop_weight_bytes": loop.weight_bytes, "floor_tok_s": floor,
+                             "peers": peers})
+    return 0
+
+
+def loop_gen(loop, prompt, new):
+    out = loop.generate(prompt, new, eos_token_id=[])  # ignore eos: every arm decodes `new`
+    return loop.timing["prefill_s"], loop.timing["decode_s"], out[0, prompt.shape[1]:].tolist()
+
+
 def main() -> int:
     from door import qwen3_06b  # the same host as the door benchmark
 
@@ -88,8 +175,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", choices=["qwen3-shaped", "smollm2"], default="qwen3-shaped")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
+    if args.model == "smollm2":
+        return smollm2_main(args)
 
     model = qwen3_06b(args.layers)
     prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))

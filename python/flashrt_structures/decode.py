@@ -108,7 +108,7 @@ class DecodeLoop:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
                  eos_token_id: int | list[int] | None = None,
                  streamer: Streamer = None) -> torch.Tensor:
-        """Prefill (token by token, in the core) then greedy decode, like the host's greedy
+        """Prefill (in the core, blocks of 16 prompt rows) then greedy decode, like the host's greedy
         generate: stops after max_new_tokens or at a stop token (eos_token_id, default the
         generation config's). streamer: a callable taking each new token id, or a transformers
         streamer (put/end). Returns [1, prompt + new]."""
@@ -116,9 +116,7 @@ class DecodeLoop:
         eos = self._eos(eos_token_id)
         _prompt(streamer, input_ids)
         t0 = time.perf_counter()
-        nxt = 0
-        for pos, tok in enumerate(tokens):
-            nxt = self.program.step(tok, pos)
+        nxt = self.program.prefill(tokens, 0)  # blocks of up to 16 rows, causal inside
         self.timing = {"prefill_s": time.perf_counter() - t0, "prefill_tokens": len(tokens)}
         return self._decode(tokens, nxt, max_new_tokens, eos, streamer)
 

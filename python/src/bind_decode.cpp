@@ -83,6 +83,14 @@ void bind_decode(nb::module_& m) {
       .def("step", &DecodeProgram::step, nb::arg("token"), nb::arg("pos"),
            nb::call_guard<nb::gil_scoped_release>())
       .def(
+          "prefill",
+          [](DecodeProgram& p, const std::vector<int64_t>& tokens, int64_t pos0) {
+            if (tokens.empty()) throw InvalidArgument("decode_loop: an empty prompt");
+            nb::gil_scoped_release release;
+            return p.prefill(tokens.data(), static_cast<int64_t>(tokens.size()), pos0);
+          },
+          nb::arg("tokens"), nb::arg("pos0") = 0)
+      .def(
           "load_cache",
           [](DecodeProgram& p, int64_t layer, nb::handle k, nb::handle v) {
             const TensorView kv = view_of(k, "k cache"), vv = view_of(v, "v cache");

@@ -180,3 +180,32 @@ def test_what_is_attached_is_counted_in_the_decode_plan():
         assert all(layer.mlp_seated for layer in plan.layers)
     finally:
         handle.detach()
+
+
+@pytest.mark.parametrize("scheme", [None, "w8a16_decode", "w4a16_decode"])
+def test_batched_prefill_computes_what_token_by_token_prefill_does(scheme):
+    """A 37-token prompt runs as blocks of 16, 16 and 5 rows (causal inside each); its last
+    logits and every cached position must match feeding the tokens one by one."""
+    model = hosts.qwen3()
+    handle = None
+    if scheme is not None:
+        handle = S.auto_swaps(model, lambda: model(hosts.ids(1)), scheme=scheme).attach(model)
+    try:
+        loop = S.decode_loop(model, max_len=64)
+        tokens = hosts.ids(37, seed=11)[0].tolist()
+        best = loop.program.prefill(tokens, 0)
+        blocked = torch.from_numpy(loop.program.logits()).clone()
+        after_block = loop.program.step(5, 37)  # reads the cache the blocks wrote
+        for pos, tok in enumerate(tokens):
+            one = loop.program.step(tok, pos)
+        single = torch.from_numpy(loop.program.logits()).clone()
+        assert best == one
+        assert torch.allclose(blocked, single, rtol=1e-4, atol=1e-4), (blocked - single).abs().max()
+        assert loop.program.step(5, 37) == after_block
+        with pytest.raises(ValueError, match="static window"):
+            loop.program.prefill(tokens + tokens, 0)
+        with pytest.raises(ValueError, match="vocabulary"):
+            loop.program.prefill([1, 2, 10**9], 0)
+    finally:
+        if handle is not None:
+            handle.detach()

@@ -62,6 +62,11 @@ class DecodeProgram {
 
   // One token at position pos (0 <= pos < max_len): writes its K/V, returns the logits' argmax.
   int64_t step(int64_t token, int64_t pos);
+  // A prompt of `count` tokens at positions pos0.. run in blocks of up to kBlock rows (each
+  // weight read once per block, causal attention inside it); the logits and the returned argmax
+  // are the last token's.
+  int64_t prefill(const int64_t* tokens, int64_t count, int64_t pos0);
+  static constexpr int64_t kBlock = FRT_MAX_ROWS;
   // Host K/V for positions [0, n) of `layer`, each [n][kv_heads][head_dim] contiguous fp32.
   void load_cache(int64_t layer, int64_t n, const float* k, const float* v);
   const std::vector<float>& logits() const { return logits_; }
@@ -70,8 +75,10 @@ class DecodeProgram {
   int64_t weight_bytes() const;
 
  private:
-  void project(const ProjWeights& p, const float* x, float* y);
-  void ffn(const FfnWeights& f, const float* x, float* y);
+  // Rows [0, m) of a block at positions pos0..pos0+m-1; logits for the last row.
+  int64_t run_block(const int64_t* tokens, int64_t m, int64_t pos0);
+  void project(const ProjWeights& p, const float* x, float* y, int64_t m);
+  void ffn(const FfnWeights& f, const float* x, float* y, int64_t m);
   void norm_rows(const float* w, float* x, int64_t rows, int64_t width);
 
   DecodeConfig cfg_;
@@ -80,9 +87,9 @@ class DecodeProgram {
   const frt_op *dense_ = nullptr, *rmsnorm_ = nullptr, *rotary_ = nullptr, *attention_ = nullptr;
   const frt_kernel_table* linear_;
   const frt_kernel_table* ffn_;
-  // Preallocated once: no allocation per step.
+  // Preallocated once for a block of kBlock rows (row-major [row][width]): no allocation per step.
   std::vector<float> h_, xn_, q_, k_, v_, attn_, o_, gate_, up_, mlp_out_, scores_, logits_;
-  std::vector<float> cos_, sin_;
+  std::vector<float> cos_, sin_;                       // [row][head_dim / 2]
   std::vector<std::vector<float>> k_cache_, v_cache_;  // [layer][max_len][kv_heads][head_dim]
 };
 

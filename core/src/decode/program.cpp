@@ -2,6 +2,7 @@
 #include <flashrt/errors.h>
 #include <flashrt/thread_pool.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -81,34 +82,35 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   }
   check(w_.final_norm != nullptr, "final norm weight");
   proj(w_.head, c.vocab, c.hidden, "head");
-  h_.resize(c.hidden);
-  xn_.resize(c.hidden);
-  q_.resize(qd);
-  k_.resize(kvd);
-  v_.resize(kvd);
-  attn_.resize(qd);
-  o_.resize(c.hidden);
-  gate_.resize(c.intermediate);
-  up_.resize(c.intermediate);
-  mlp_out_.resize(c.hidden);
+  const int64_t B = kBlock;
+  h_.resize(B * c.hidden);
+  xn_.resize(B * c.hidden);
+  q_.resize(B * qd);
+  k_.resize(B * kvd);
+  v_.resize(B * kvd);
+  attn_.resize(B * qd);
+  o_.resize(B * c.hidden);
+  gate_.resize(B * c.intermediate);
+  up_.resize(B * c.intermediate);
+  mlp_out_.resize(B * c.hidden);
   scores_.resize(c.heads * c.max_len);
   logits_.resize(c.vocab);
-  cos_.resize(c.head_dim / 2);
-  sin_.resize(c.head_dim / 2);
+  cos_.resize(B * c.head_dim / 2);
+  sin_.resize(B * c.head_dim / 2);
   k_cache_.assign(c.layers, std::vector<float>(c.max_len * kvd));
   v_cache_.assign(c.layers, std::vector<float>(c.max_len * kvd));
 }
 
-void DecodeProgram::project(const ProjWeights& p, const float* x, float* y) {
+void DecodeProgram::project(const ProjWeights& p, const float* x, float* y, int64_t m) {
   if (p.seat != nullptr) {
-    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, 1, p.k(), p.k());
-    const TensorView yv = TensorView::matrix(y, DType::f32, 1, p.n(), p.n());
+    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, m, p.k(), p.k());
+    const TensorView yv = TensorView::matrix(y, DType::f32, m, p.n(), p.n());
     run_linear(p.seat->table(), process_parallel(), p.seat->weight(), p.seat->bias(), xv, yv);
     return;
   }
   frt_dense_args a{};
   a.w_dtype = p.host.dtype == DType::f32 ? FRT_F32 : FRT_BF16;
-  a.m = 1;
+  a.m = m;
   a.n = p.n();
   a.k = p.k();
   a.x = x;
@@ -121,17 +123,17 @@ void DecodeProgram::project(const ProjWeights& p, const float* x, float* y) {
   parallel(dense_, a, "dense");
 }
 
-void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y) {
+void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y, int64_t m) {
   if (f.seat != nullptr) {
     const int64_t hidden = cfg_.hidden;
-    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, 1, hidden, hidden);
-    const TensorView yv = TensorView::matrix(y, DType::f32, 1, hidden, hidden);
+    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, m, hidden, hidden);
+    const TensorView yv = TensorView::matrix(y, DType::f32, m, hidden, hidden);
     run_ffn(f.seat->table(), process_parallel(), f.seat->operands(), xv, yv);
     return;
   }
-  project(f.gate, x, gate_.data());
-  project(f.up, x, up_.data());
-  for (int64_t i = 0; i < cfg_.intermediate; ++i) {
+  project(f.gate, x, gate_.data(), m);
+  project(f.up, x, up_.data(), m);
+  for (int64_t i = 0; i < m * cfg_.intermediate; ++i) {
     const float g = gate_[i];
     const float a =
         f.act == Activation::silu
@@ -139,7 +141,7 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y) {
             : 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
     gate_[i] = a * up_[i];
   }
-  project(f.down, gate_.data(), y);
+  project(f.down, gate_.data(), y, m);
 }
 
 void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t width) {
@@ -147,54 +149,89 @@ void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t wi
   parallel(rmsnorm_, a, "rmsnorm");
 }
 
-int64_t DecodeProgram::step(int64_t token, int64_t pos) {
+int64_t DecodeProgram::step(int64_t token, int64_t pos) { return prefill(&token, 1, pos); }
+
+int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos0) {
   const DecodeConfig& c = cfg_;
-  if (token < 0 || token >= w_.embed.shape[0])
-    throw InvalidArgument("decode_loop: token " + std::to_string(token) +
-                          " outside the vocabulary");
-  if (pos < 0 || pos >= c.max_len)
-    throw InvalidArgument("decode_loop: position " + std::to_string(pos) +
-                          " outside the static window of " + std::to_string(c.max_len));
-  std::memcpy(h_.data(), static_cast<const float*>(w_.embed.data) + token * w_.embed.strides[0],
-              c.hidden * sizeof(float));
-  // The host computes cos/sin in fp32 as (pos * inv_freq), scaled; so does the loop.
-  for (size_t i = 0; i < cos_.size(); ++i) {
-    const float f = static_cast<float>(pos) * c.inv_freq[i];
-    cos_[i] = std::cos(f) * c.attention_scaling;
-    sin_[i] = std::sin(f) * c.attention_scaling;
+  if (count < 1) throw InvalidArgument("decode_loop: an empty prompt");
+  if (pos0 < 0 || pos0 + count > c.max_len)
+    throw InvalidArgument("decode_loop: positions " + std::to_string(pos0) + ".." +
+                          std::to_string(pos0 + count - 1) + " outside the static window of " +
+                          std::to_string(c.max_len));
+  for (int64_t i = 0; i < count; ++i)
+    if (tokens[i] < 0 || tokens[i] >= w_.embed.shape[0])
+      throw InvalidArgument("decode_loop: token " + std::to_string(tokens[i]) +
+                            " outside the vocabulary");
+  int64_t best = 0;
+  for (int64_t done = 0; done < count; done += kBlock)
+    best = run_block(tokens + done, std::min(kBlock, count - done), pos0 + done);
+  return best;
+}
+
+int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0) {
+  const DecodeConfig& c = cfg_;
+  const int64_t H = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
+  const int64_t half = c.head_dim / 2;
+  for (int64_t r = 0; r < m; ++r) {
+    std::memcpy(h_.data() + r * H,
+                static_cast<const float*>(w_.embed.data) + tokens[r] * w_.embed.strides[0],
+                H * sizeof(float));
+    // The host computes cos/sin in fp32 as (pos * inv_freq), scaled; so does the loop.
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = static_cast<float>(pos0 + r) * c.inv_freq[i];
+      cos_[r * half + i] = std::cos(f) * c.attention_scaling;
+      sin_[r * half + i] = std::sin(f) * c.attention_scaling;
+    }
   }
-  const int64_t kvd = c.kv_heads * c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerWeights& L = w_.layers[l];
-    std::memcpy(xn_.data(), h_.data(), c.hidden * sizeof(float));
-    norm_rows(L.input_norm, xn_.data(), 1, c.hidden);
-    project(L.q, xn_.data(), q_.data());
-    project(L.k, xn_.data(), k_.data());
-    project(L.v, xn_.data(), v_.data());
+    std::memcpy(xn_.data(), h_.data(), m * H * sizeof(float));
+    norm_rows(L.input_norm, xn_.data(), m, H);
+    project(L.q, xn_.data(), q_.data(), m);
+    project(L.k, xn_.data(), k_.data(), m);
+    project(L.v, xn_.data(), v_.data(), m);
     if (c.qk_norm) {
-      norm_rows(L.q_norm, q_.data(), c.heads, c.head_dim);
-      norm_rows(L.k_norm, k_.data(), c.kv_heads, c.head_dim);
+      norm_rows(L.q_norm, q_.data(), m * c.heads, c.head_dim);
+      norm_rows(L.k_norm, k_.data(), m * c.kv_heads, c.head_dim);
     }
-    frt_rotary_args rq{c.heads, c.head_dim, q_.data(), cos_.data(), sin_.data()};
-    parallel(rotary_, rq, "rotary");
-    frt_rotary_args rk{c.kv_heads, c.head_dim, k_.data(), cos_.data(), sin_.data()};
-    parallel(rotary_, rk, "rotary");
-    std::memcpy(k_cache_[l].data() + pos * kvd, k_.data(), kvd * sizeof(float));
-    std::memcpy(v_cache_[l].data() + pos * kvd, v_.data(), kvd * sizeof(float));
-    frt_attention_args at{c.heads,      c.kv_heads,         c.head_dim,         pos + 1,
-                          q_.data(),    k_cache_[l].data(), v_cache_[l].data(), scale,
-                          attn_.data(), scores_.data(),     c.max_len};
-    parallel(attention_, at, "attention");
-    project(L.o, attn_.data(), o_.data());
-    for (int64_t i = 0; i < c.hidden; ++i) h_[i] += o_[i];
-    std::memcpy(xn_.data(), h_.data(), c.hidden * sizeof(float));
-    norm_rows(L.post_norm, xn_.data(), 1, c.hidden);
-    ffn(L.mlp, xn_.data(), mlp_out_.data());
-    for (int64_t i = 0; i < c.hidden; ++i) h_[i] += mlp_out_[i];
+    // Row by row: each row's own rotation, its K/V into the cache, then attention over every
+    // position up to its own (causal inside the block).
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t pos = pos0 + r;
+      frt_rotary_args rq{c.heads, c.head_dim, q_.data() + r * qd, cos_.data() + r * half,
+                         sin_.data() + r * half};
+      parallel(rotary_, rq, "rotary");
+      frt_rotary_args rk{c.kv_heads, c.head_dim, k_.data() + r * kvd, cos_.data() + r * half,
+                         sin_.data() + r * half};
+      parallel(rotary_, rk, "rotary");
+      std::memcpy(k_cache_[l].data() + pos * kvd, k_.data() + r * kvd, kvd * sizeof(float));
+      std::memcpy(v_cache_[l].data() + pos * kvd, v_.data() + r * kvd, kvd * sizeof(float));
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      frt_attention_args at{c.heads,
+                            c.kv_heads,
+                            c.head_dim,
+                            pos0 + r + 1,
+                            q_.data() + r * qd,
+                            k_cache_[l].data(),
+                            v_cache_[l].data(),
+                            scale,
+                            attn_.data() + r * qd,
+                            scores_.data(),
+                            c.max_len};
+      parallel(attention_, at, "attention");
+    }
+    project(L.o, attn_.data(), o_.data(), m);
+    for (int64_t i = 0; i < m * H; ++i) h_[i] += o_[i];
+    std::memcpy(xn_.data(), h_.data(), m * H * sizeof(float));
+    norm_rows(L.post_norm, xn_.data(), m, H);
+    ffn(L.mlp, xn_.data(), mlp_out_.data(), m);
+    for (int64_t i = 0; i < m * H; ++i) h_[i] += mlp_out_[i];
   }
-  norm_rows(w_.final_norm, h_.data(), 1, c.hidden);
-  project(w_.head, h_.data(), logits_.data());
+  float* last = h_.data() + (m - 1) * H;
+  norm_rows(w_.final_norm, last, 1, H);
+  project(w_.head, last, logits_.data(), 1);
   int64_t best = 0;
   for (int64_t i = 1; i < c.vocab; ++i)
     if (logits_[i] > logits_[best]) best = i;
