@@ -19,7 +19,8 @@ from typing import Callable
 
 import torch
 
-from flashrt_structures import PARALLEL_BACKEND, auto_swaps, explain, impls
+from flashrt_structures import auto_swaps, explain
+from flashrt_structures.demo import kernel_path
 
 ROUNDS = 7
 
@@ -41,16 +42,6 @@ def paired(host: Callable[[], object], attach: Callable[[], object], detach: Cal
             a.append((time.perf_counter() - t0) / iters)
             detach()
     return statistics.median(h), statistics.median(a)
-
-
-def kernel_path() -> None:
-    report = impls.kernels_report()
-    cpu = report["cpu"]
-    print(f"[flashrt] CPU {cpu['arch']} tier {cpu['tier']}; kernels on {PARALLEL_BACKEND}")
-    for p in report["packages"]:
-        print(f"[flashrt] {p['repo']}: {p['chosen'] or 'NONE'} ({p['source'] or 'not found'})")
-    for e in report["unavailable"]:
-        print(f"[flashrt] unavailable {e['repo']}: {e['error']}: {e['detail']}")
 
 
 def minilm() -> None:

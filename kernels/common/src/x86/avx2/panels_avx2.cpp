@@ -8,6 +8,8 @@
 #include <frt_kern/panels.h>
 #include <immintrin.h>
 
+#include <type_traits>
+
 namespace frt::kern {
 namespace {
 
@@ -246,52 +248,52 @@ void int4_rows(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const f
 }  // namespace
 
 // Rows go in blocks of four (int8) or two (int4); the panel is re-read from L1/L2 for each
-// block, so DRAM still sees every weight byte once per call.
+// block, so DRAM still sees every weight byte once per call. block(MR, r) runs rows [r, r + MR)
+// with MR a compile-time constant; one(r) the single-row kernel.
+namespace {
+template <typename Block, typename One>
+void in_fours(int64_t m, Block block, One one) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) block(std::integral_constant<int, 4>{}, r);
+  switch (m - r) {
+    case 3:
+      block(std::integral_constant<int, 3>{}, r);
+      break;
+    case 2:
+      block(std::integral_constant<int, 2>{}, r);
+      break;
+    case 1:
+      one(r);
+      break;
+    default:
+      break;
+  }
+}
+}  // namespace
+
 void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                      float* out) {
   const int64_t k = w->k;
   const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
   const float* scale = static_cast<const float*>(w->scales) + p * FRT_PANEL;
-  int64_t r = 0;
-  for (; r + 4 <= m; r += 4) int8_rows<4>(q, k, x + r * ldx, ldx, scale, out + r * FRT_PANEL);
-  const float* xr = x + r * ldx;
-  float* outr = out + r * FRT_PANEL;
-  switch (m - r) {
-    case 3:
-      int8_rows<3>(q, k, xr, ldx, scale, outr);
-      break;
-    case 2:
-      int8_rows<2>(q, k, xr, ldx, scale, outr);
-      break;
-    case 1:
-      int8_row1(q, k, xr, scale, outr);
-      break;
-    default:
-      break;
-  }
+  in_fours(
+      m,
+      [&](auto mr, int64_t r) {
+        int8_rows<decltype(mr)::value>(q, k, x + r * ldx, ldx, scale, out + r * FRT_PANEL);
+      },
+      [&](int64_t r) { int8_row1(q, k, x + r * ldx, scale, out + r * FRT_PANEL); });
 }
 
 void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                       float* out) {
   const int64_t k = w->k, s0 = p * (k / w->group) * FRT_PANEL;
   const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
-  int64_t r = 0;
-  for (; r + 4 <= m; r += 4) int8g_rows<4>(q, w, s0, x + r * ldx, ldx, out + r * FRT_PANEL);
-  const float* xr = x + r * ldx;
-  float* outr = out + r * FRT_PANEL;
-  switch (m - r) {
-    case 3:
-      int8g_rows<3>(q, w, s0, xr, ldx, outr);
-      break;
-    case 2:
-      int8g_rows<2>(q, w, s0, xr, ldx, outr);
-      break;
-    case 1:
-      int8g_row1(q, w, s0, xr, outr);
-      break;
-    default:
-      break;
-  }
+  in_fours(
+      m,
+      [&](auto mr, int64_t r) {
+        int8g_rows<decltype(mr)::value>(q, w, s0, x + r * ldx, ldx, out + r * FRT_PANEL);
+      },
+      [&](int64_t r) { int8g_row1(q, w, s0, x + r * ldx, out + r * FRT_PANEL); });
 }
 
 void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
