@@ -78,6 +78,9 @@ class _Source:
     form: _core.WeightForm | None = None
     pack: Any = None  # _core.PackedLinear
     refusal: str = ""
+    # The relative rounding of the source's own dequantisation (compressed-tensors computes
+    # (q - zp) * s in the scale's dtype): what the host's copy of d*q may differ by.
+    rounding: float = float(np.finfo(np.float32).eps)
 
 
 def _form(block_type: str) -> _core.WeightForm:
@@ -388,6 +391,8 @@ def _ct_unpack(src: _Source, scheme: Any, fmt: str, t: dict[str, torch.Tensor], 
         return
     # Scales: f16 stays f16 where exact (every int8 group, int4 symmetric: min = -8 s is exact);
     # bf16 widens to f32 exactly; an asymmetric min -(zp + 8) s is formed in f32.
+    if scale.is_floating_point():
+        src.rounding = max(src.rounding, torch.finfo(scale.dtype).eps)
     f16 = scale.dtype == torch.float16 and kg != 0 and (a.num_bits == 8 or a.symmetric)
     s = scale.to(torch.float16 if f16 else torch.float32)
     rep = g // kg if kg else 1
@@ -454,9 +459,10 @@ def _ct_sources(model: nn.Module, source: str | None) -> dict[str, _Source]:
 
 
 def _check_conversion(sources: dict[str, _Source], model: nn.Module, path: str) -> dict[str, float]:
-    """Each pack against the host's weight: 0, or the rounding of d*q + m in fp32 (or in the
-    host weight's own dtype when that is coarser: a bf16 host holds the values rounded to bf16).
-    Anything more means the host's weights are not this checkpoint's."""
+    """Each pack against the host's weight: 0, or the rounding of d*q + m in fp32, in the host
+    weight's dtype or in the source's own dequantisation, whichever is coarsest (a bf16 host, or
+    bf16 scales, hold d*q rounded to bf16; the seat computes it in fp32). Anything more means the
+    host's weights are not this checkpoint's."""
     conversion = {}
     for mpath, src in sources.items():
         if src.pack is None:
@@ -464,7 +470,7 @@ def _check_conversion(sources: dict[str, _Source], model: nn.Module, path: str) 
         weight = model.get_submodule(mpath).weight.detach()
         stats = src.pack.compare(weight.float() if weight.dtype != torch.float32 else weight)
         err = stats.max_abs_err
-        eps = max(float(np.finfo(np.float32).eps), torch.finfo(weight.dtype).eps)
+        eps = max(src.rounding, torch.finfo(weight.dtype).eps)
         if err > 4 * eps * max(stats.max_abs_ref, 1e-30):
             raise _core.Refused(
                 f"adopt: {mpath}.weight differs from {path}'s {src.tensor_name} "

@@ -49,18 +49,21 @@ def _calibrate(model: nn.Module) -> None:
 
 def write(model: nn.Module, out: Path, weights: dict | dict[str, dict], *,
           fmt: str | None = None, ignore: tuple[str, ...] = ("lm_head",),
-          load_into_host: bool = True) -> Path:
+          dtype: torch.dtype | None = None, load_into_host: bool = True) -> Path:
     """Writes `model` quantised with `weights` (QuantizationArgs fields for every Linear, or
     {target: fields} for several config groups; targets are the library's: class names or
     're:' patterns) as a compressed-tensors checkpoint in directory `out`, compressed in format
     `fmt` (None: the library's inferred format), and sets the host's weights to the values the
-    library decompresses from it (what transformers' loader computes on the first forward)."""
+    library decompresses from it (what transformers' loader computes on the first forward).
+    dtype: the checkpoint's (torch.bfloat16: bf16 weights, so bf16 scales; None: the host's)."""
     groups = weights if all(isinstance(v, dict) for v in weights.values()) else {"Linear": weights}
     config = QuantizationConfig(
         config_groups={f"group_{i}": QuantizationScheme(targets=[t], weights=QuantizationArgs(**a))
                        for i, (t, a) in enumerate(groups.items())},
         ignore=list(ignore))
     q = copy.deepcopy(model)
+    if dtype is not None:
+        q = q.to(dtype)
     apply_quantization_config(q, config)
     _calibrate(q)
     compressor = ModelCompressor.from_pretrained_model(q, fmt)

@@ -179,3 +179,25 @@ def test_a_dense_host_without_a_source_is_a_clear_error():
         S.adopt_prequantized(model, "compressed-tensors")
     with pytest.raises(ValueError, match="supported: gguf, compressed-tensors"):
         S.adopt_prequantized(model, "awq", "x")
+
+
+def test_a_bf16_checkpoint_is_adopted_within_the_rounding_of_its_own_dequantisation(tmp_path):
+    """bf16 scales: the library dequantises (q - zp) * s in bf16, the seat computes it exactly in
+    fp32 from the same bf16 scales, so they differ by bf16 rounding, and no more."""
+    dense = hosts.qwen3()
+    ct_files.write(dense, tmp_path / "ckpt", ct_files.INT4_GROUP_SYM, dtype=torch.bfloat16)
+    x = hosts.ids(5)
+    with torch.no_grad():
+        want = dense(x).logits
+    for model, source in ((dense, tmp_path / "ckpt"), (ct_files.load(tmp_path / "ckpt"), None)):
+        report = S.adopt_prequantized(model, "compressed-tensors", source)
+        try:
+            assert set(report.forms.values()) == {"int4 g32 symmetric"}, S.explain(report)
+            for mpath, err in report.conversion.items():
+                w = model.get_submodule(mpath).weight.detach().float()
+                assert err <= 4 * torch.finfo(torch.bfloat16).eps * float(w.abs().max())
+            assert report.worst_conversion > 0  # bf16 rounding, honestly reported
+            with torch.no_grad():
+                assert cosine(model(x).logits.float(), want) >= 0.9999
+        finally:
+            report.handle.detach()
