@@ -307,8 +307,9 @@ def _ct_module_parts(model: nn.Module) -> dict[str, tuple[Any, str, dict[str, to
         tensors = {leaf: t.detach() for leaf, t in
                    list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
                    if leaf in _CT_PARTS}
+        dense = (torch.float32, torch.float16, torch.bfloat16)
         if "weight_packed" in tensors or ("weight" in tensors
-                                          and not tensors["weight"].is_floating_point()):
+                                          and tensors["weight"].dtype not in dense):
             fmt = scheme.format
             out[mpath] = (scheme, str(getattr(fmt, "value", fmt)), tensors)
     return out

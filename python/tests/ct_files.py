@@ -25,6 +25,7 @@ INT4_GROUP_ASYM = dict(num_bits=4, type="int", symmetric=False, strategy="group"
 INT4_CHANNEL_SYM = dict(num_bits=4, type="int", symmetric=True, strategy="channel")
 INT8_CHANNEL_SYM = dict(num_bits=8, type="int", symmetric=True, strategy="channel")
 INT8_GROUP_SYM = dict(num_bits=8, type="int", symmetric=True, strategy="group", group_size=64)
+INT8_TENSOR_SYM = dict(num_bits=8, type="int", symmetric=True, strategy="tensor")
 INT8_CHANNEL_ASYM = dict(num_bits=8, type="int", symmetric=False, strategy="channel")
 FP8_CHANNEL = dict(num_bits=8, type="float", symmetric=True, strategy="channel")
 
@@ -39,6 +40,8 @@ def _calibrate(model: nn.Module) -> None:
         if args.strategy == QuantizationStrategy.GROUP:
             w = w.unflatten(-1, (w.shape[-1] // args.group_size, args.group_size))
             lo, hi = w.amin(-1), w.amax(-1)
+        elif args.strategy == QuantizationStrategy.TENSOR:
+            lo, hi = w.amin().reshape(1), w.amax().reshape(1)
         else:
             lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
         scale, zp = calculate_qparams(lo, hi, args)

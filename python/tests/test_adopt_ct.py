@@ -43,6 +43,7 @@ SCHEMES = {
     "int4_channel_sym": (ct_files.INT4_CHANNEL_SYM, None, "int4 g128 symmetric"),
     "int8_channel_sym": (ct_files.INT8_CHANNEL_SYM, None, "int8 per-channel"),
     "int8_group_sym": (ct_files.INT8_GROUP_SYM, None, "int8 g64"),
+    "int8_tensor_sym": (ct_files.INT8_TENSOR_SYM, None, "int8 per-channel"),
     "int8_channel_int_quantized": (ct_files.INT8_CHANNEL_SYM, "int-quantized", "int8 per-channel"),
 }
 
