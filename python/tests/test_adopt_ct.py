@@ -17,14 +17,6 @@ import hosts
 import pytest
 
 
-def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
-def same_weights(model: torch.nn.Module, snap: dict[str, torch.Tensor]) -> bool:
-    return all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
-
-
 def exact(report: S.AdoptionReport, model: torch.nn.Module) -> None:
     """Every seated projection computes the checkpoint's own values: 0, or fp32 rounding."""
     assert report.conversion
@@ -58,21 +50,9 @@ def test_a_checkpoint_dir_adopts_exactly_onto_the_dense_host(tmp_path, make, sch
     with torch.no_grad():
         want = model(x).logits
     report = S.adopt_prequantized(model, "compressed-tensors", tmp_path / "ckpt")
-    try:
-        text = S.explain(report)
-        assert report.handle is not None and S.attached(model), text
-        assert set(report.forms.values()) == {form}, report.forms
-        exact(report, model)
-        with torch.no_grad():
-            got = model(x).logits
-        assert cosine(got, want) >= 0.9999
-        assert report.handle.summary()["guarded_calls"] > 0
-        assert report.handle.summary()["fallbacks"] == 0
-    finally:
-        if report.handle is not None:
-            report.handle.detach()
-    with torch.no_grad():
-        assert torch.equal(model(x).logits, want)  # detached: the host again, bit for bit
+    assert set(report.forms.values()) == {form}, S.explain(report)
+    exact(report, model)
+    hosts.computes_then_detaches(report, model, x, want, 0.9999)
 
 
 @pytest.mark.parametrize("scheme", ["int4_group_sym", "int8_channel_sym", "int8_group_sym",
@@ -88,16 +68,10 @@ def test_the_packs_a_compressed_load_carries_are_adopted_without_a_source(tmp_pa
         model = ct_files.load(tmp_path / "ckpt")  # transformers' own compressed load
         assert not hasattr(model.model.layers[0].mlp.down_proj, "weight") or fmt
         report = S.adopt_prequantized(model, "compressed-tensors", source)
-        try:
-            assert set(report.forms.values()) == {form}, S.explain(report)
-            exact(report, model)
-            with torch.no_grad():
-                assert cosine(model(x).logits, want) >= 0.9999
-        finally:
-            report.handle.detach()
-        with torch.no_grad():
-            # the library's decompression on the host's first call is the dense host's values
-            assert torch.equal(model(x).logits, want)
+        assert set(report.forms.values()) == {form}, S.explain(report)
+        exact(report, model)
+        # detached, the library's decompression on the first call is the dense host's values
+        hosts.computes_then_detaches(report, model, x, want, 0.9999)
 
 
 def test_schemes_no_kernel_reads_are_refused_by_name_per_tensor(tmp_path):
@@ -135,21 +109,21 @@ def test_a_checkpoint_for_a_different_model_is_refused_with_the_reason(tmp_path)
             p.mul_(1.5)
     ct_files.write(other, tmp_path / "other", ct_files.INT4_GROUP_SYM)
     model = hosts.qwen3()
-    snap = snapshot(model)
+    snap = hosts.snapshot(model)
     with pytest.raises(S.Refused, match="not this checkpoint's"):
         S.adopt_prequantized(model, "compressed-tensors", tmp_path / "other")
-    assert not S.attached(model) and same_weights(model, snap)
+    assert not S.attached(model) and hosts.same_weights(model, snap)
     wider = hosts.llama()  # another architecture's shapes
-    snap = snapshot(wider)
+    snap = hosts.snapshot(wider)
     with pytest.raises(S.Refused, match="not the checkpoint the model was loaded from"):
         S.adopt_prequantized(wider, "compressed-tensors", tmp_path / "other")
-    assert not S.attached(wider) and same_weights(wider, snap)
+    assert not S.attached(wider) and hosts.same_weights(wider, snap)
 
 
 def test_a_corrupt_or_missing_source_is_refused_and_the_host_untouched(tmp_path):
     model = hosts.qwen3()
     good = ct_files.write(model, tmp_path / "ckpt", ct_files.INT8_GROUP_SYM)
-    snap = snapshot(model)
+    snap = hosts.snapshot(model)
     truncated = tmp_path / "truncated"
     shutil.copytree(good, truncated)
     data = (good / "model.safetensors").read_bytes()
@@ -171,7 +145,7 @@ def test_a_corrupt_or_missing_source_is_refused_and_the_host_untouched(tmp_path)
                      (tmp_path / "missing", "no checkpoint directory")):
         with pytest.raises(S.Refused, match=why):
             S.adopt_prequantized(model, "compressed-tensors", bad)
-        assert not S.attached(model) and same_weights(model, snap)
+        assert not S.attached(model) and hosts.same_weights(model, snap)
 
 
 def test_a_dense_host_without_a_source_is_a_clear_error():
