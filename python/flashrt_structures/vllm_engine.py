@@ -51,6 +51,8 @@ HEAD_ATTR = "lm_head"
 # model -> what the hook did to it, in the process that runs the model.
 _DONE: "weakref.WeakKeyDictionary[nn.Module, dict[str, Any]]" = weakref.WeakKeyDictionary()
 _PATCHED: dict[str, Any] = {}
+# Engines that were running, unhooked, when a hook was installed with allow_started=True.
+_ACCEPTED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 # ---------------------------------------------------------------- seats on vLLM's layers
@@ -165,7 +167,6 @@ def _describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[s
         graph.modules = modules + [hm]
         graph.output_head = HEAD_ATTR
         held[HEAD_ATTR] = {"weight": head.weight.detach()}
-        hooked = [(p, m) for p, m in hooked if m is not head]
     return graph, hooked, held
 
 
@@ -244,12 +245,44 @@ def _build(model: nn.Module, plan: _core.Plan, held: dict[str, dict[str, torch.T
     return swaps, placed
 
 
-def _options(request: dict[str, Any]) -> _core.PlanOptions:
+def _options(request: dict[str, Any], scheme: str) -> _core.PlanOptions:
     options = _core.PlanOptions()
     options.structures = list(request.get("structures") or [])
-    options.scheme = request.get("scheme", "auto")
+    options.scheme = scheme
     options.min_seat_weights = request.get("min_seat_weights")
     return options
+
+
+def _undescribed(model: nn.Module) -> list[tuple[str, str]]:
+    """The engine's weight-holding layers that are not projections (read before the engine
+    repacks anything): no catalog structure describes them, so they stay with vLLM, each named
+    with its tensors' shapes."""
+    out = []
+    for path, mod in model.named_modules():
+        params = {n: t for n, t in mod._parameters.items() if t is not None}
+        if getattr(mod, "quant_method", None) is None or not params or observe.engine_projection(mod):
+            continue
+        shapes = ", ".join(f"{n} {list(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                           for n, t in params.items())
+        out.append((path, f"{type(mod).__name__} holds {shapes}: no structure in the catalog "
+                          "describes this layer"))
+    return out
+
+
+def _select(model: nn.Module, record: dict[str, Any], scheme: str | None) -> None:
+    """Attaches the seat set built for `scheme` (None: the host alone), detaching the current."""
+    current = record.get("handle")
+    if current is not None:
+        current.detach()
+        record["handle"] = None
+    record.update(seats=0, scheme=scheme)
+    if scheme is None:
+        return
+    plan, swaps, placed, notes = record["sets"][scheme]
+    record.update(explain=_core.explain(plan), refused=notes["refused"],
+                  keep_host=notes["scheme"]["keep_host"])
+    record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed)
+    record["seats"] = len(record["handle"].records)
 
 
 def _hooked_load(original):
@@ -265,6 +298,7 @@ def _hooked_load(original):
             why = _whole_engine_refusal(model, model_config)
             if not why:
                 graph, hooked, held = _describe(model)
+                outside = _undescribed(model)
         except Exception as e:  # noqa: BLE001 - the hook never stops the engine
             why = f"observation failed: {type(e).__name__}: {e}"
         original(model, model_config, target_device)
@@ -277,15 +311,15 @@ def _hooked_load(original):
                 record["handle"] = swap.attach(model, {}, notes={"refused": refused})
                 return
             _observe(model, graph, hooked)
-            plan = _core.plan(graph, catalog.shipped(), _options(request))
-            swaps, placed = _build(model, plan, held)
+            sets = {}
+            for scheme in [request.get("scheme", "auto")] + list(request.get("alternates") or []):
+                plan = _core.plan(graph, catalog.shipped(), _options(request, scheme))
+                notes = notes_of(plan)
+                notes["refused"] = notes["refused"] + outside
+                sets.setdefault(notes["scheme"]["name"], (plan, *_build(model, plan, held), notes))
             held = None  # the seats hold their packed weights; the host's go with the engine's
-            notes = notes_of(plan)
-            record.update(explain=_core.explain(plan), refused=notes["refused"],
-                          keep_host=notes["scheme"]["keep_host"], scheme=notes["scheme"]["name"])
-            handle = swap.attach(model, swaps, notes=notes, placed=placed)
-            record["handle"] = handle
-            record["seats"] = len(handle.records)
+            record["sets"] = sets
+            _select(model, record, next(iter(sets)))
         except Exception as e:  # noqa: BLE001 - the hook never stops the engine
             record["error"] = f"{type(e).__name__}: {e}"
             record["handle"] = None
@@ -316,10 +350,13 @@ def _report_of(model: nn.Module | None) -> dict[str, Any]:
                "this engine started, or not at all)" if _request() is None else
                "the hook is installed here but did not see this model load")
         return {"hooked": False, "pid": os.getpid(), "reason": why}
-    out = {k: v for k, v in record.items() if k != "handle"}
+    out = {k: v for k, v in record.items() if k not in ("handle", "sets")}
+    out["built"] = sorted(record.get("sets", {}))
     handle = record.get("handle")
     out["active"] = bool(handle is not None and handle.active)
+    out["threads"] = torch.get_num_threads()
     if handle is not None:
+        out["seat_bytes"] = sum(r.seat.seat.nbytes for r in handle.records if not r.restored)
         out["summary"] = handle.summary()
         out["seats_report"] = handle.report()
         out["seats"] = out["summary"]["seams"]
@@ -343,12 +380,25 @@ def _worker_report(worker: Any) -> dict[str, Any]:
     return _report_of(getattr(runner, "model", None))
 
 
+def _worker_select(worker: Any, scheme: str | None) -> dict[str, Any]:
+    runner = getattr(worker, "model_runner", None)
+    model = getattr(runner, "model", None)
+    record = _DONE.get(model) if model is not None else None
+    if record is None or (scheme is not None and scheme not in record.get("sets", {})):
+        built = sorted(record.get("sets", {})) if record else []
+        raise ValueError(f"flashrt: no seat set {scheme!r} was built in this engine "
+                         f"(built: {built}; install_load_hook(alternates=...))")
+    _select(model, record, scheme)
+    return _report_of(model)
+
+
 def _plugin() -> None:
     """vLLM's `vllm.general_plugins` entry point, run in every vLLM process: acts only when the
     parent asked (the request is in the environment)."""
     try:
         from vllm.v1.worker.worker_base import WorkerBase
-        WorkerBase.flashrt_report = _worker_report  # read-only: what the hook did here
+        WorkerBase.flashrt_report = _worker_report  # what the hook did here
+        WorkerBase.flashrt_select = _worker_select  # A/B: switch between built seat sets
     except Exception as e:  # noqa: BLE001 - a plugin never stops vLLM
         log.error("[flashrt] plugin could not reach vLLM's worker: %s", e)
     if _request() is not None:
@@ -380,24 +430,31 @@ def _live_engines() -> list[Any]:
     if mod is None:
         return []
     import gc
-    return [o for o in gc.get_objects() if isinstance(o, mod.LLMEngine)]
+
+    def running(engine: Any) -> bool:  # a shut-down client's finalizer has run
+        finalizer = getattr(getattr(engine, "engine_core", None), "_finalizer", None)
+        return getattr(finalizer, "alive", True)
+    return [o for o in gc.get_objects() if isinstance(o, mod.LLMEngine) and running(o)]
 
 
 def install_load_hook(scheme: str = "auto", structures: list[str] | None = None, *,
-                      min_seat_weights: int | None = None,
+                      min_seat_weights: int | None = None, alternates: list[str] | None = None,
                       allow_started: bool = False) -> dict[str, Any]:
     """Asks every vLLM engine built from now on, in this process or in its engine core, to seat
     its model: after the weights load and before vLLM's CPU path takes them (Note [The window on
     CPU]), the hook observes the model, plans in the core and attaches seats, and logs
     `[flashrt] N seats, M refused` where the model runs. Returns the request. Idempotent.
+    alternates: further schemes whose seats are built too and held detached, for paired A/B runs
+    in one engine (`select(llm, scheme)`; None is the host alone).
 
     Refused (RuntimeError), never silent, where the hook could not reach the process that runs
     the model: the plugin is missing or disabled while the engine core is a separate process; an
     engine already runs in this process (its core started without the request; pass
     allow_started=True to hook only the engines built from now on)."""
     known = set(_core.scheme_names(catalog.shipped())) | {"auto"}
-    if scheme not in known:
-        raise ValueError(f"flashrt: unknown scheme {scheme!r} (known: {', '.join(sorted(known))})")
+    for name in [scheme, *(alternates or [])]:
+        if name not in known:
+            raise ValueError(f"flashrt: unknown scheme {name!r} (known: {', '.join(sorted(known))})")
     for name in structures or []:
         catalog.load(name)  # KeyError listing the known names
     if _multiprocess() and (why := _plugin_registered()):
@@ -406,15 +463,17 @@ def install_load_hook(scheme: str = "auto", structures: list[str] | None = None,
             f"cannot reach: {why}. Install the package (its plugin is loaded in every vLLM "
             "process), or run the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
     request = {"scheme": scheme, "structures": list(structures or []),
-               "min_seat_weights": min_seat_weights}
-    live = [e for e in _live_engines() if not getattr(e, "_frt_hook_seen", False)]
-    if live and not allow_started and _request() != request:
-        raise RuntimeError(
-            f"flashrt: refused: {len(live)} vLLM engine(s) already run in this process; their "
-            "model was loaded without the hook and stays unseated. Call install_load_hook() "
-            "before LLM(...), or pass allow_started=True to hook only engines built from now on")
-    for e in live:
-        e._frt_hook_seen = True
+               "min_seat_weights": min_seat_weights, "alternates": list(alternates or [])}
+    if _request() is None:
+        # Engines running now loaded their model without a request: the hook cannot reach them.
+        live = [e for e in _live_engines() if e not in _ACCEPTED]
+        if live and not allow_started:
+            raise RuntimeError(
+                f"flashrt: refused: {len(live)} vLLM engine(s) already run in this process; "
+                "their model was loaded without the hook and stays unseated. Call "
+                "install_load_hook() before LLM(...), or pass allow_started=True to hook only "
+                "engines built from now on")
+        _ACCEPTED.update(live)
     os.environ[ENV] = json.dumps(request)
     _patch_loader()
     return request
@@ -436,6 +495,12 @@ def report(llm: Any) -> list[dict[str, Any]]:
                  f"({_plugin_registered() or 'it was installed after the engine started'})"}]
 
 
+def select(llm: Any, scheme: str | None) -> list[dict[str, Any]]:
+    """Switches every worker of `llm` to the seat set built for `scheme` (its main scheme or one
+    of the alternates), or to the host alone (None); returns the reports."""
+    return list(llm.collective_rpc("flashrt_select", args=(scheme,)))
+
+
 def attached(llm: Any) -> bool:
     """True when the hook fired in every process that runs `llm`'s model and its handle is active
     (seats may be 0 where everything was refused or kept: see report()). False is "never ran"."""
@@ -443,4 +508,5 @@ def attached(llm: Any) -> bool:
     return bool(reports) and all(r.get("hooked") and r.get("active") for r in reports)
 
 
-__all__ = ["ENV", "EngineSeat", "attached", "install_load_hook", "report", "uninstall_load_hook"]
+__all__ = ["ENV", "EngineSeat", "attached", "install_load_hook", "report", "select",
+           "uninstall_load_hook"]
