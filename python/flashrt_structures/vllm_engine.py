@@ -98,21 +98,23 @@ class _HeadHost(nn.Module):
         return self.method.apply(self.layer, x, bias=None)
 
 
-class _SeatedHeadMethod:
-    """Stands in for the head's quant method: `apply` runs the head seat, all else is the
+class _HeadMethod:
+    """Stands in for the head's quant method with another `apply`; everything else is the
     engine's own method (the embedding lookup of a tied head included)."""
 
-    def __init__(self, method: Any, seat: SeatModule) -> None:
-        self._frt_method = method
-        self._frt_seat = seat
-
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None):
-        if bias is not None:  # an embedding bias is outside the structure's boundary
-            return self._frt_method.apply(layer, x, bias=bias)
-        return self._frt_seat(x)
+    def __init__(self, method: Any, apply: Any) -> None:
+        self._frt_method, self.apply = method, apply
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._frt_method, name)
+
+
+def _seated_apply(method: Any, seat: SeatModule):
+    def apply(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None):
+        if bias is not None:  # an embedding bias is outside the structure's boundary
+            return method.apply(layer, x, bias=bias)
+        return seat(x)
+    return apply
 
 
 # ---------------------------------------------------------------- the hook in the model's process
@@ -194,7 +196,7 @@ def _observe(model: nn.Module, graph: _core.HostGraph, hooked: list) -> None:
             keep.extend((x, out))
             head_calls.append(observe.host_call(HEAD_ATTR, x, out))
             return out
-        head.quant_method = _Recording(method, apply)
+        head.quant_method = _HeadMethod(method, apply)
         try:
             model.compute_logits(hidden)
         finally:
@@ -214,14 +216,6 @@ def _observe(model: nn.Module, graph: _core.HostGraph, hooked: list) -> None:
     graph.calls = [c for c in graph.calls if c.path not in lookups]
 
 
-class _Recording:
-    def __init__(self, method: Any, apply: Any) -> None:
-        self._method, self.apply = method, apply
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._method, name)
-
-
 def _build(model: nn.Module, plan: _core.Plan, held: dict[str, dict[str, torch.Tensor]]
            ) -> tuple[dict[str, SeatModule], dict[str, tuple]]:
     swaps: dict[str, SeatModule] = {}
@@ -235,7 +229,7 @@ def _build(model: nn.Module, plan: _core.Plan, held: dict[str, dict[str, torch.T
             module = SeatModule(sp.site, _HeadHost(head, method).eval(), seat)
 
             def place(head=head, method=method, module=module) -> None:
-                head.quant_method = _SeatedHeadMethod(method, module)
+                head.quant_method = _HeadMethod(method, _seated_apply(method, module))
 
             def undo(head=head, method=method) -> None:
                 head.quant_method = method
@@ -269,8 +263,10 @@ def _undescribed(model: nn.Module) -> list[tuple[str, str]]:
     return out
 
 
-def _select(model: nn.Module, record: dict[str, Any], scheme: str | None) -> None:
-    """Attaches the seat set built for `scheme` (None: the host alone), detaching the current."""
+def _select(model: nn.Module, record: dict[str, Any], scheme: str | None,
+            log_line: bool = False) -> None:
+    """Attaches the seat set built for `scheme` (None: the host alone), detaching the current;
+    the load logs the door's line, a switch does not."""
     current = record.get("handle")
     if current is not None:
         current.detach()
@@ -281,7 +277,7 @@ def _select(model: nn.Module, record: dict[str, Any], scheme: str | None) -> Non
     plan, swaps, placed, notes = record["sets"][scheme]
     record.update(explain=_core.explain(plan), refused=notes["refused"],
                   keep_host=notes["scheme"]["keep_host"])
-    record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed)
+    record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed, log_line=log_line)
     record["seats"] = len(record["handle"].records)
 
 
@@ -319,7 +315,7 @@ def _hooked_load(original):
                 sets.setdefault(notes["scheme"]["name"], (plan, *_build(model, plan, held), notes))
             held = None  # the seats hold their packed weights; the host's go with the engine's
             record["sets"] = sets
-            _select(model, record, next(iter(sets)))
+            _select(model, record, next(iter(sets)), log_line=True)
         except Exception as e:  # noqa: BLE001 - the hook never stops the engine
             record["error"] = f"{type(e).__name__}: {e}"
             record["handle"] = None

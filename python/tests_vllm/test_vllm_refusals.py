@@ -38,7 +38,7 @@ def test_expert_bank_is_refused_and_the_rest_seated(tmp_path, hook_off):
         (rep,) = vllm_engine.report(llm)
     assert all(len(t) == 4 for t in tokens)
     refused = dict(rep["refused"])
-    banks = [site for site in refused if site.endswith("mlp.experts")]
+    banks = [site for site in refused if ".mlp.experts" in site]
     assert len(banks) == 2, refused
     for site in banks:
         assert "w13_weight [4, 512, 256]" in refused[site]
@@ -48,3 +48,48 @@ def test_expert_bank_is_refused_and_the_rest_seated(tmp_path, hook_off):
     # The router (4 x 256 weights) is a projection below the keep-at-host weight count.
     assert any("router" in site or "gate" in site for site in rep["keep_host"]), rep["keep_host"]
     assert rep["summary"]["fallbacks"] == 0 and rep["summary"]["guarded_calls"] > 0
+
+
+def _int8_checkpoint(src, dst) -> None:
+    """The same Qwen3 as a compressed-tensors W8A8 int8 checkpoint (int8 weights with a scale
+    per output channel, dynamic per-token activations; the head left unquantized)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(src / "model.safetensors"))
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("_proj.weight"):
+            scale = t.abs().amax(dim=1, keepdim=True) / 127
+            out[name] = torch.round(t / scale).clamp(-127, 127).to(torch.int8)
+            out[name.replace(".weight", ".weight_scale")] = scale.float()
+        else:
+            out[name] = t
+    dst.mkdir(exist_ok=True)
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                        "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
+                                  "strategy": "token", "dynamic": True}}}}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(src / "generation_config.json", dst / "generation_config.json")
+
+
+def test_quantized_checkpoint_is_refused(qwen3_dir, tmp_path, hook_off):
+    _int8_checkpoint(qwen3_dir, tmp_path / "int8")
+    vllm_engine.install_load_hook(scheme="w8a16_decode")
+    with engine(tmp_path / "int8", multiprocess=False) as llm:
+        tokens, _ = generate(llm, prompts(1), steps=2)
+        (rep,) = vllm_engine.report(llm)
+    assert len(tokens[0]) == 2
+    assert rep["hooked"] and rep["seats"] == 0 and rep["active"]
+    sites = dict(rep["refused"])
+    assert "model.layers.0.self_attn.qkv_proj" in sites
+    for why in sites.values():
+        assert "quantized checkpoint (compressed-tensors)" in why and "adopt_prequantized" in why
