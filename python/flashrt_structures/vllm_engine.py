@@ -142,6 +142,12 @@ def _whole_engine_refusal(model: nn.Module, model_config: Any) -> str:
     return ""
 
 
+def _looks_up(method: Any) -> bool:
+    """Whether a layer's method implements token lookups (vLLM's base method only declares it)."""
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+    return type(method).embedding is not QuantizeMethodBase.embedding
+
+
 def _head(model: nn.Module) -> nn.Module | None:
     head = getattr(model, HEAD_ATTR, None)
     return head if isinstance(head, nn.Module) and observe.engine_projection(head) else None
@@ -289,9 +295,17 @@ def _hooked_load(original):
         record: dict[str, Any] = {"hooked": True, "pid": os.getpid(), "request": request,
                                   "seats": 0, "refused": [], "error": ""}
         _DONE[model] = record
-        held = None
+        held, sites = None, []
         try:
             why = _whole_engine_refusal(model, model_config)
+            # The sites such a refusal names, read before the engine repacks the weights: layers
+            # whose method applies a 2-D weight, in whatever form (one whose method implements
+            # lookups is the embedding), and the head.
+            sites = [p for p, m in model.named_modules()
+                     if callable(getattr(getattr(m, "quant_method", None), "apply", None))
+                     and not _looks_up(m.quant_method)
+                     and any(t is not None and t.dim() == 2 for t in m._parameters.values())]
+            sites += [HEAD_ATTR] if _head(model) is not None else []
             if not why:
                 graph, hooked, held = _describe(model)
                 outside = _undescribed(model)
@@ -301,7 +315,6 @@ def _hooked_load(original):
         try:
             model.eval()
             if why:
-                sites = [p for p, m in model.named_modules() if observe.engine_projection(m)]
                 refused = [(p, why) for p in sites] or [("", why)]
                 record.update(refused=refused, explain=f"every projection refused: {why}")
                 record["handle"] = swap.attach(model, {}, notes={"refused": refused})
