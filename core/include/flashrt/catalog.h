@@ -112,6 +112,9 @@ struct WeightForm {
   int group = 0;
   bool symmetric = true;
   std::string tag;               // "w8a16": the impl name's suffix
+  // The rows a seat of this form serves, when the form has a band of its own (a GEMM form for
+  // many rows); 0 = the structure's decode band. rows_max -1 = unbounded.
+  int64_t rows_min = 0, rows_max = 0;
   std::string describe() const;  // "int8 per-channel", "int4 g32 symmetric"
 };
 

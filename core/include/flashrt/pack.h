@@ -27,6 +27,8 @@ class PackedLinear {
   // outside {32, 64, 128} or a width k that is not a multiple of it.
   static PackedLinear int8(const TensorView& weight);
   static PackedLinear int4(const TensorView& weight, int group, bool symmetric);
+  // int8 per channel in the w8a8 GEMM's layout, with column sums (core/src/quant/pack_gemm.cpp).
+  static PackedLinear int8_gemm(const TensorView& weight);
 
   const frt_packed_weight& view() const { return view_; }
   const PackStats& stats() const { return stats_; }
@@ -55,6 +57,7 @@ class PackedLinear {
   frt_packed_weight view_{};
   PackStats stats_{};
   friend struct PackAccess;
+  friend struct GemmPackAccess;
 };
 
 }  // namespace frt

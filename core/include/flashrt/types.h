@@ -28,7 +28,8 @@ enum class Activation : int32_t {
 // Packed weight layouts (frt_kernel_abi.h, "weight formats").
 enum class WeightFormat : int32_t {
   int8_channel = FRT_W_INT8_CHANNEL,
-  int4_group = FRT_W_INT4_GROUP
+  int4_group = FRT_W_INT4_GROUP,
+  int8_gemm = FRT_W_INT8_GEMM,  // the w8a8 GEMM's layout (activations quantized per row)
 };
 
 // The ops kernel packages own (frt_op_kind).

@@ -92,16 +92,15 @@ struct PackAccess {
   }
 };
 
-WeightFormat PackedLinear::format() const {
-  return view_.format == FRT_W_INT8_CHANNEL ? WeightFormat::int8_channel : WeightFormat::int4_group;
-}
+WeightFormat PackedLinear::format() const { return static_cast<WeightFormat>(view_.format); }
 
 int64_t PackedLinear::nbytes() const {
-  return qbytes_ + scale_count_ * 4 * (view_.format == FRT_W_INT4_GROUP ? 2 : 1);
+  return qbytes_ + scale_count_ * 4 * (view_.format == FRT_W_INT8_CHANNEL ? 1 : 2);
 }
 
 std::string PackedLinear::form() const {
   if (view_.format == FRT_W_INT8_CHANNEL) return "int8 per-channel";
+  if (view_.format == FRT_W_INT8_GEMM) return "int8 per-channel, w8a8 gemm";
   return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric");
 }
 
@@ -193,7 +192,10 @@ std::vector<float> PackedLinear::dequantize() const {
     const int64_t panel = r / kPanel, j = r % kPanel;
     for (int64_t i = 0; i < k; ++i) {
       float v;
-      if (view_.format == FRT_W_INT8_CHANNEL) {
+      if (view_.format == FRT_W_INT8_GEMM) {
+        const int64_t at = ((panel * ((k + 3) / 4) + i / 4) * kPanel + j) * 4 + i % 4;
+        v = static_cast<const int8_t*>(view_.qdata)[at] * view_.scales[r];
+      } else if (view_.format == FRT_W_INT8_CHANNEL) {
         v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] * view_.scales[r];
       } else {
         const int64_t groups = k / view_.group, g = i / view_.group;

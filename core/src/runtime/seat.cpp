@@ -7,8 +7,9 @@ namespace frt {
 
 std::string SeatForm::describe() const {
   std::ostringstream s;
-  s << structure << " " << impl << ": " << dtype_name(dtype) << " [rows " << band_min << ".."
-    << band_max << ", " << width << "] -> [" << out << "], weights " << weights;
+  s << structure << " " << impl << ": " << dtype_name(dtype) << " [rows " << band_min << "..";
+  if (band_max < (int64_t{1} << 62)) s << band_max;  // a form band without a max reads "64.."
+  s << ", " << width << "] -> [" << out << "], weights " << weights;
   return s.str();
 }
 
@@ -146,6 +147,7 @@ PackedLinear pack(const TensorView& w, const WeightForm& form, const std::string
     throw Refused(what + " " + w.describe() + ": expected a [" + std::to_string(n) + ", " +
                   std::to_string(k) + "] weight");
   if (form.format == WeightFormat::int8_channel) return PackedLinear::int8(w);
+  if (form.format == WeightFormat::int8_gemm) return PackedLinear::int8_gemm(w);
   return PackedLinear::int4(w, form.group, form.symmetric);
 }
 

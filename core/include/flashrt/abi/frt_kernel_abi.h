@@ -62,7 +62,18 @@ enum frt_op_kind {
  *   scales, zeros float [P][k/g][FRT_PANEL];  W[c][i] = (q - zero) * scale.
  *   Symmetric packs have zero == 8 everywhere; asymmetric ones an integer zero in [0, 15].
  */
-enum frt_wformat { FRT_W_INT8_CHANNEL = 1, FRT_W_INT4_GROUP = 2 };
+/* FRT_W_INT8_GEMM: the w8a8 GEMM's layout (flashrt/gemm); symmetric int8 per output channel,
+ *   q in [-127, 127], kq = ceil(k / 4):
+ *   qdata int8 [P][kq][FRT_PANEL][4]: W[c][4t + j] at [c / FRT_PANEL][t][c % FRT_PANEL][j], zero
+ *   past k; scales float [P*FRT_PANEL]; zeros float [P*FRT_PANEL]: the column sums sum_i q(c, i)
+ *   (exact integers), which remove the activations' zero point. W[c][i] = q * scales[c].
+ *   Ops over this format quantize each activation row at run time (Note [W8A8 rows]):
+ *   lo = min(min(x), 0), hi = max(max(x), 0), s = (hi - lo) / 127 (1 when 0), inv = 1 / s,
+ *   z = nearbyint(-lo * inv), u = clamp(nearbyint(x * inv) + z, 0, 127); a row holding inf or
+ *   NaN gets every output NaN. Seven bits, so AVX2's vpmaddubsw, which sums two u8 x s8
+ *   products in int16, never saturates (2 * 127 * 127 < 32767).
+ * Numbered past the small values so formats appended on other branches do not collide. */
+enum frt_wformat { FRT_W_INT8_CHANNEL = 1, FRT_W_INT4_GROUP = 2, FRT_W_INT8_GEMM = 16 };
 
 typedef struct frt_packed_weight {
   int32_t format; /* frt_wformat */
