@@ -22,6 +22,12 @@ def pack_int8(weight: torch.Tensor) -> PackedLinear:
     return _core.pack_int8(weight.detach())
 
 
+def pack_int8_gemm(weight: torch.Tensor) -> PackedLinear:
+    """int8 per output channel in the w8a8 GEMM's layout: linear() then quantizes the activation
+    rows at run time and runs flashrt/gemm, for any number of rows."""
+    return _core.pack_int8_gemm(weight.detach())
+
+
 def pack_int4(weight: torch.Tensor, group: int = 32, symmetric: bool = True) -> PackedLinear:
     """Weight-only int4 with one scale (and zero point if asymmetric) per group of k."""
     return _core.pack_int4(weight.detach(), group, symmetric)
@@ -41,7 +47,8 @@ def linear(
     out: torch.Tensor | None = None,
     threads: int = 0,
 ) -> torch.Tensor:
-    """y = x @ dequant(w).T (+ bias) for x [m, k] with 1 <= m <= 16."""
+    """y = x @ dequant(w).T (+ bias) for x [m, k] with 1 <= m <= 16 (flashrt/linear), or any
+    m for a pack_int8_gemm weight (flashrt/gemm, activations quantized per row)."""
     y = _out(x, w.n, out)
     b = None if bias is None else bias.detach()
     _core.linear(x.detach(), w, b, y, threads)
