@@ -642,6 +642,22 @@ TEST_F(CatalogFiles, SchemeNamesAnUnknownForm) {
                       "schemes.w8.formats.demo", "'int3' is not a declared form");
 }
 
+TEST_F(CatalogFiles, AFormBandNeedsAMinOfOneOrMoreAndAMaxAboveIt) {
+  const std::string form = "int8: {format: int8_channel, tag: w8a16}";
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, tag: w8a8, rows: {min: 0}}"),
+      "forms.int8.rows.min", "must be >= 1");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, tag: w8a8, rows: {min: 64, max: 8}}"),
+      "forms.int8.rows.max", "below min");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, tag: w8a8, rows: {least: 64}}"),
+      "forms.int8.rows", "least");
+}
+
 TEST_F(CatalogFiles, SchemeGivesAFormToAStructureWithoutALadder) {
   write_valid_catalog();
   fs::remove(dir_ / "ladders.yaml");
