@@ -191,3 +191,32 @@ def test_gated_attach_scores_a_dit_step_by_value_cosine():
         result.detach()
     with torch.no_grad():
         assert torch.equal(sample(step()), want)
+
+
+def test_bf16_host_gets_bf16_seats_and_an_fp32_seat_hands_bf16_calls_back():
+    model, step = dit_hosts.pixart(layers=1)
+    model.to(torch.bfloat16)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, 4, 32, 32, generator=g).bfloat16()
+    e = torch.randn(1, dit_hosts.TEXT, 64, generator=g).bfloat16()
+    t = torch.tensor([500])
+
+    def step16():
+        return model(x, encoder_hidden_states=e, timestep=t)
+
+    with torch.no_grad():
+        want = sample(step16())
+    plan = S.auto_swaps(model, step16, scheme=SCHEME)
+    assert plan.swaps and all(sp.act_dtype == S._core.DType.bf16 for sp in plan.seams)
+    handle = plan.attach(model)
+    try:
+        with torch.no_grad():
+            got = sample(step16())
+        assert got.dtype == torch.bfloat16
+        assert handle.summary()["fallbacks"] == 0
+    finally:
+        handle.detach()
+    # bf16 outputs carry bf16 rounding on both sides; the band is the catalog's warn band.
+    assert cosine(got.float(), want.float()) >= 0.995
+    with torch.no_grad():
+        assert torch.equal(sample(step16()), want)
