@@ -111,7 +111,7 @@ struct WeightForm {
   WeightFormat format = WeightFormat::int8_channel;
   int group = 0;
   bool symmetric = true;
-  std::string tag;               // "w8a16": the impl name's suffix
+  std::string tag;  // "w8a16": the impl name's suffix
   // The rows a seat of this form serves, when the form has a band of its own (a GEMM form for
   // many rows); 0 = the structure's decode band. rows_max -1 = unbounded.
   int64_t rows_min = 0, rows_max = 0;
