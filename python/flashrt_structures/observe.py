@@ -100,6 +100,29 @@ def measure_norm(module: nn.Module) -> tuple[int, dict[str, str]] | None:
     return width, {"form": form, "eps": repr(float(eps))}
 
 
+def _wrapped_linear(mod: nn.Module) -> nn.Linear | None:
+    """The one Linear child of a parameter-free module that may apply an activation to it (a
+    projection-then-activation module, as diffusers' GELU); None otherwise."""
+    children = list(mod.children())
+    if (len(children) != 1 or not isinstance(children[0], nn.Linear)
+            or any(True for _ in mod.parameters(recurse=False))):
+        return None
+    return children[0]
+
+
+def measure_wrapped(inner: torch.Tensor, outer: torch.Tensor) -> _core.Activation | None:
+    """What a wrapping module computed on its Linear's output, from one observed call: the
+    reference activation that maps the Linear's output to the module's, or None (anything
+    else it computes leaves it a plain module)."""
+    if inner.shape != outer.shape or inner.dtype != outer.dtype or torch.equal(inner, outer):
+        return None
+    with torch.no_grad():
+        for act, fn in _REFERENCE_ACTIVATIONS.items():
+            if torch.allclose(outer.float(), fn(inner.float()), atol=1e-5, rtol=1e-4):
+                return act
+    return None
+
+
 def _path_of(model: nn.Module, target: nn.Module | None) -> str:
     if target is None:
         return ""
@@ -209,6 +232,8 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.attributes = norm[1]
         return hm, False
     hm.kind = _core.ModuleKind.module
+    if _wrapped_linear(mod) is not None:
+        return hm, True  # observed: it is an activation node if its call shows one
     inv_freq = getattr(mod, "inv_freq", None)  # a rotary embedding's own frequencies
     if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
         hm.values = inv_freq.detach().float().tolist()
@@ -252,14 +277,28 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
     """Runs the forwards with the hooked modules observed; sets graph.calls."""
     calls: list[_core.HostCall] = []
     keep: list[torch.Tensor] = []  # holds every observed tensor so no id is reused meanwhile
+    last_out: dict[int, torch.Tensor] = {}  # id(module) -> its latest output
+    wrapped: dict[str, _core.Activation | None] = {}  # wrapper path -> what its calls showed
 
     def hook_for(path: str):
-        def hook(_mod, args, output):
+        def hook(mod, args, output):
             output = _first_tensor(output)
             if not args or not isinstance(args[0], torch.Tensor) or not isinstance(output, torch.Tensor):
                 return
-            keep.extend((args[0], output))
-            calls.append(host_call(path, args[0], output))
+            x = args[0]
+            last_out[id(mod)] = output
+            inner_mod = None if isinstance(mod, nn.Linear) else _wrapped_linear(mod)
+            if inner_mod is not None:
+                # A projection-then-activation module: the activation node reads the Linear's
+                # output, so its call is recorded with that tensor as input.
+                inner = last_out.get(id(inner_mod))
+                act = None if inner is None else measure_wrapped(inner, output)
+                wrapped[path] = act if wrapped.get(path, act) == act else None
+                if act is None:
+                    return
+                x = inner
+            keep.extend((x, output))
+            calls.append(host_call(path, x, output))
         return hook
 
     handles = [mod.register_forward_hook(hook_for(path)) for path, mod in hooked]
@@ -269,8 +308,16 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
                 fwd()
     finally:
         keep.clear()
+        last_out.clear()
         for h in handles:
             h.remove()
+    if any(act is not None for act in wrapped.values()):
+        modules = list(graph.modules)
+        for hm in modules:
+            if wrapped.get(hm.path) is not None:
+                hm.kind = _core.ModuleKind.activation
+                hm.activation = wrapped[hm.path]
+        graph.modules = modules
     graph.calls = list(graph.calls) + calls
 
 

@@ -23,6 +23,12 @@ def pack_int8(weight: torch.Tensor, group: int = 0, scales: str = "f32") -> Pack
     return _core.pack_int8(weight.detach(), group, scales)
 
 
+def pack_int8_gemm(weight: torch.Tensor) -> PackedLinear:
+    """int8 per output channel in the w8a8 GEMM's layout: linear() then quantizes the activation
+    rows at run time and runs flashrt/gemm, for any number of rows."""
+    return _core.pack_int8_gemm(weight.detach())
+
+
 def pack_int4(
     weight: torch.Tensor, group: int = 32, symmetric: bool = True, scales: str = "f32"
 ) -> PackedLinear:
@@ -44,7 +50,8 @@ def linear(
     out: torch.Tensor | None = None,
     threads: int = 0,
 ) -> torch.Tensor:
-    """y = x @ dequant(w).T (+ bias) for x [m, k] with 1 <= m <= 16."""
+    """y = x @ dequant(w).T (+ bias) for x [m, k] with 1 <= m <= 16 (flashrt/linear), or any
+    m for a pack_int8_gemm weight (flashrt/gemm, activations quantized per row)."""
     y = _out(x, w.n, out)
     b = None if bias is None else bias.detach()
     _core.linear(x.detach(), w, b, y, threads)

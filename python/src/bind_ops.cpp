@@ -17,6 +17,11 @@ namespace {
 
 const frt_kernel_table& table_for(const char* repo) { return process_hub().table(repo); }
 
+// The package whose linear op reads this weight's layout: the w8a8 GEMM's, or the decode linear.
+const char* linear_package(const PackedLinear& w) {
+  return w.format() == WeightFormat::int8_gemm ? "flashrt/gemm" : "flashrt/linear";
+}
+
 Activation activation(const std::string& name) {
   const std::optional<Activation> a = parse_activation(name);
   if (!a || !kernel_activation(*a))
@@ -68,14 +73,14 @@ void bind_ops(nb::module_& m) {
   m.def(
       "linear_refusal",
       [](nb::handle x, const PackedLinear& w, nb::handle out) {
-        return linear_refusal(table_for("flashrt/linear"), w, view_of(x, "input"),
+        return linear_refusal(table_for(linear_package(w)), w, view_of(x, "input"),
                               view_of(out, "output"));
       },
       nb::arg("x"), nb::arg("w"), nb::arg("out"));
   m.def(
       "linear",
       [](nb::handle x, const PackedLinear& w, nb::handle bias, nb::handle out, int threads) {
-        const frt_kernel_table& t = table_for("flashrt/linear");
+        const frt_kernel_table& t = table_for(linear_package(w));
         const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
         const float* b = bias_data(bias, w.n());
         nb::gil_scoped_release release;

@@ -79,6 +79,14 @@ void bind_quant(nb::module_& m) {
       },
       nb::arg("weight"), nb::arg("group") = 0, nb::arg("scales") = "f32");
   m.def(
+      "pack_int8_gemm",
+      [](nb::handle w) {
+        const TensorView v = view_of(w, "weight");
+        nb::gil_scoped_release release;
+        return PackedLinear::int8_gemm(v);
+      },
+      nb::arg("weight"));
+  m.def(
       "pack_int4",
       [](nb::handle w, int group, bool symmetric, const std::string& scales) {
         const TensorView v = view_of(w, "weight");

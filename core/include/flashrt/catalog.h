@@ -113,6 +113,9 @@ struct WeightForm {
   bool symmetric = true;
   DType scale_dtype = DType::f32;  // group forms may keep scales (and mins) in f16
   std::string tag;                 // "w8a16": the impl name's suffix
+  // The rows a seat of this form serves, when the form has a band of its own (a GEMM form for
+  // many rows); 0 = the structure's decode band. rows_max -1 = unbounded.
+  int64_t rows_min = 0, rows_max = 0;
   // "int8 per-channel", "int8 g32", "int4 g32 symmetric", "int4 g32 asymmetric f16 scales"
   std::string describe() const;
 };

@@ -56,6 +56,8 @@ class PackedLinear {
   PackedLinear(const PackedLinear&) = delete;
   PackedLinear& operator=(const PackedLinear&) = delete;
   ~PackedLinear() = default;
+  // int8 per channel in the w8a8 GEMM's layout, with column sums (core/src/quant/pack_gemm.cpp).
+  static PackedLinear int8_gemm(const TensorView& weight);
 
   const frt_packed_weight& view() const { return view_; }
   const PackStats& stats() const { return stats_; }
@@ -85,6 +87,7 @@ class PackedLinear {
   frt_packed_weight view_{};
   PackStats stats_{};
   friend struct PackAccess;
+  friend struct GemmPackAccess;
 };
 
 }  // namespace frt

@@ -29,7 +29,8 @@ enum class Activation : int32_t {
 enum class WeightFormat : int32_t {
   int8_channel = FRT_W_INT8_CHANNEL,
   int4_group = FRT_W_INT4_GROUP,
-  int8_group = FRT_W_INT8_GROUP
+  int8_group = FRT_W_INT8_GROUP,
+  int8_gemm = FRT_W_INT8_GEMM,  // the w8a8 GEMM's layout (activations quantized per row)
 };
 inline bool is_group_format(WeightFormat f) {
   return f == WeightFormat::int4_group || f == WeightFormat::int8_group;

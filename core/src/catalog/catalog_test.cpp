@@ -281,7 +281,7 @@ TEST(Catalog, ShippedSpecsSayWhatTheBriefSays) {
 TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   const Catalog c = Catalog::load(kCatalogDir);
   const std::vector<Rung>& ffn = c.ladder("decoder_ffn");
-  ASSERT_EQ(ffn.size(), 2u);
+  ASSERT_EQ(ffn.size(), 3u);
   EXPECT_EQ(ffn[0].package, "flashrt/ffn");
   EXPECT_EQ(ffn[0].op, OpKind::gated_ffn);
   EXPECT_FALSE(ffn[0].per_node);
@@ -289,6 +289,8 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(ffn[1].op, OpKind::linear);
   EXPECT_TRUE(ffn[1].per_node);
   EXPECT_EQ(c.rung_field("decoder_ffn", 1), kCatalogDir + "/ladders.yaml: ladders.decoder_ffn[1]");
+  EXPECT_EQ(ffn[2].package, "flashrt/gemm");  // the w8a8 GEMM, per projection
+  EXPECT_TRUE(ffn[2].per_node);
   EXPECT_TRUE(c.ladder("no_such_structure").empty());
 
   const SchemePolicy& p = c.schemes();
@@ -298,6 +300,13 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(p.forms.at("int4_g32").group, 32);
   EXPECT_EQ(p.forms.at("int4_g32").describe(), "int4 g32 symmetric");
   EXPECT_EQ(p.forms.at("int8").describe(), "int8 per-channel");
+  EXPECT_EQ(p.forms.at("int8").rows_min, 0);  // the structure's decode band
+  // The GEMM form serves many-row calls: its own band, from a min, unbounded.
+  EXPECT_EQ(p.forms.at("int8_rows").format, WeightFormat::int8_gemm);
+  EXPECT_GT(p.forms.at("int8_rows").rows_min, 16);
+  EXPECT_EQ(p.forms.at("int8_rows").rows_max, -1);
+  EXPECT_EQ(p.schemes.at("w8a8_dynamic").requires_packages,
+            (std::vector<std::string>{"flashrt/gemm"}));
   EXPECT_EQ(p.schemes.at("w4a16_decode").formats.at("lm_head"), "int8");
   EXPECT_EQ(p.schemes.at("w4a16_decode").indivisible, "int8");
   EXPECT_TRUE(p.schemes.at("none").formats.empty());
@@ -310,9 +319,9 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   const BindingSpec& llama = c.binding("llama_decode");
   EXPECT_EQ(llama.layers, "model.layers");
   EXPECT_THROW(c.binding("gpt2_decode"), InvalidArgument);
-  EXPECT_TRUE(c.missing_packages({"flashrt/linear", "flashrt/ffn"}).empty());
+  EXPECT_TRUE(c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm"}).empty());
   // Only flashrt/linear visible: every rung on flashrt/ffn is named, decoder_ffn's among them.
-  const std::vector<std::string> missing = c.missing_packages({"flashrt/linear"});
+  const std::vector<std::string> missing = c.missing_packages({"flashrt/linear", "flashrt/gemm"});
   ASSERT_FALSE(missing.empty());
   bool decoder_ffn_named = false;
   for (const std::string& m : missing) {
@@ -631,6 +640,22 @@ TEST_F(CatalogFiles, SchemeNamesAnUnknownForm) {
   expect_policy_error("schemes.yaml",
                       replaced(kSchemes, "formats: {demo: int8}", "formats: {demo: int3}"),
                       "schemes.w8.formats.demo", "'int3' is not a declared form");
+}
+
+TEST_F(CatalogFiles, AFormBandNeedsAMinOfOneOrMoreAndAMaxAboveIt) {
+  const std::string form = "int8: {format: int8_channel, tag: w8a16}";
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, tag: w8a8, rows: {min: 0}}"),
+      "forms.int8.rows.min", "must be >= 1");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, tag: w8a8, rows: {min: 64, max: 8}}"),
+      "forms.int8.rows.max", "below min");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, tag: w8a8, rows: {least: 64}}"),
+      "forms.int8.rows", "least");
 }
 
 TEST_F(CatalogFiles, SchemeGivesAFormToAStructureWithoutALadder) {

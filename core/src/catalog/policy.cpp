@@ -38,12 +38,21 @@ void check_structure(const YamlFields& f, const Catalog& c, const std::string& f
 WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::string& field,
                       const std::string& name) {
   if (!node.IsMap()) f.fail(field, "expected a mapping with format and tag");
-  f.check_keys(node, field, {"format", "group", "symmetric", "scales", "tag"});
+  f.check_keys(node, field, {"format", "group", "symmetric", "scales", "tag", "rows"});
   WeightForm w;
   w.name = name;
   w.format = f.named(f.require(node, field, "format"), child(field, "format"), "weight format",
                      parse_weight_format, known_weight_formats());
   w.tag = f.text(f.require(node, field, "tag"), child(field, "tag"));
+  if (const YAML::Node rows = node["rows"]) {
+    const std::string at = child(field, "rows");
+    if (!rows.IsMap()) f.fail(at, "expected a mapping with min (and max)");
+    f.check_keys(rows, at, {"min", "max"});
+    w.rows_min = f.integer(f.require(rows, at, "min"), child(at, "min"));
+    w.rows_max = rows["max"] ? f.integer(rows["max"], child(at, "max")) : -1;
+    if (w.rows_min < 1) f.fail(child(at, "min"), "must be >= 1");
+    if (w.rows_max != -1 && w.rows_max < w.rows_min) f.fail(child(at, "max"), "below min");
+  }
   if (is_group_format(w.format)) {
     const int64_t g = f.integer(f.require(node, field, "group"), child(field, "group"));
     if (g != 32 && g != 64 && g != 128) f.fail(child(field, "group"), "not in {32, 64, 128}");
@@ -304,6 +313,7 @@ void load_policy(Catalog& c, const std::string& dir) {
 
 std::string WeightForm::describe() const {
   if (format == WeightFormat::int8_channel) return "int8 per-channel";
+  if (format == WeightFormat::int8_gemm) return "int8 per-channel, activations int8 per row";
   const std::string scales = scale_dtype == DType::f16 ? " f16 scales" : "";
   if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
   return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;

@@ -160,8 +160,10 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
   const std::map<std::string, std::vector<OpKind>> owns = {
       {"flashrt/linear", {OpKind::linear}},
       {"flashrt/ffn", {OpKind::gated_ffn, OpKind::ffn}},
-      {"flashrt/decode", {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}}};
-  for (const std::string repo : {"flashrt/linear", "flashrt/ffn", "flashrt/decode"}) {
+      {"flashrt/decode", {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}},
+      {"flashrt/gemm", {OpKind::linear}}};
+  for (const std::string repo :
+       {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm"}) {
     const PackageResolution& r = hub.resolve(repo);
     ASSERT_NE(r.table, nullptr) << report_text(hub);
     EXPECT_EQ(r.source, "bundled");
@@ -177,8 +179,8 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
     }
   }
   EXPECT_TRUE(hub.unavailable_report().empty()) << report_text(hub);
-  EXPECT_EQ(hub.visible_packages(),
-            (std::vector<std::string>{"flashrt/decode", "flashrt/ffn", "flashrt/linear"}));
+  EXPECT_EQ(hub.visible_packages(), (std::vector<std::string>{"flashrt/decode", "flashrt/ffn",
+                                                              "flashrt/gemm", "flashrt/linear"}));
 }
 
 // (2)

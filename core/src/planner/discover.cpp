@@ -197,8 +197,8 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
         where +=
             (where.empty() ? "" : " and ") + (home.empty() ? "(root)" : home) + " (" + list + ")";
       }
-      return "the region is split across modules " + where +
-             "; the boundary is one module, so its projections stay separate seams";
+      return "the region is split across modules " + where + " (" + shape +
+             "); the boundary is one module, so its projections stay separate seams";
     }
   }
   return "";

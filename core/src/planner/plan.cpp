@@ -15,6 +15,8 @@ namespace frt {
 namespace {
 
 constexpr const char* kAuto = "auto";
+// A form band without a max: every row count from its min (a seat's band is an int64 range).
+constexpr int64_t kUnboundedRows = int64_t{1} << 62;
 
 bool usable(const SchemeSpec& s, KernelHub& hub) {
   for (const std::string& pkg : s.requires_packages)
@@ -247,11 +249,6 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
                                             dtype_list(act_dtypes));
       continue;
     }
-    const DimSpec* band = band_of(spec);
-    if (band == nullptr) {
-      p.refused.emplace_back(seam.site, where + ": the structure declares no row band");
-      continue;
-    }
     WeightForm form = adopting ? *source_form : form_it->second;
     std::vector<std::string> steps;
     if (!adopting && is_group_format(form.format)) {
@@ -266,6 +263,29 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
                         instead.describe().substr(0, instead.describe().find(' ')) + " instead");
         form = instead;
       }
+    }
+    // The rows the seat serves: the form's own band where it declares one (a GEMM form for many
+    // rows), else the structure's decode band.
+    DimSpec form_band;
+    const DimSpec* band = band_of(spec);
+    if (form.rows_min > 0) {
+      form_band.min = form.rows_min;
+      form_band.max = form.rows_max == -1 ? kUnboundedRows : form.rows_max;
+      band = &form_band;
+    }
+    if (band == nullptr) {
+      p.refused.emplace_back(seam.site, where + ": the structure declares no row band");
+      continue;
+    }
+    // Every observed call below the band: a seat would only ever hand its calls back.
+    if (!seam.rows_seen.empty() && std::all_of(seam.rows_seen.begin(), seam.rows_seen.end(),
+                                               [&](int64_t r) { return r < band->min; })) {
+      p.keep_host.emplace_back(seam.site, where + ": observed only calls of " +
+                                              std::to_string(*std::max_element(
+                                                  seam.rows_seen.begin(), seam.rows_seen.end())) +
+                                              " rows or fewer; " + form.describe() +
+                                              " serves rows from " + std::to_string(band->min));
+      continue;
     }
     if (!seam.rows_seen.empty() && std::all_of(seam.rows_seen.begin(), seam.rows_seen.end(),
                                                [&](int64_t r) { return r > band->max; }))
@@ -324,7 +344,8 @@ std::string explain(const Plan& p) {
   for (const SeatPlan& seat : p.seats) {
     s << "  " << seat.site << "  " << seat.seam.structure << " " << seat.seam.shape << " -> "
       << seat.impl << " (" << seat.form.describe() << ", rows " << seat.band_min << ".."
-      << seat.band_max << ", " << seat.package << ")\n";
+      << (seat.band_max >= kUnboundedRows ? "" : std::to_string(seat.band_max)) << ", "
+      << seat.package << ")\n";
     for (const std::string& step : seat.ladder) s << "      ladder: " << step << "\n";
   }
   if (!p.keep_host.empty()) s << "\nkept at host:\n";

@@ -274,6 +274,37 @@ TEST(Plan, SmallSeamsStayAtHostAndPrefillOnlySeamsAreAssumed) {
   EXPECT_NE(text.find("1 seated, 1 kept at host, 0 refused"), std::string::npos);
 }
 
+// A form with a band of its own (the w8a8 GEMM form: many rows) sets the seat's band instead of
+// the structure's decode band; a seam whose calls all fall below it stays at host, saying so.
+TEST(Plan, AFormBandReplacesTheDecodeBandAndSmallCallSeamsStayAtHost) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  b.linear("tokens", 1024, 1024, /*bias=*/true);
+  b.call("tokens", 1, 2, /*rows=*/256);
+  b.linear("timestep", 1024, 1024);
+  b.call("timestep", 3, 4, /*rows=*/1);
+  PlanOptions o;
+  o.structures = {"linear_proj"};
+  o.scheme = "w8a8_dynamic";
+  const Plan p = plan(b.g, catalog(), o, hub());
+  const WeightForm& form = catalog().schemes().forms.at("int8_rows");
+  ASSERT_EQ(p.seats.size(), 1u) << explain(p);
+  const SeatPlan& s = p.seats[0];
+  EXPECT_EQ(s.site, "tokens");
+  EXPECT_EQ(s.package, "flashrt/gemm");
+  EXPECT_EQ(s.impl, "gemm_w8a8");
+  EXPECT_EQ(s.band_min, form.rows_min);
+  EXPECT_GT(s.band_max, int64_t{1} << 40);
+  ASSERT_EQ(s.ladder.size(), 1u);  // the decode linear stepped aside: it takes no such form
+  EXPECT_NE(s.ladder[0].find("linear_w8a8"), std::string::npos) << s.ladder[0];
+  ASSERT_EQ(p.keep_host.size(), 1u);
+  EXPECT_EQ(p.keep_host[0].first, "timestep");
+  EXPECT_NE(p.keep_host[0].second.find("observed only calls of 1 rows or fewer"), std::string::npos)
+      << p.keep_host[0].second;
+  EXPECT_NE(explain(p).find("rows " + std::to_string(form.rows_min) + "..,"), std::string::npos)
+      << explain(p);
+}
+
 TEST(Plan, WeightDtypesOutsideTheImplsAreRefusedByName) {
   GraphBuilder b;
   b.module("", ModuleKind::module);

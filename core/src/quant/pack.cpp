@@ -198,12 +198,14 @@ WeightFormat PackedLinear::format() const { return static_cast<WeightFormat>(vie
 
 int64_t PackedLinear::nbytes() const {
   const int64_t per = view_.scale_dtype == FRT_F16 ? 2 : 4;
-  return qbytes_ + scale_count_ * per * (view_.format == FRT_W_INT4_GROUP ? 2 : 1);
+  const bool two = view_.format == FRT_W_INT4_GROUP || view_.format == FRT_W_INT8_GEMM;
+  return qbytes_ + scale_count_ * per * (two ? 2 : 1);  // scales, and mins or column sums
 }
 
 std::string PackedLinear::form() const {
   const std::string scales = view_.scale_dtype == FRT_F16 ? " f16 scales" : "";
   if (view_.format == FRT_W_INT8_CHANNEL) return "int8 per-channel";
+  if (view_.format == FRT_W_INT8_GEMM) return "int8 per-channel, w8a8 gemm";
   if (view_.format == FRT_W_INT8_GROUP) return "int8 g" + std::to_string(view_.group) + scales;
   return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
          scales;
@@ -340,7 +342,10 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
   out.resize(static_cast<size_t>(k));
   for (int64_t i = 0; i < k; ++i) {
     float v;
-    if (view_.format == FRT_W_INT8_CHANNEL) {
+    if (view_.format == FRT_W_INT8_GEMM) {
+      const int64_t at = ((panel * ((k + 3) / 4) + i / 4) * kPanel + j) * 4 + i % 4;
+      v = static_cast<const int8_t*>(view_.qdata)[at] * static_cast<const float*>(view_.scales)[r];
+    } else if (view_.format == FRT_W_INT8_CHANNEL) {
       v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
           static_cast<const float*>(view_.scales)[r];
     } else if (view_.format == FRT_W_INT8_GROUP) {

@@ -7,8 +7,9 @@ namespace frt {
 
 std::string SeatForm::describe() const {
   std::ostringstream s;
-  s << structure << " " << impl << ": " << dtype_name(dtype) << " [rows " << band_min << ".."
-    << band_max << ", " << width << "] -> [" << out << "], weights " << weights;
+  s << structure << " " << impl << ": " << dtype_name(dtype) << " [rows " << band_min << "..";
+  if (band_max < (int64_t{1} << 62)) s << band_max;  // a form band without a max reads "64.."
+  s << ", " << width << "] -> [" << out << "], weights " << weights;
   return s.str();
 }
 
@@ -168,6 +169,8 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
       return PackedLinear::int8(w);
     case WeightFormat::int8_group:
       return PackedLinear::int8(w, form.group, form.scale_dtype);
+    case WeightFormat::int8_gemm:
+      return PackedLinear::int8_gemm(w);
     case WeightFormat::int4_group:
       break;
   }

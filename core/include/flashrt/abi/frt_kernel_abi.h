@@ -94,7 +94,24 @@ enum frt_op_kind {
  *   Symmetric packs have min == -8 * scale (GGUF Q4_0); asymmetric ones any min (Q4_1).
  * scale_dtype is FRT_F32 or FRT_F16 for the group formats and FRT_F32 for per-channel int8.
  */
-enum frt_wformat { FRT_W_INT8_CHANNEL = 1, FRT_W_INT4_GROUP = 2, FRT_W_INT8_GROUP = 3 };
+/* FRT_W_INT8_GEMM: the w8a8 GEMM's layout (flashrt/gemm); symmetric int8 per output channel,
+ *   q in [-127, 127], kq = ceil(k / 4):
+ *   qdata int8 [P][kq][FRT_PANEL][4]: W[c][4t + j] at [c / FRT_PANEL][t][c % FRT_PANEL][j], zero
+ *   past k; scales f32 [P*FRT_PANEL]; mins f32 [P*FRT_PANEL] hold the column sums
+ *   sum_i q(c, i) (exact integers), which remove the activations' zero point.
+ *   W[c][i] = q * scales[c].
+ *   Ops over this format quantize each activation row at run time (Note [W8A8 rows]):
+ *   lo = min(min(x), 0), hi = max(max(x), 0), s = (hi - lo) / 127 (1 when 0), inv = 1 / s,
+ *   z = nearbyint(-lo * inv), u = clamp(nearbyint(x * inv) + z, 0, 127); a row holding inf or
+ *   NaN gets every output NaN. Seven bits, so AVX2's vpmaddubsw, which sums two u8 x s8
+ *   products in int16, never saturates (2 * 127 * 127 < 32767).
+ * Numbered past the small values so formats appended later do not collide. */
+enum frt_wformat {
+  FRT_W_INT8_CHANNEL = 1,
+  FRT_W_INT4_GROUP = 2,
+  FRT_W_INT8_GROUP = 3,
+  FRT_W_INT8_GEMM = 16
+};
 
 typedef struct frt_packed_weight {
   int32_t format;      /* frt_wformat */

@@ -1,0 +1,266 @@
+"""One DiT denoising step on CPU: the host in fp32 against the w8a8 GEMM seats (w8a8_dynamic)
+and the int8 paths a CPU user would reach for, torch.ao's quantize_dynamic (fbgemm) and torchao's
+int8 dynamic-activation config.
+
+Hosts are diffusers' own classes from config with random weights, fp32, batch 1:
+  pixart  PixArt-Sigma-shaped: hidden 1152 (16 heads x 72), 28 blocks (--pixart-layers), 1024 latent tokens
+          (a 64x64 latent, patch 2), 300 caption tokens of 4096 channels;
+  flux    Flux-shaped widths (hidden 3072, 24 heads x 128, MLP 12288), --flux-double double and
+          --flux-single single blocks so fp32 fits in 24 GiB beside the arms' copies; 1024
+          latent tokens, 256 text tokens.
+  pixart4 the PixArt-Sigma widths and tokens with 4 blocks: the host where torchao runs too
+          (--torchao-hosts; on CPU its step is over 10x the host's, so it is timed once where it
+          runs and not run on the full-size hosts, which says so in the JSON).
+Arms alternate round by round in one process, the order rotated each round; per arm the median
+step time, the median of its per-round ratios to the host, and the output cosine against the
+host's step. An arm over 5x slower than the host is timed on its one (first) run.
+
+--band measures the row count from which the GEMM seat beats the host's fp32 linear on the DiT
+projection shapes (the w8a8 form's band min in catalog/schemes.yaml).
+
+    .venv/bin/python bench/dit.py --json bench/results/dit.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+import flashrt_structures as S
+from flashrt_structures import ops
+
+from _common import machine, write_result
+
+Step = Callable[[], Any]
+SLOW = 5.0  # an arm this many times slower than the host is timed once (torchao on CPU)
+TORCHAO_SKIPPED = ("not run on this host: on CPU its step is over 10x the host's (see the "
+                   "pixart4 host in this file), too long for this benchmark's time budget")
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(),
+                                                 dim=0).item()
+
+
+def pixart(layers: int) -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+    from diffusers import PixArtTransformer2DModel
+    torch.manual_seed(0)
+    m = PixArtTransformer2DModel(num_attention_heads=16, attention_head_dim=72, in_channels=4,
+                                 out_channels=8, num_layers=layers, cross_attention_dim=1152,
+                                 sample_size=64, patch_size=2, caption_channels=4096,
+                                 norm_type="ada_norm_single",
+                                 use_additional_conditions=False).eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 4, 64, 64, generator=g)
+    e = torch.randn(1, 300, 4096, generator=g)
+    t = torch.tensor([500])
+    return m, lambda mod: lambda: mod(x, encoder_hidden_states=e, timestep=t).sample
+
+
+def flux(double: int, single: int) -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+    from diffusers import FluxTransformer2DModel
+    torch.manual_seed(0)
+    m = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=double,
+                               num_single_layers=single, attention_head_dim=128,
+                               num_attention_heads=24, joint_attention_dim=4096,
+                               pooled_projection_dim=768, guidance_embeds=False,
+                               axes_dims_rope=(16, 56, 56)).eval()
+    g, side, text = torch.Generator().manual_seed(1), 32, 256
+    n = side * side
+    x = torch.randn(1, n, 64, generator=g)
+    e = torch.randn(1, text, 4096, generator=g)
+    p = torch.randn(1, 768, generator=g)
+    img_ids = torch.zeros(n, 3)
+    img_ids[:, 1], img_ids[:, 2] = torch.arange(n) // side, torch.arange(n) % side
+    txt_ids = torch.zeros(text, 3)
+    t = torch.tensor([0.5])
+    return m, lambda mod: lambda: mod(x, encoder_hidden_states=e, pooled_projections=p,
+                                      timestep=t, img_ids=img_ids, txt_ids=txt_ids).sample
+
+
+def fbgemm_arm(model: nn.Module) -> nn.Module:
+    return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear},
+                                                  dtype=torch.qint8)
+
+
+def torchao_arm(model: nn.Module) -> tuple[nn.Module | None, str]:
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+        import torchao
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        return None, f"torchao unavailable: {type(e).__name__}: {e}"
+    twin = copy.deepcopy(model)
+    quantize_(twin, Int8DynamicActivationInt8WeightConfig())
+    return twin, f"torchao {torchao.__version__} Int8DynamicActivationInt8WeightConfig"
+
+
+def timed(fn: Step) -> tuple[float, torch.Tensor]:
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = fn()
+    return time.perf_counter() - t0, out
+
+
+def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step], rounds: int,
+               peers: bool, torchao: bool) -> dict:
+    step = step_for(model)
+    with torch.no_grad():
+        want = step()
+    plan = S.auto_swaps(model, step, scheme="w8a8_dynamic")
+    seated = len(plan.swaps)
+    kept = len(plan.notes["scheme"]["keep_host"])
+    refused = len(plan.notes["refused"])
+    arms: dict[str, dict[str, Any]] = {"host_fp32": {}, "flashrt_w8a8": {}}
+    twins: dict[str, nn.Module] = {}
+    if peers:
+        twins["fbgemm_quantize_dynamic"] = fbgemm_arm(model)
+        arms["fbgemm_quantize_dynamic"] = {"what": "torch.ao.quantization.quantize_dynamic "
+                                           "(qint8, nn.Linear), fbgemm"}
+        twin, what = torchao_arm(model) if torchao else (None, TORCHAO_SKIPPED)
+        if twin is None:
+            arms["torchao_int8_dynamic"] = {"unavailable": what}
+        else:
+            twins["torchao_int8_dynamic"] = twin
+            arms["torchao_int8_dynamic"] = {"what": what}
+    handle = None
+
+    def run(arm: str) -> tuple[float, torch.Tensor]:
+        nonlocal handle
+        if arm == "flashrt_w8a8":
+            handle = plan.attach(model)
+            try:
+                return timed(step)
+            finally:
+                handle.detach()
+        if arm == "host_fp32":
+            return timed(step)
+        return timed(step_for(twins[arm]))  # the same inputs through the peer's twin
+
+    order = [a for a in arms if "unavailable" not in arms[a]]
+    times: dict[str, list[float]] = {a: [] for a in order}
+    outs: dict[str, torch.Tensor] = {}
+    warm: dict[str, float] = {}
+    for a in order:  # warm-up, one each; an arm far slower than the host is timed on that run
+        warm[a], outs[a] = run(a)
+        if a != "host_fp32" and warm[a] > SLOW * warm["host_fp32"]:
+            times[a].append(warm[a])
+            arms[a]["timed_once"] = f"over {SLOW}x the host's step: its one (first) run is its time"
+    for r in range(rounds):
+        rot = order[r % len(order):] + order[:r % len(order)]
+        for a in rot:
+            if "timed_once" in arms[a]:
+                continue
+            t, out = run(a)
+            times[a].append(t)
+            outs[a] = out
+        print(f"  {name} round {r + 1}/{rounds}: " +
+              ", ".join(f"{a} {times[a][-1]:.2f}s" for a in order if times[a]), flush=True)
+    host = times["host_fp32"]
+    for a in order:
+        ratios = [h / t for h, t in zip(host, times[a])]  # paired by round
+        arms[a].update({"step_s": statistics.median(times[a]), "times_s": times[a],
+                        "speedup_vs_host": statistics.median(ratios),
+                        "cosine_vs_host": cosine(outs[a], want)})
+    summary = handle.summary() if handle is not None else {}
+    return {"host": name, "params": sum(p.numel() for p in model.parameters()),
+            "plan": {"seated": seated, "kept_at_host": kept, "refused": refused},
+            "ledger_last_attach": summary, "arms": arms}
+
+
+def measure_band(rounds: int) -> dict:
+    """Median time of the GEMM seat's kernel against the host's fp32 linear, by rows, on the DiT
+    projection shapes; the band min is the smallest row count from which every larger count in
+    the list is faster on every shape."""
+    shapes = [(1152, 1152), (1152, 4608), (4608, 1152), (3072, 3072)]
+    rows_list = [1, 16, 24, 32, 48, 64, 128, 256]
+    table: dict[str, dict[str, float]] = {}
+    for k, n in shapes:
+        w = torch.randn(n, k) * 0.02
+        b = torch.randn(n)
+        packed = ops.pack_int8_gemm(w)
+        row: dict[str, float] = {}
+        for m in rows_list:
+            x = torch.randn(m, k)
+            y = torch.empty(m, n)
+            reps = max(2, 256 // m)
+            host_t, seat_t = [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    torch.nn.functional.linear(x, w, b)
+                host_t.append((time.perf_counter() - t0) / reps)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    ops.linear(x, packed, b, out=y)
+                seat_t.append((time.perf_counter() - t0) / reps)
+            row[str(m)] = statistics.median(h / s for h, s in zip(host_t, seat_t))
+        table[f"{k}x{n}"] = row
+        print(f"  band {k}->{n}: " + ", ".join(f"{m}:{r:.2f}" for m, r in row.items()),
+              flush=True)
+    # Above the decode band (1..16, where the decode forms serve), the first listed row count from
+    # which every larger one beats the host on the geometric mean over the shapes.
+    def geomean(m: int) -> float:
+        return statistics.geometric_mean(table[s][str(m)] for s in table)
+
+    band_min = None
+    above = [m for m in rows_list if m > 16]
+    for i, m in enumerate(above):
+        if all(geomean(r) > 1.0 for r in above[i:]):
+            band_min = m
+            break
+    return {"speedup_by_rows": table, "geomean_by_rows": {str(m): geomean(m) for m in rows_list},
+            "band_min": band_min,
+            "rule": "above the decode band (16 rows), the smallest listed row count from which "
+                    "every larger listed count beats F.linear fp32 on the geometric mean over "
+                    "the shapes (median of paired rounds per shape)"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", type=Path, default=Path("bench/results/dit.json"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--hosts", default="pixart,flux,pixart4")
+    ap.add_argument("--torchao-hosts", default="pixart4",
+                    help="hosts on which the torchao peer runs (slow on CPU)")
+    ap.add_argument("--pixart-layers", type=int, default=28)
+    ap.add_argument("--flux-double", type=int, default=1)
+    ap.add_argument("--flux-single", type=int, default=2)
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--band", action="store_true", help="measure the w8a8 form's band min too")
+    a = ap.parse_args()
+    result: dict[str, Any] = {"machine": machine(), "rounds": a.rounds, "hosts": []}
+    if a.band:
+        result["band"] = measure_band(max(3, a.rounds))
+    for name in filter(None, a.hosts.split(",")):
+        if name.startswith("pixart"):  # pixart4: the same widths and tokens, 4 blocks
+            model, step_for = pixart(int(name[6:]) if name[6:] else a.pixart_layers)
+        else:
+            model, step_for = flux(a.flux_double, a.flux_single)
+        print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params",
+              flush=True)
+        result["hosts"].append(bench_host(name, model, step_for, a.rounds, not a.no_peers,
+                                          name in a.torchao_hosts.split(",")))
+        write_result(a.json, result)  # after each host: a long run keeps what it measured
+        del model, step_for
+        gc.collect()
+    print(f"\n{'host':8} {'arm':26} {'step s':>8} {'x host':>7} {'cosine':>9}")
+    for h in result["hosts"]:
+        for arm, r in h["arms"].items():
+            if "unavailable" in r:
+                print(f"{h['host']:8} {arm:26} unavailable: {r['unavailable']}")
+                continue
+            print(f"{h['host']:8} {arm:26} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
+                  f"{r['cosine_vs_host']:9.5f}")
+    write_result(a.json, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+// The w8a8 GEMM's weight layout (frt_kernel_abi.h, FRT_W_INT8_GEMM): the same symmetric int8
+// per-channel quantization as PackedLinear::int8 (it is packed by it), laid out four input
+// channels deep for vpmaddubsw / vpdpbusd, with each channel's sum of q for the activations'
+// zero point.
+#include <flashrt/pack.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace frt {
+
+struct GemmPackAccess {
+  static PackedLinear from(const PackedLinear& base) {
+    PackedLinear p;
+    const int64_t n = base.n(), k = base.k(), kq = (k + 3) / 4;
+    const int64_t panels = (n + FRT_PANEL - 1) / FRT_PANEL;
+    p.qbytes_ = panels * kq * 4 * FRT_PANEL;
+    p.scale_count_ = panels * FRT_PANEL;
+    p.qdata_.reset(zeroed(p.qbytes_));
+    p.scales_.reset(zeroed(p.scale_count_ * 4));
+    p.mins_.reset(zeroed(p.scale_count_ * 4));
+    const auto* src = static_cast<const int8_t*>(base.view().qdata);
+    auto* q = static_cast<int8_t*>(p.qdata_.get());
+    auto* sums = static_cast<float*>(p.mins_.get());  // the format keeps column sums there
+    std::memcpy(p.scales_.get(), base.view().scales, static_cast<size_t>(p.scale_count_) * 4);
+    for (int64_t pn = 0; pn < panels; ++pn)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < FRT_PANEL; ++j) {
+          const int8_t v = src[(pn * k + i) * FRT_PANEL + j];  // int8 per-channel layout
+          q[((pn * kq + i / 4) * FRT_PANEL + j) * 4 + i % 4] = v;
+          sums[pn * FRT_PANEL + j] += static_cast<float>(v);  // exact: |sum| < 2^24 for k < 2^17
+        }
+    p.view_ = {FRT_W_INT8_GEMM, 0, FRT_F32, 0, n, k, p.qdata_.get(), p.scales_.get(), sums};
+    p.stats_ = base.stats();  // the same quantized values
+    return p;
+  }
+
+ private:
+  static void* zeroed(int64_t bytes) {
+    const size_t size = static_cast<size_t>((bytes + 63) / 64 * 64 + 64);
+    void* ptr = std::aligned_alloc(64, size);
+    if (ptr == nullptr) throw std::bad_alloc();
+    std::memset(ptr, 0, size);
+    return ptr;
+  }
+};
+
+PackedLinear PackedLinear::int8_gemm(const TensorView& weight) {
+  return GemmPackAccess::from(PackedLinear::int8(weight));
+}
+
+}  // namespace frt

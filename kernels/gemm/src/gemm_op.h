@@ -1,0 +1,35 @@
+// flashrt/gemm: the w8a8 linear for large row counts (DiT tokens, prefill): activations quantized
+// per row at run time, int8 weights per channel (FRT_W_INT8_GEMM), an integer GEMM, fp32 epilogue.
+#pragma once
+
+#include <flashrt/abi/frt_kernel_abi.h>
+
+#include <cstdint>
+
+namespace frt::kern {
+
+inline constexpr int32_t kGemmPhases = 2;  // quantize rows; panels
+
+int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err);
+int32_t gemm_supports(const frt_linear_args* a, frt_error* err);
+int64_t gemm_workspace(const frt_linear_args* a);
+int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth, frt_error* err);
+
+// The quantized rows phase 0 writes: u8 [m][lda] (lda a multiple of 64, zero past k), and per
+// row its scale and zero point.
+struct QuantRows {
+  uint8_t* u;
+  int64_t lda;
+  float* scale;
+  int32_t* zero;
+};
+
+// One row to 7-bit asymmetric (frt_kernel_abi.h, FRT_W_INT8_GEMM); ISA-specific.
+void quantize_row(const void* x, int32_t x_dtype, int64_t k, uint8_t* u, float* scale,
+                  int32_t* zero);
+// y rows [r0, r0 + rows) x panel p: the integer GEMM and its epilogue into tile[rows][FRT_PANEL]
+// (fp32, bias added); rows <= 4.
+void gemm_tile(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0, int64_t rows,
+               const float* bias, float* tile);
+
+}  // namespace frt::kern

@@ -1,0 +1,30 @@
+// flashrt/gemm: y = x W^T (+ bias) for many rows, w8a8 (dynamic per-row activations).
+#include <flashrt/abi/frt_kernel_abi.h>
+#include <frt_kern/op_table.h>
+
+#include "gemm_op.h"
+
+namespace {
+
+constexpr frt_op kOps[] = {
+    frt::kern::phased_op<frt_linear_args, frt::kern::gemm_supports, frt::kern::gemm_workspace,
+                         frt::kern::gemm_run>(FRT_OP_LINEAR, frt::kern::kGemmPhases),
+};
+
+int32_t supports_op(const frt_op_desc* d, frt_error* err) {
+  if (d != nullptr && d->op == FRT_OP_LINEAR) return frt::kern::gemm_supports_form(d, err);
+  return frt::kern::not_provided(d, "flashrt/gemm", err);
+}
+
+}  // namespace
+
+extern "C" const frt_kernel_table frt_kpkg_table = {
+    .abi_major = FRT_KERNEL_ABI_MAJOR,
+    .abi_minor = FRT_KERNEL_ABI_MINOR,
+    .struct_size = static_cast<int32_t>(sizeof(frt_kernel_table)),
+    .package = "flashrt/gemm",
+    .isa = FRT_VARIANT_ISA,
+    .supports_op = supports_op,
+    .n_ops = static_cast<int32_t>(sizeof kOps / sizeof kOps[0]),
+    .ops = kOps,
+};

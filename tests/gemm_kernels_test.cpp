@@ -1,0 +1,299 @@
+// flashrt/gemm (the w8a8 linear for many rows) in every variant this CPU runs: against a float64
+// reference computed from the format's and the row quantization's definitions (frt_kernel_abi.h,
+// FRT_W_INT8_GEMM), odd widths and panel tails included; against the unquantized product (the
+// error the form costs); variants and thread counts bitwise; refusals with their reasons.
+#include <flashrt/abi/frt_kernel_abi.h>
+#include <flashrt/cpu_features.h>
+#include <flashrt/errors.h>
+#include <flashrt/hub.h>
+#include <flashrt/kernel_ops.h>
+#include <flashrt/pack.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace frt {
+namespace {
+
+const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni"};
+
+const frt_kernel_table* open_gemm(const std::string& isa, std::string* skip) {
+  for (const std::string& f : tier_features(isa))
+    if (!detect_cpu().has(f)) {
+      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
+      return nullptr;
+    }
+  const std::string lib = std::string(FRT_TEST_KERNEL_ROOT) +
+                          "/flashrt/gemm/build/cpu-x86_64-linux-" + isa + "/libfrt_gemm.so";
+  std::string why;
+  const frt_kernel_table* t = open_variant_library(lib, &why);
+  if (t == nullptr) ADD_FAILURE() << "cannot open " << lib << ": " << why;
+  return t;
+}
+
+uint16_t bf16_bits(float f) {  // round to nearest even
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+float bf16_value(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Rows with a poisoned gap (ld > k); values as the dtype holds them.
+struct Input {
+  DType dtype;
+  int64_t m, k, ld;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  std::vector<float> value;
+  Input(DType dt, int64_t m_, int64_t k_, std::mt19937_64& rng, float shift)
+      : dtype(dt),
+        m(m_),
+        k(k_),
+        ld(k_ + 3),
+        f32(m_ * (k_ + 3), std::nanf("")),
+        bf16(m_ * (k_ + 3), 0x7fc0),
+        value(m_ * k_) {
+    std::normal_distribution<float> dist(shift, 1.0f);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < k; ++i) {
+        float v = dist(rng);
+        if (dt == DType::bf16) {
+          bf16[r * ld + i] = bf16_bits(v);
+          v = bf16_value(bf16[r * ld + i]);
+        }
+        f32[r * ld + i] = v;
+        value[r * k + i] = v;
+      }
+  }
+  TensorView view() {
+    void* d = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
+    return TensorView::matrix(d, dtype, m, k, ld);
+  }
+};
+
+struct Output {
+  DType dtype;
+  int64_t m, n, ld;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  Output(DType dt, int64_t m_, int64_t n_)
+      : dtype(dt),
+        m(m_),
+        n(n_),
+        ld(n_ + 2),
+        f32(m_ * (n_ + 2), std::nanf("")),
+        bf16(m_ * (n_ + 2), 0x7fc1) {}
+  TensorView view() {
+    void* d = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
+    return TensorView::matrix(d, dtype, m, n, ld);
+  }
+  double at(int64_t r, int64_t c) const {
+    return dtype == DType::f32 ? f32[r * ld + c] : bf16_value(bf16[r * ld + c]);
+  }
+  bool gap_untouched(int64_t r, int64_t c) const {
+    return dtype == DType::f32 ? std::isnan(f32[r * ld + c]) : bf16[r * ld + c] == 0x7fc1;
+  }
+};
+
+// The row quantization by its definition (frt_kernel_abi.h): fp32 arithmetic, then dequantized
+// values (u - z) * s in float64.
+std::vector<double> quantized_row(const float* x, int64_t k) {
+  float lo = 0, hi = 0;
+  for (int64_t i = 0; i < k; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+  float s = (hi - lo) / 127.0f;
+  if (!(s > 0)) s = 1.0f;
+  const float inv = 1.0f / s;
+  const float z = std::clamp(std::nearbyint(-lo * inv), 0.0f, 127.0f);
+  std::vector<double> out(k);
+  for (int64_t i = 0; i < k; ++i) {
+    const float u = std::clamp(std::nearbyint(x[i] * inv) + z, 0.0f, 127.0f);
+    out[i] = (static_cast<double>(u) - z) * s;
+  }
+  return out;
+}
+
+// W[c][i] = q * scale[c] read from the int8_gemm layout itself.
+std::vector<double> dequant_gemm(const frt_packed_weight& w) {
+  const int64_t kq = (w.k + 3) / 4;
+  std::vector<double> out(w.n * w.k);
+  for (int64_t c = 0; c < w.n; ++c) {
+    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
+    double sum = 0;
+    for (int64_t i = 0; i < w.k; ++i) {
+      const int8_t q =
+          static_cast<const int8_t*>(w.qdata)[((p * kq + i / 4) * FRT_PANEL + j) * 4 + i % 4];
+      sum += q;
+      out[c * w.k + i] = static_cast<double>(q) * static_cast<const float*>(w.scales)[c];
+    }
+    EXPECT_EQ(sum, static_cast<double>(static_cast<const float*>(w.mins)[c]))
+        << "column sum of channel " << c;
+  }
+  return out;
+}
+
+std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(n * k);
+  for (float& v : w) v = dist(rng);
+  return w;
+}
+
+uint64_t fresh_seed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
+}
+
+struct Case {
+  int64_t m, k, n;
+};
+// Odd and tail widths (k not a multiple of 4, n not of FRT_PANEL), row tails (m % 4), one row.
+const std::vector<Case> kCases = {{1, 4, 1},      {3, 5, 17},    {5, 7, 33},     {4, 3, 16},
+                                  {17, 129, 100}, {64, 256, 48}, {33, 1152, 40}, {9, 4608, 20}};
+
+class GemmKernel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GemmKernel, MatchesFloat64ReferenceEveryShapeDtypeAndBias) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const Case& c : kCases)
+    for (DType xd : {DType::f32, DType::bf16})
+      for (DType yd : {DType::f32, DType::bf16})
+        for (bool with_bias : {false, true}) {
+          std::vector<float> w = random_weight(c.n, c.k, rng);
+          const PackedLinear packed =
+              PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, c.n, c.k, c.k));
+          ASSERT_EQ(packed.format(), WeightFormat::int8_gemm);
+          const std::vector<double> wd = dequant_gemm(packed.view());
+          std::vector<float> bias(c.n);
+          for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+          Input x(xd, c.m, c.k, rng, with_bias ? 0.5f : -0.25f);  // skewed rows: z != 64
+          Output y(yd, c.m, c.n);
+          run_linear(*t, pool, packed, with_bias ? bias.data() : nullptr, x.view(), y.view());
+          double dot = 0, g2 = 0, e2 = 0;
+          for (int64_t r = 0; r < c.m; ++r) {
+            const std::vector<double> xq = quantized_row(x.value.data() + r * c.k, c.k);
+            for (int64_t col = 0; col < c.n; ++col) {
+              double want = with_bias ? bias[col] : 0.0, mag = std::fabs(want), exact = want;
+              for (int64_t i = 0; i < c.k; ++i) {
+                want += xq[i] * wd[col * c.k + i];
+                mag += std::fabs(xq[i] * wd[col * c.k + i]);
+                exact += static_cast<double>(x.value[r * c.k + i]) * w[col * c.k + i];
+              }
+              const double got = y.at(r, col);
+              const double tol = 2e-6 * mag + (yd == DType::bf16 ? std::fabs(want) / 128 : 0);
+              ASSERT_NEAR(got, want, tol + 1e-6)
+                  << "m" << c.m << " k" << c.k << " n" << c.n << " x " << name_of(xd) << " y "
+                  << name_of(yd) << " [" << r << "," << col << "]";
+              dot += got * exact, g2 += got * got, e2 += exact * exact;
+            }
+            for (int64_t col = c.n; col < y.ld; ++col)
+              ASSERT_TRUE(y.gap_untouched(r, col)) << "wrote past the row at " << col;
+          }
+          if (c.k >= 128) {  // what the form costs against the unquantized product
+            EXPECT_GE(dot / std::sqrt(g2 * e2), 0.999) << "m" << c.m << " k" << c.k;
+          }
+        }
+}
+
+TEST_P(GemmKernel, OneAndTwoThreadsAndTheGenericVariantAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(200, 301, rng);
+  const PackedLinear packed =
+      PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, 200, 301, 301));
+  std::vector<float> bias(200, 0.25f);
+  Input x(DType::f32, 37, 301, rng, 0.1f);
+  Output a(DType::f32, 37, 200), b(DType::f32, 37, 200), g(DType::f32, 37, 200);
+  run_linear(*t, pool, packed, bias.data(), x.view(), a.view(), 1);
+  run_linear(*t, pool, packed, bias.data(), x.view(), b.view(), 2);
+  run_linear(*generic, pool, packed, bias.data(), x.view(), g.view(), 2);
+  EXPECT_EQ(0, std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4));
+  EXPECT_EQ(0, std::memcmp(a.f32.data(), g.f32.data(), a.f32.size() * 4));
+}
+
+TEST_P(GemmKernel, ConstantAndZeroRowsAreExactAndNonFiniteRowsStayNonFinite) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(24, 64, rng);
+  const PackedLinear packed =
+      PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, 24, 64, 64));
+  Input x(DType::f32, 2, 64, rng, 0.0f);
+  for (int64_t i = 0; i < 64; ++i) x.f32[i] = 0.0f;  // row 0: zeros
+  x.f32[x.ld + 3] = std::numeric_limits<float>::infinity();
+  Output y(DType::f32, 2, 24);
+  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+  for (int64_t c = 0; c < 24; ++c) EXPECT_EQ(y.at(0, c), 0.0);
+  // A row holding inf has no finite scale: every output of it is NaN, never a finite guess.
+  for (int64_t c = 0; c < 24; ++c) EXPECT_TRUE(std::isnan(y.at(1, c))) << c;
+  x.f32[x.ld + 3] = std::nanf("");
+  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+  for (int64_t c = 0; c < 24; ++c) EXPECT_TRUE(std::isnan(y.at(1, c))) << c;
+}
+
+TEST_P(GemmKernel, RefusesFormsOutsideItsContract) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(1);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(32, 64, rng);
+  const TensorView wv = TensorView::matrix(w.data(), DType::f32, 32, 64, 64);
+  Input x(DType::f32, 8, 64, rng, 0.0f);
+  Output y(DType::f32, 8, 32);
+  // The decode linear's layout is not this op's.
+  const PackedLinear int8 = PackedLinear::int8(wv);
+  const std::string why = linear_refusal(*t, int8, x.view(), y.view());
+  EXPECT_NE(why.find("takes int8_gemm"), std::string::npos) << why;
+  EXPECT_THROW(run_linear(*t, pool, int8, nullptr, x.view(), y.view()), Refused);
+  // A width the input does not have.
+  const PackedLinear packed = PackedLinear::int8_gemm(wv);
+  Input narrow(DType::f32, 8, 63, rng, 0.0f);
+  EXPECT_NE(linear_refusal(*t, packed, narrow.view(), y.view()).find("width 63"),
+            std::string::npos);
+  // Plan time: the form, the widths and the dtypes.
+  frt_op_desc d{};
+  d.op = FRT_OP_LINEAR;
+  d.wformat = FRT_W_INT8_GEMM;
+  d.n = 32;
+  d.k = 64;
+  d.rows_max = int64_t{1} << 62;
+  EXPECT_EQ(form_refusal(*t, d), "");
+  d.k = 200000;
+  EXPECT_NE(form_refusal(*t, d).find("outside"), std::string::npos);
+  d.k = 64;
+  d.wformat = FRT_W_INT8_CHANNEL;
+  EXPECT_NE(form_refusal(*t, d).find("takes int8_gemm"), std::string::npos);
+  d.wformat = FRT_W_INT8_GEMM;
+  d.op = FRT_OP_FFN;
+  EXPECT_NE(form_refusal(*t, d).find("provides no"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kIsas));
+
+}  // namespace
+}  // namespace frt
