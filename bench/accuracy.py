@@ -14,6 +14,7 @@ decode scheme the catalog lists).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import time
 import warnings
 
@@ -87,7 +88,7 @@ def main() -> None:
               f"{loop:>18}  {', '.join(r['forms'])}")
         r["ppl_vs_host_pct"] = (r["ppl_attached"] / host_ppl - 1) * 100
     if args.json:
-        write_result(args.json, {"bench": "accuracy", "machine": machine(),
+        write_result(Path(args.json), {"bench": "accuracy", "machine": machine(),
                                  "model": smollm2.GGUF_FILE, "text": smollm2.TEXT_SOURCE,
                                  "topics": list(smollm2.TEXT_TOPICS), "tokens": ids.shape[1],
                                  "rows": rows})
