@@ -29,6 +29,16 @@ CACHE_BYTES = 3 * 32 * 2**20  # three times this machine's 32 MiB L3
 INT4_GROUP = 32
 
 
+# The packed forms measured (kernel ABI 3.0): int8 per channel and with f16 group scales (the
+# Q8_0 layout), int4 g32 symmetric (f32 scales) and asymmetric with f16 scales and mins (Q4_1).
+PACKERS: dict[str, Callable[[torch.Tensor], object]] = {
+    "int8": lambda w: ops.pack_int8(w),
+    "int8_g32_f16": lambda w: ops.pack_int8(w, 32, "f16"),
+    "int4": lambda w: ops.pack_int4(w, INT4_GROUP, True),
+    "int4_g32_asym_f16": lambda w: ops.pack_int4(w, 32, False, "f16"),
+}
+
+
 def copies_for(nbytes: int) -> int:
     return max(1, -(-CACHE_BYTES // nbytes))
 
@@ -52,14 +62,10 @@ def bench_shape(k: int, n: int, rounds: int, budget_s: float) -> list[dict]:
     wbf = w32.to(torch.bfloat16)
     nbytes["torch_bf16"] = n * k * 2
     fmt_weights["torch_bf16"] = [wbf] + [wbf.clone() for _ in range(copies_for(n * k * 2) - 1)]
-    p8 = ops.pack_int8(w32)
-    nbytes["int8"] = p8.nbytes
-    fmt_weights["int8"] = [p8] + [ops.pack_int8(w32) for _ in range(copies_for(p8.nbytes) - 1)]
-    p4 = ops.pack_int4(w32, INT4_GROUP, True)
-    nbytes["int4"] = p4.nbytes
-    fmt_weights["int4"] = [p4] + [
-        ops.pack_int4(w32, INT4_GROUP, True) for _ in range(copies_for(p4.nbytes) - 1)
-    ]
+    for name, pack in PACKERS.items():
+        first = pack(w32)
+        nbytes[name] = first.nbytes
+        fmt_weights[name] = [first] + [pack(w32) for _ in range(copies_for(first.nbytes) - 1)]
     del w32, wbf
 
     rows = []
@@ -70,8 +76,8 @@ def bench_shape(k: int, n: int, rounds: int, budget_s: float) -> list[dict]:
         arms: dict[str, list[Callable[[], object]]] = {
             "torch_fp32": [lambda w=w: F.linear(x32, w) for w in fmt_weights["torch_fp32"]],
             "torch_bf16": [lambda w=w: F.linear(xbf, w) for w in fmt_weights["torch_bf16"]],
-            "int8": [lambda w=w: ops.linear(x32, w, out=y8) for w in fmt_weights["int8"]],
-            "int4": [lambda w=w: ops.linear(x32, w, out=y8) for w in fmt_weights["int4"]],
+            **{name: [lambda w=w: ops.linear(x32, w, out=y8) for w in fmt_weights[name]]
+               for name in PACKERS},
         }
         # Calibrate iterations so one round of one arm takes about budget_s / rounds / 4.
         iters = {}
