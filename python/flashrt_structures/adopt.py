@@ -83,16 +83,19 @@ class _Source:
     rounding: float = float(np.finfo(np.float32).eps)
 
 
+def _weight_form(name: str, tag: str, fmt: Any, group: int, symmetric: bool,
+                 f16: bool) -> _core.WeightForm:
+    """A checkpoint's own form, named for the plan (the catalog's forms are the schemes')."""
+    f = _core.WeightForm()
+    f.name, f.tag, f.format, f.group, f.symmetric = name, tag, fmt, group, symmetric
+    f.scale_dtype = _core.DType.f16 if f16 else _core.DType.f32
+    return f
+
+
 def _form(block_type: str) -> _core.WeightForm:
     _, fmt, symmetric = _BLOCKS[block_type]
-    f = _core.WeightForm()
-    f.name = "gguf_" + block_type.lower()
-    f.format = fmt
-    f.group = 32
-    f.symmetric = symmetric
-    f.scale_dtype = _core.DType.f16
-    f.tag = block_type.lower()
-    return f
+    return _weight_form("gguf_" + block_type.lower(), block_type.lower(), fmt, 32, symmetric,
+                        f16=True)
 
 
 def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> tuple:
@@ -321,15 +324,9 @@ def _kernel_group(g: int) -> int:
 
 
 def _ct_form(bits: int, group: int, symmetric: bool, f16: bool, what: str) -> _core.WeightForm:
-    f = _core.WeightForm()
     fmt = {8: "int8_group" if group else "int8_channel", 4: "int4_group"}[bits]
-    f.format = getattr(_core.WeightFormat, fmt)
-    f.group = group
-    f.symmetric = symmetric
-    f.scale_dtype = _core.DType.f16 if f16 else _core.DType.f32
-    f.tag = "ct_" + what
-    f.name = "ct_" + what
-    return f
+    return _weight_form("ct_" + what, "ct_" + what, getattr(_core.WeightFormat, fmt), group,
+                        symmetric, f16)
 
 
 def _ct_unpack(src: _Source, scheme: Any, fmt: str, t: dict[str, torch.Tensor], n: int,
