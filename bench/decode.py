@@ -7,7 +7,8 @@ prompt and 128 new tokens, greedy. Arms, alternating round by round in one proce
   attached_w8     the same with w8a16_decode seats attached (swap.attach)
   loop_none       decode_loop over the host's own fp32 weights
   loop_w8/_w4     decode_loop over w8a16_decode / w4a16_decode seats
-The loop prefills token by token in the core. The floor is the bytes one decode step must read
+  loop_w8a8       decode_loop over w8a8_decode seats (int8 activation rows, integer dot products)
+The loop prefills in blocks of up to 16 rows in the core. The floor is the bytes one decode step must read
 (weights as each arm holds them) over the measured read bandwidth.
 
 Peers (torchao int8 weight-only; llama.cpp Q8_0/Q4_0 through llama-cpp-python) are optional:
@@ -186,9 +187,10 @@ def main() -> int:
     step = prompt[:, :1]
     max_len = PROMPT + NEW
     plans = {s: S.auto_swaps(model, lambda: model(step), scheme=s)
-             for s in ("w8a16_decode", "w4a16_decode")}
+             for s in ("w8a16_decode", "w4a16_decode", "w8a8_decode")}
     loops = {"loop_none": S.decode_loop(model, max_len)}
-    for scheme, name in (("w8a16_decode", "loop_w8"), ("w4a16_decode", "loop_w4")):
+    for scheme, name in (("w8a16_decode", "loop_w8"), ("w4a16_decode", "loop_w4"),
+                         ("w8a8_decode", "loop_w8a8")):
         h = plans[scheme].attach(model)
         loops[name] = S.decode_loop(model, max_len)
         h.detach()

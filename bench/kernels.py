@@ -24,7 +24,7 @@ from _common import cpu_model, write_result
 from flashrt_structures import impls, ops
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
-ROWS = [1, 2, 4, 8]
+ROWS = [1, 2, 4, 8, 16]
 CACHE_BYTES = 3 * 32 * 2**20  # three times this machine's 32 MiB L3
 INT4_GROUP = 32
 
@@ -36,6 +36,9 @@ PACKERS: dict[str, Callable[[torch.Tensor], object]] = {
     "int8_g32_f16": lambda w: ops.pack_int8(w, 32, "f16"),
     "int4": lambda w: ops.pack_int4(w, INT4_GROUP, True),
     "int4_g32_asym_f16": lambda w: ops.pack_int4(w, 32, False, "f16"),
+    # w8a8: int8 per channel in flashrt/gemm's layout; the activation rows are quantized to int8
+    # inside the call (integer dot products, no int8->fp32 convert per weight).
+    "w8a8": lambda w: ops.pack_int8_gemm(w),
 }
 
 
@@ -109,18 +112,41 @@ def bench_shape(k: int, n: int, rounds: int, budget_s: float) -> list[dict]:
 
 
 def bench_threading(bandwidth: float) -> list[dict]:
-    """int8 M=1 on 4096x12288: one vs two kernel threads, and next to torch work (the pool's
-    workers spin briefly, then sleep, so they should not slow torch's threads or be slowed)."""
+    """Every packed form on 4096x12288 at M = 1 and 16, on one and on two kernel threads (arms
+    alternated), with the read bandwidth one thread reaches beside them; then int8 M=1 next to
+    torch work (the pool's workers spin briefly, then sleep, so they should not slow torch's
+    threads or be slowed)."""
     k, n = 4096, 12288
     w = torch.randn(n, k) * 0.05
+    bw1 = ops.read_bandwidth_gbps(1 << 30, threads=1, repeats=3)
+    out = []
+    for name, pack in PACKERS.items():
+        first = pack(w)
+        packed = [first] + [pack(w) for _ in range(copies_for(first.nbytes) - 1)]
+        for m in (1, 16):
+            x, y = torch.randn(m, k), torch.empty(m, n)
+            med = {}
+            samples: dict[int, list[float]] = {1: [], 2: []}
+            for _ in range(5):
+                for t in (1, 2):
+                    t0 = time.perf_counter()
+                    for i in range(8):
+                        ops.linear(x, packed[i % len(packed)], out=y, threads=t)
+                    samples[t].append((time.perf_counter() - t0) / 8)
+            med = {t: statistics.median(v) for t, v in samples.items()}
+            out.append({"case": "threads", "format": name, "M": m, "K": k, "N": n,
+                        "seconds_1_thread": med[1], "seconds_2_threads": med[2],
+                        "gbps_1_thread": first.nbytes / med[1] / 1e9,
+                        "gbps_2_threads": first.nbytes / med[2] / 1e9,
+                        "frac_of_1_thread_bandwidth": first.nbytes / med[1] / 1e9 / bw1,
+                        "frac_of_bandwidth_2_threads": first.nbytes / med[2] / 1e9 / bandwidth})
+        del packed, first
     packed = [ops.pack_int8(w) for _ in range(copies_for(n * k))]
     x = torch.randn(1, k)
     y = torch.empty(1, n)
     small = torch.randn(4096, 1024)  # a torch op between kernels, as in a decode step
     xs = torch.randn(1, 4096)
-    out = []
     cases = {
-        "kernel_1_thread": lambda i: ops.linear(x, packed[i % len(packed)], out=y, threads=1),
         "kernel_2_threads": lambda i: ops.linear(x, packed[i % len(packed)], out=y, threads=2),
         "torch_op_alone": lambda i: F.linear(xs, small.T),
         "kernel_then_torch_op": lambda i: (
@@ -128,26 +154,22 @@ def bench_threading(bandwidth: float) -> list[dict]:
             F.linear(xs, small.T),
         ),
     }
-    samples: dict[str, list[float]] = {c: [] for c in cases}
+    samples2: dict[str, list[float]] = {c: [] for c in cases}
     for _ in range(7):
         for name, fn in cases.items():
             t0 = time.perf_counter()
             for i in range(30):
                 fn(i)
-            samples[name].append((time.perf_counter() - t0) / 30)
-    med = {c: statistics.median(s) for c, s in samples.items()}
-    for name, secs in med.items():
-        out.append({"case": name, "seconds": secs})
-    nb = packed[0].nbytes
+            samples2[name].append((time.perf_counter() - t0) / 30)
+    med2 = {c: statistics.median(v) for c, v in samples2.items()}
     out.append(
         {
             "case": "summary",
-            "kernel_gbps_1_thread": nb / med["kernel_1_thread"] / 1e9,
-            "kernel_gbps_2_threads": nb / med["kernel_2_threads"] / 1e9,
-            "interleave_overhead_seconds": med["kernel_then_torch_op"]
-            - med["kernel_2_threads"]
-            - med["torch_op_alone"],
+            "interleave_overhead_seconds": med2["kernel_then_torch_op"]
+            - med2["kernel_2_threads"]
+            - med2["torch_op_alone"],
             "read_bandwidth_gbps": bandwidth,
+            "read_bandwidth_gbps_1_thread": bw1,
             "torch_threads": torch.get_num_threads(),
         }
     )
@@ -184,7 +206,7 @@ def main() -> int:
     print(f"machine: {result['machine']['cpu']}, {result['machine']['cores']} cores, "
           f"tier {result['machine']['tier']}, torch {torch.__version__}")
     print(f"read bandwidth: {bandwidth:.1f} GB/s")
-    print(f"{'format':<11}{'M':>3}{'K':>6}{'N':>8}{'us':>10}{'GB/s':>8}{'of bw':>7}{'vs fp32':>9}")
+    print(f"{'format':<18}{'M':>3}{'K':>6}{'N':>8}{'us':>10}{'GB/s':>8}{'of bw':>7}{'vs fp32':>9}")
     samples = [bandwidth]
     for k, n in shapes:
         # The VM's bandwidth drifts by tens of percent: sample it again before every shape and
@@ -194,7 +216,7 @@ def main() -> int:
         for row in bench_shape(k, n, args.rounds, args.budget):
             row["frac_of_bandwidth"] = row["gbps"] / bandwidth
             result["rows"].append(row)
-            print(f"{row['format']:<11}{row['M']:>3}{row['K']:>6}{row['N']:>8}"
+            print(f"{row['format']:<18}{row['M']:>3}{row['K']:>6}{row['N']:>8}"
                   f"{row['seconds'] * 1e6:>10.1f}{row['gbps']:>8.1f}"
                   f"{row['frac_of_bandwidth']:>7.0%}{row['speedup_vs_torch_fp32']:>8.2f}x")
     bandwidth = max(samples)
@@ -204,9 +226,12 @@ def main() -> int:
         row["frac_of_bandwidth"] = row["gbps"] / bandwidth
     result["threading"] = bench_threading(bandwidth)
     s = result["threading"][-1]
-    print(f"threading: int8 4096x12288 M=1 {s['kernel_gbps_1_thread']:.1f} GB/s on 1 thread, "
-          f"{s['kernel_gbps_2_threads']:.1f} on 2; next to a torch op: "
-          f"{s['interleave_overhead_seconds'] * 1e6:+.1f} us per pair")
+    print(f"threads, 4096x12288 (read bandwidth {s['read_bandwidth_gbps_1_thread']:.1f} GB/s on "
+          f"1 thread, {bandwidth:.1f} on 2):")
+    print(f"{'format':<18}{'M':>3}{'1 thread GB/s':>15}{'2 threads GB/s':>16}")
+    for r in result["threading"][:-1]:
+        print(f"{r['format']:<18}{r['M']:>3}{r['gbps_1_thread']:>15.1f}{r['gbps_2_threads']:>16.1f}")
+    print(f"int8 M=1 next to a torch op: {s['interleave_overhead_seconds'] * 1e6:+.1f} us per pair")
     write_result(args.json, result)
     return 0
 

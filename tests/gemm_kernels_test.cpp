@@ -123,6 +123,21 @@ std::vector<double> quantized_row(const float* x, int64_t k) {
   return out;
 }
 
+// The decode form's block quantization by its definition (Note [W8A8 blocks]): per 32 inputs
+// d = amax / 127, a = nearbyint(x * (127 / amax)); dequantized values a * d in float64.
+std::vector<double> quantized_blocks(const float* x, int64_t k) {
+  std::vector<double> out(k);
+  for (int64_t b = 0; b < k; b += 32) {
+    const int64_t e = std::min(k, b + 32);
+    float amax = 0;
+    for (int64_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+    for (int64_t i = b; i < e; ++i)
+      out[i] = static_cast<double>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f)) * d;
+  }
+  return out;
+}
+
 // W[c][i] = q * scale[c] read from the int8_gemm layout itself.
 std::vector<double> dequant_gemm(const frt_packed_weight& w) {
   const int64_t kq = (w.k + 3) / 4;
@@ -291,6 +306,97 @@ TEST_P(GemmKernel, RefusesFormsOutsideItsContract) {
   d.wformat = FRT_W_INT8_GEMM;
   d.op = FRT_OP_GATED_FFN;
   EXPECT_NE(form_refusal(*t, d).find("provides no"), std::string::npos);
+}
+
+// The decode form: activations per block of 32 (the pack's group), against float64 for every
+// shape (partial last blocks included), dtype and bias, and bitwise across threads and variants.
+TEST_P(GemmKernel, ActivationBlocksMatchFloat64AndAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (const Case& c : kCases)
+    for (DType xd : {DType::f32, DType::bf16})
+      for (bool with_bias : {false, true}) {
+        std::vector<float> w = random_weight(c.n, c.k, rng);
+        const PackedLinear packed = PackedLinear::int8_gemm(
+            TensorView::matrix(w.data(), DType::f32, c.n, c.k, c.k), /*act_block=*/32);
+        ASSERT_EQ(packed.view().group, 32);
+        const std::vector<double> wd = dequant_gemm(packed.view());
+        std::vector<float> bias(c.n);
+        for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+        Input x(xd, c.m, c.k, rng, 0.0f);
+        x.value[0] = 40.0f;  // an outlier: only its own block's scale may feel it
+        if (xd == DType::f32)
+          x.f32[0] = 40.0f;
+        else
+          x.bf16[0] = 0x4220;  // 40.0 in bf16
+        Output y(DType::f32, c.m, c.n), y1(DType::f32, c.m, c.n), g(DType::f32, c.m, c.n);
+        const float* b = with_bias ? bias.data() : nullptr;
+        run_linear(*t, pool, packed, b, x.view(), y.view());
+        run_linear(*t, pool, packed, b, x.view(), y1.view(), 1);
+        run_linear(*generic, pool, packed, b, x.view(), g.view(), 2);
+        ASSERT_EQ(0, std::memcmp(y.f32.data(), y1.f32.data(), y.f32.size() * 4));
+        ASSERT_EQ(0, std::memcmp(y.f32.data(), g.f32.data(), y.f32.size() * 4));
+        for (int64_t r = 0; r < c.m; ++r) {
+          const std::vector<double> xq = quantized_blocks(x.value.data() + r * c.k, c.k);
+          for (int64_t col = 0; col < c.n; ++col) {
+            double want = with_bias ? bias[col] : 0.0, mag = std::fabs(want);
+            for (int64_t i = 0; i < c.k; ++i) {
+              want += xq[i] * wd[col * c.k + i];
+              mag += std::fabs(xq[i] * wd[col * c.k + i]);
+            }
+            ASSERT_NEAR(y.at(r, col), want, 2e-6 * mag + 1e-6)
+                << "m" << c.m << " k" << c.k << " n" << c.n << " [" << r << "," << col << "]";
+          }
+        }
+      }
+}
+
+TEST_P(GemmKernel, ActivationBlocksNonFiniteRowsComeOutNaNAndOnlyThatRow) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(24, 100, rng);
+  const PackedLinear packed =
+      PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, 24, 100, 100), 32);
+  Input x(DType::f32, 3, 100, rng, 0.0f);
+  for (int64_t i = 0; i < 100; ++i) x.f32[i] = 0.0f;          // row 0: zeros
+  x.f32[x.ld + 99] = std::numeric_limits<float>::infinity();  // in the partial last block
+  Output y(DType::f32, 3, 24);
+  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+  for (int64_t c = 0; c < 24; ++c) {
+    EXPECT_EQ(y.at(0, c), 0.0);
+    EXPECT_TRUE(std::isnan(y.at(1, c))) << c;
+    EXPECT_TRUE(std::isfinite(y.at(2, c))) << c;
+  }
+  EXPECT_THROW(PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, 24, 100, 100), 16),
+               InvalidArgument);
+  // Plan time: blocks other than 32 are refused, and the ffn op takes only per-row activations.
+  frt_op_desc d{};
+  d.op = FRT_OP_LINEAR;
+  d.wformat = FRT_W_INT8_GEMM;
+  d.n = 24;
+  d.k = 100;
+  d.rows_max = 16;
+  d.group = 32;
+  EXPECT_EQ(form_refusal(*t, d), "");
+  d.group = 64;
+  EXPECT_NE(form_refusal(*t, d).find("activation blocks of 64"), std::string::npos);
+  d.group = 32;
+  d.op = FRT_OP_FFN;
+  d.inner = 24;
+  d.n = 100;
+  d.act = FRT_ACT_GELU;
+  EXPECT_NE(form_refusal(*t, d).find("per row only"), std::string::npos) << form_refusal(*t, d);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kIsas));

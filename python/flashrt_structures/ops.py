@@ -23,10 +23,11 @@ def pack_int8(weight: torch.Tensor, group: int = 0, scales: str = "f32") -> Pack
     return _core.pack_int8(weight.detach(), group, scales)
 
 
-def pack_int8_gemm(weight: torch.Tensor) -> PackedLinear:
+def pack_int8_gemm(weight: torch.Tensor, act_block: int = 0) -> PackedLinear:
     """int8 per output channel in the w8a8 GEMM's layout: linear() then quantizes the activation
-    rows at run time and runs flashrt/gemm, for any number of rows."""
-    return _core.pack_int8_gemm(weight.detach())
+    rows at run time (per row, or per block of `act_block` = 32 inputs: the decode form) and runs
+    flashrt/gemm, for any number of rows."""
+    return _core.pack_int8_gemm(weight.detach(), act_block)
 
 
 def pack_int4(

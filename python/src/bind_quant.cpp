@@ -80,12 +80,12 @@ void bind_quant(nb::module_& m) {
       nb::arg("weight"), nb::arg("group") = 0, nb::arg("scales") = "f32");
   m.def(
       "pack_int8_gemm",
-      [](nb::handle w) {
+      [](nb::handle w, int act_block) {
         const TensorView v = view_of(w, "weight");
         nb::gil_scoped_release release;
-        return PackedLinear::int8_gemm(v);
+        return PackedLinear::int8_gemm(v, act_block);
       },
-      nb::arg("weight"));
+      nb::arg("weight"), nb::arg("act_block") = 0);
   m.def(
       "pack_int4",
       [](nb::handle w, int group, bool symmetric, const std::string& scales) {

@@ -66,8 +66,11 @@ def test_two_runs_and_generate_from_give_the_same_tokens():
     assert loop.timing["prefill_tokens"] == 7 and loop.timing["decode_steps"] == 15
 
 
-@pytest.mark.parametrize("scheme,floor", [("w8a16_decode", 0.8), ("w4a16_decode", 0.5)])
-def test_the_loop_runs_what_is_attached(scheme, floor):
+# seated: q and o per layer and the head (k/v are below the keep-at-host count), and the FFNs:
+# one fused seat each, or per projection where the ffn op takes no such form (w8a8).
+@pytest.mark.parametrize("scheme,floor,seated", [("w8a16_decode", 0.8, 7), ("w4a16_decode", 0.5, 7),
+                                                 ("w8a8_decode", 0.8, 11)])
+def test_the_loop_runs_what_is_attached(scheme, floor, seated):
     model = hosts.qwen3()
     ids = hosts.ids(8, seed=6)
     seq = host_generate(model, ids, 24)[:, :-1]
@@ -77,7 +80,7 @@ def test_the_loop_runs_what_is_attached(scheme, floor):
     calls_before = handle.summary()["guarded_calls"]
     agreement = teacher_forced_agreement(model, loop, seq)
     handle.detach()
-    assert loop.seated == 7  # q and o per layer, 2 FFNs, the head (k/v are kept at host)
+    assert loop.seated == seated
     assert loop.weight_bytes < base.weight_bytes
     assert handle.summary()["guarded_calls"] >= calls_before  # the loop reads packs, not modules
     print(f"{scheme}: teacher-forced top-1 agreement {agreement:.3f}")

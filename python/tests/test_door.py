@@ -289,7 +289,8 @@ def test_w8_parity_on_the_real_minilm_checkpoint():
 
 # Random-weight logits are nearly flat, so top-1 flips on tiny differences; the band is reported
 # (and asserted to be computed), the last position's logit cosine is the stable figure.
-@pytest.mark.parametrize("scheme,floor", [("w8a16_decode", 0.999), ("w4a16_decode", 0.98)])
+@pytest.mark.parametrize("scheme,floor", [("w8a16_decode", 0.999), ("w4a16_decode", 0.98),
+                                          ("w8a8_decode", 0.999)])
 def test_qwen3_logit_parity_band_is_reported(scheme, floor):
     model = hosts.qwen3()
     x = hosts.ids(12)
@@ -305,6 +306,35 @@ def test_qwen3_logit_parity_band_is_reported(scheme, floor):
     assert p["band"] == S._core.band_name(S._core.parity_band(bands, p["top1_agreement"]))
     assert 0 < p["top1_agreement"] <= 1
     assert p["last_position_cosine"] >= floor, p
+
+
+@pytest.mark.parametrize("make", [hosts.llama, hosts.gemma])
+def test_w8a8_decode_seats_every_projection_on_the_integer_gemm_at_decode_rows(make):
+    """w8a8_decode: int8 activations per row, integer dot products (flashrt/gemm) at the decode
+    band; the fused ffn op takes no such layout, so the FFN is seated projection by projection;
+    rows above the band (prefill) run the host, counted, and are bit-identical to it."""
+    model = make()
+    plan = all_seats(model, scheme="w8a8_decode")
+    assert plan.seams and all(sp.package == "flashrt/gemm" for sp in plan.seams)
+    assert all(sp.form.tag == "w8a8" and (sp.band_min, sp.band_max) == (1, 16)
+               for sp in plan.seams)
+    assert {sp.impl for sp in plan.seams} == {"gemm_w8a8", "gemm_as_projections_w8a8"}
+    assert any(sp.seam.structure == "lm_head" for sp in plan.seams)
+    x, prefill = hosts.ids(6, seed=3), hosts.ids(24, seed=3)
+    with torch.no_grad():
+        want, want_prefill = model(x).logits, model(prefill).logits
+    handle = plan.attach(model)
+    with torch.no_grad():
+        got = model(x).logits
+        calls = handle.summary()["guarded_calls"]
+        got_prefill = model(prefill).logits
+    s = handle.summary()
+    handle.detach()
+    assert s["fallbacks"] == 0 and s["band_dispatches"] == len(plan.seams)
+    assert calls == len(plan.seams) and s["guarded_calls"] == 2 * len(plan.seams)
+    assert torch.equal(got_prefill, want_prefill)
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()
+    assert cos >= 0.999, cos
 
 
 def test_gated_attach_reports_units_and_refuses_the_whole_host_when_nothing_passes():

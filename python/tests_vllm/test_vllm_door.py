@@ -152,6 +152,30 @@ def test_off_grid_weights_w8_and_w4_against_the_host_in_one_engine(qwen3_gauss_d
     assert final["summary"]["fallbacks"] == 0 and final["summary"]["guarded_calls"] > 0
 
 
+def test_w8a8_decode_integer_seats_at_concurrency_1_and_8(qwen3_gauss_dir, hook_off):
+    """w8a8_decode (int8 activation rows, flashrt/gemm) on vLLM's layers: every projection and
+    the head seated in that form, decode steps at 1 and 8 running sequences run them, prefill
+    goes to vLLM, first-step logits cosine >= 0.999 against the host on the same engine."""
+    vllm_engine.install_load_hook(scheme="w8a8_decode")
+    with engine(qwen3_gauss_dir, multiprocess=False) as llm:
+        (rep,) = vllm_engine.select(llm, None)
+        want = {c: generate(llm, b, steps=4) for c, b in (("c1", BATCH[:1]), ("c8", BATCH))}
+        vllm_engine.select(llm, "w8a8_decode")
+        got = {c: generate(llm, b, steps=4) for c, b in (("c1", BATCH[:1]), ("c8", BATCH))}
+        (final,) = vllm_engine.report(llm)
+    seats = final["seats_report"]
+    assert {s["site"] for s in seats} >= {"lm_head", "model.layers.0.self_attn.qkv_proj",
+                                          "model.layers.1.mlp.gate_up_proj"}
+    assert all("w8a8 gemm" in s["form"] and s["impl"] == "gemm_w8a8" for s in seats), seats
+    assert final["summary"]["fallbacks"] == 0
+    for s in seats:  # 2 prefills go to vLLM; 3 + 3 decode steps (and the head's 2 + 2) run here
+        assert s["calls"] - s["band_dispatches"] >= 6 if s["site"] != "lm_head" else True, s
+    for c in ("c1", "c8"):
+        assert [t[0] for t in got[c][0]] == [t[0] for t in want[c][0]], c
+        for g, w in zip(got[c][1], want[c][1]):
+            assert cosine(g, w) >= 0.999, c
+
+
 def test_install_is_idempotent_and_a_second_engine_is_seated(qwen3_dir, hook_off):
     first = vllm_engine.install_load_hook(scheme="w8a16_decode")
     assert vllm_engine.install_load_hook(scheme="w8a16_decode") == first

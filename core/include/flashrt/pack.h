@@ -56,8 +56,9 @@ class PackedLinear {
   PackedLinear(const PackedLinear&) = delete;
   PackedLinear& operator=(const PackedLinear&) = delete;
   ~PackedLinear() = default;
-  // int8 per channel in the w8a8 GEMM's layout, with column sums (core/src/quant/pack_gemm.cpp).
-  static PackedLinear int8_gemm(const TensorView& weight);
+  // int8 per channel in the w8a8 GEMM's layout, with column sums (core/src/quant/pack_gemm.cpp);
+  // act_block 0 quantizes activations per row, 32 per block of 32 inputs (the decode form).
+  static PackedLinear int8_gemm(const TensorView& weight, int act_block = 0);
 
   const frt_packed_weight& view() const { return view_; }
   const PackStats& stats() const { return stats_; }

@@ -307,6 +307,10 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(p.forms.at("int8_rows").rows_max, -1);
   EXPECT_EQ(p.schemes.at("w8a8_dynamic").requires_packages,
             (std::vector<std::string>{"flashrt/gemm"}));
+  // The same layout at decode rows: no band of its own, so the structure's decode band.
+  EXPECT_EQ(p.forms.at("int8_act").format, WeightFormat::int8_gemm);
+  EXPECT_EQ(p.forms.at("int8_act").rows_min, 0);
+  EXPECT_EQ(p.schemes.at("w8a8_decode").formats.at("lm_head"), "int8_act");
   EXPECT_EQ(p.schemes.at("w4a16_decode").formats.at("lm_head"), "int8");
   EXPECT_EQ(p.schemes.at("w4a16_decode").indivisible, "int8");
   EXPECT_TRUE(p.schemes.at("none").formats.empty());

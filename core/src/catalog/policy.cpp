@@ -38,7 +38,7 @@ void check_structure(const YamlFields& f, const Catalog& c, const std::string& f
 WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::string& field,
                       const std::string& name) {
   if (!node.IsMap()) f.fail(field, "expected a mapping with format and tag");
-  f.check_keys(node, field, {"format", "group", "symmetric", "scales", "tag", "rows"});
+  f.check_keys(node, field, {"format", "group", "symmetric", "scales", "tag", "rows", "act_block"});
   WeightForm w;
   w.name = name;
   w.format = f.named(f.require(node, field, "format"), child(field, "format"), "weight format",
@@ -65,6 +65,15 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
     }
   } else if (node["group"] || node["scales"]) {
     f.fail(field, "group and scales belong to the group forms (int8_group, int4_group)");
+  }
+  if (const YAML::Node block = node["act_block"]) {
+    // The int8_gemm layout's activation blocks travel in the ABI's group field (Note [W8A8
+    // blocks], kernels/gemm/src/gemm_blocks.cpp); without it activations are quantized per row.
+    if (w.format != WeightFormat::int8_gemm)
+      f.fail(child(field, "act_block"), "belongs to int8_gemm forms");
+    if (f.integer(block, child(field, "act_block")) != 32)
+      f.fail(child(field, "act_block"), "not in {32}");
+    w.group = 32;
   }
   if (const YAML::Node sym = node["symmetric"]) {
     if (w.format != WeightFormat::int4_group)
@@ -313,7 +322,9 @@ void load_policy(Catalog& c, const std::string& dir) {
 
 std::string WeightForm::describe() const {
   if (format == WeightFormat::int8_channel) return "int8 per-channel";
-  if (format == WeightFormat::int8_gemm) return "int8 per-channel, activations int8 per row";
+  if (format == WeightFormat::int8_gemm)
+    return group > 0 ? "int8 per-channel, activations int8 per " + std::to_string(group)
+                     : "int8 per-channel, activations int8 per row";
   const std::string scales = scale_dtype == DType::f16 ? " f16 scales" : "";
   if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
   return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;

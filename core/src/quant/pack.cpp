@@ -205,7 +205,10 @@ int64_t PackedLinear::nbytes() const {
 std::string PackedLinear::form() const {
   const std::string scales = view_.scale_dtype == FRT_F16 ? " f16 scales" : "";
   if (view_.format == FRT_W_INT8_CHANNEL) return "int8 per-channel";
-  if (view_.format == FRT_W_INT8_GEMM) return "int8 per-channel, w8a8 gemm";
+  if (view_.format == FRT_W_INT8_GEMM)
+    return view_.group > 0
+               ? "int8 per-channel, w8a8 gemm, activations per " + std::to_string(view_.group)
+               : "int8 per-channel, w8a8 gemm";
   if (view_.format == FRT_W_INT8_GROUP) return "int8 g" + std::to_string(view_.group) + scales;
   return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
          scales;

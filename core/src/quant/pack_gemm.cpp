@@ -2,16 +2,18 @@
 // per-channel quantization as PackedLinear::int8 (it is packed by it), laid out four input
 // channels deep for vpmaddubsw / vpdpbusd, with each channel's sum of q for the activations'
 // zero point.
+#include <flashrt/errors.h>
 #include <flashrt/pack.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 namespace frt {
 
 struct GemmPackAccess {
-  static PackedLinear from(const PackedLinear& base) {
+  static PackedLinear from(const PackedLinear& base, int act_block) {
     PackedLinear p;
     const int64_t n = base.n(), k = base.k(), kq = (k + 3) / 4;
     const int64_t panels = (n + FRT_PANEL - 1) / FRT_PANEL;
@@ -31,7 +33,7 @@ struct GemmPackAccess {
           q[((pn * kq + i / 4) * FRT_PANEL + j) * 4 + i % 4] = v;
           sums[pn * FRT_PANEL + j] += static_cast<float>(v);  // exact: |sum| < 2^24 for k < 2^17
         }
-    p.view_ = {FRT_W_INT8_GEMM, 0, FRT_F32, 0, n, k, p.qdata_.get(), p.scales_.get(), sums};
+    p.view_ = {FRT_W_INT8_GEMM, act_block, FRT_F32, 0, n, k, p.qdata_.get(), p.scales_.get(), sums};
     p.stats_ = base.stats();  // the same quantized values
     return p;
   }
@@ -46,8 +48,11 @@ struct GemmPackAccess {
   }
 };
 
-PackedLinear PackedLinear::int8_gemm(const TensorView& weight) {
-  return GemmPackAccess::from(PackedLinear::int8(weight));
+PackedLinear PackedLinear::int8_gemm(const TensorView& weight, int act_block) {
+  if (act_block != 0 && act_block != 32)
+    throw InvalidArgument("int8_gemm: activation block " + std::to_string(act_block) +
+                          " not in {0 (per row), 32}");
+  return GemmPackAccess::from(PackedLinear::int8(weight), act_block);
 }
 
 }  // namespace frt

@@ -170,7 +170,7 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
     case WeightFormat::int8_group:
       return PackedLinear::int8(w, form.group, form.scale_dtype);
     case WeightFormat::int8_gemm:
-      return PackedLinear::int8_gemm(w);
+      return PackedLinear::int8_gemm(w, form.group);
     case WeightFormat::int4_group:
       break;
   }

@@ -221,6 +221,9 @@ void run_block(const frt_ffn_args* a, const Slot& s, int64_t r0, int64_t rows) {
 }  // namespace
 
 int32_t gemm_ffn_supports_form(const frt_op_desc* d, frt_error* err) {
+  if (d->group != 0)  // the decode form's activation blocks are the linear op's alone
+    return fail(err, FRT_REASON_FORMAT, "gemm ffn: activations per row only, not blocks of %d",
+                d->group);
   if (!known_act(d->act))
     return fail(err, FRT_REASON_FORMAT, "gemm ffn: activation %d not in {silu, gelu, gelu_tanh}",
                 d->act);
@@ -252,10 +255,14 @@ int32_t gemm_ffn_supports(const frt_ffn_args* a, frt_error* err) {
     return fail(err, FRT_REASON_SHAPE, "gemm ffn: up %lldx%lld, down %lldx%lld do not chain",
                 static_cast<long long>(up->n), static_cast<long long>(up->k),
                 static_cast<long long>(down->n), static_cast<long long>(down->k));
-  for (const frt_packed_weight* w : {up, down})
+  for (const frt_packed_weight* w : {up, down}) {
     if (w->qdata == nullptr || w->scales == nullptr || w->mins == nullptr)
       return fail(err, FRT_REASON_FORMAT,
                   "gemm ffn: int8_gemm weight without data, scales or sums");
+    if (w->group != 0)
+      return fail(err, FRT_REASON_FORMAT, "gemm ffn: activations per row only, not blocks of %d",
+                  w->group);
+  }
   if (a->m < 1)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "gemm ffn: rows M=%lld",
                 static_cast<long long>(a->m));

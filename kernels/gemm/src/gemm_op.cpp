@@ -7,6 +7,11 @@ namespace frt::kern {
 
 int64_t gemm_row_stride(int64_t k) { return align64(div_up(k, 4) * 4); }
 
+namespace {
+// Block scales per row (floats), padded to 16 so rows start 64-byte aligned.
+int64_t block_stride(int64_t k) { return div_up(div_up(k, kGemmActBlock), 16) * 16; }
+}  // namespace
+
 int32_t gemm_check_form(int32_t wformat, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
                         frt_error* err) {
   if (wformat != FRT_W_INT8_GEMM)
@@ -54,6 +59,9 @@ int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
   if (d->rows_max < 1)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "gemm: rows up to %lld",
                 static_cast<long long>(d->rows_max));
+  if (d->group != 0 && d->group != kGemmActBlock)
+    return fail(err, FRT_REASON_FORMAT, "gemm: activation blocks of %d; takes 0 (rows) or %d",
+                d->group, kGemmActBlock);
   return gemm_check_form(d->wformat, d->n, d->k, d->x_dtype, d->y_dtype, err);
 }
 
@@ -65,6 +73,9 @@ int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
     return r;
   if (w->qdata == nullptr || w->scales == nullptr || w->mins == nullptr)
     return fail(err, FRT_REASON_FORMAT, "gemm: int8_gemm weight without data, scales or sums");
+  if (w->group != 0 && w->group != kGemmActBlock)
+    return fail(err, FRT_REASON_FORMAT, "gemm: activation blocks of %d; takes 0 (rows) or %d",
+                w->group, kGemmActBlock);
   if (a->m < 1)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "gemm: rows M=%lld",
                 static_cast<long long>(a->m));
@@ -78,13 +89,47 @@ int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
 }
 
 int64_t gemm_workspace(const frt_linear_args* a) {
+  if (a->w->group == kGemmActBlock)
+    return align64(a->m * gemm_row_stride(a->w->k)) + align64(a->m * block_stride(a->w->k) * 4);
   return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * 4);
 }
+
+namespace {
+
+// Phase 0 quantizes each row per block of 32, phase 1 runs the tiles (Note [W8A8 blocks]).
+int32_t run_blocks(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
+                   frt_error* err) {
+  auto* base = static_cast<uint8_t*>(a->workspace);
+  const int64_t lda = gemm_row_stride(a->w->k);
+  const BlockRows q{reinterpret_cast<int8_t*>(base), lda,
+                    reinterpret_cast<float*>(base + align64(a->m * lda)), block_stride(a->w->k)};
+  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2;
+  if (phase == 0) {
+    const Range rows = split(a->m, ith, nth);
+    for (int64_t r = rows.begin; r < rows.end; ++r)
+      quantize_row_blocks(static_cast<const char*>(a->x) + r * a->ldx * xsize, a->x_dtype, a->w->k,
+                          q.a + r * q.lda, q.d + r * q.ldd);
+    return ok(err);
+  }
+  if (phase != 1) return fail(err, FRT_E_INVALID, "gemm has no phase %d", phase);
+  alignas(64) float tile[4 * FRT_PANEL];
+  const Range panels = split(div_up(a->w->n, FRT_PANEL), ith, nth);
+  for (int64_t p = panels.begin; p < panels.end; ++p)
+    for (int64_t r0 = 0; r0 < a->m; r0 += 4) {
+      const int64_t rows = a->m - r0 < 4 ? a->m - r0 : 4;
+      gemm_tile_blocks(a->w, p, q, r0, rows, a->bias, tile);
+      gemm_store_rows(tile, rows, r0, p, a->w->n, a->y, a->y_dtype, a->ldy);
+    }
+  return ok(err);
+}
+
+}  // namespace
 
 int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
                  frt_error* err) {
   if (nth < 1 || ith < 0 || ith >= nth) return fail(err, FRT_E_INVALID, "bad thread split");
   if (a->workspace == nullptr) return fail(err, FRT_E_INVALID, "no workspace");
+  if (a->w->group == kGemmActBlock) return run_blocks(a, phase, ith, nth, err);
   const QuantRows q = quant_view(a);
   const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2;
   if (phase == 0) {

@@ -48,6 +48,18 @@ void quantize_row(const void* x, int32_t x_dtype, int64_t k, uint8_t* u, float* 
 // (fp32, bias added); rows <= 4.
 void gemm_tile(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0, int64_t rows,
                const float* bias, float* tile);
+// The decode form (an int8_gemm pack with group == kGemmActBlock; Note [W8A8 blocks] in
+// gemm_blocks.cpp): activations int8 per block of 32 inputs, symmetric, a scale per block.
+inline constexpr int32_t kGemmActBlock = 32;
+struct BlockRows {
+  int8_t* a;  // [m][lda], zero past k
+  int64_t lda;
+  float* d;  // [m][ldd] block scales
+  int64_t ldd;
+};
+void quantize_row_blocks(const void* x, int32_t x_dtype, int64_t k, int8_t* a, float* d);
+void gemm_tile_blocks(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                      int64_t rows, const float* bias, float* tile);
 // Writes the valid columns of tile[rows][FRT_PANEL] (panel p) to rows r0.. of y in y_dtype.
 void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t n, void* y,
                      int32_t y_dtype, int64_t ldy);

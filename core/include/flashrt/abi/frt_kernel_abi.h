@@ -105,6 +105,10 @@ enum frt_op_kind {
  *   z = nearbyint(-lo * inv), u = clamp(nearbyint(x * inv) + z, 0, 127); a row holding inf or
  *   NaN gets every output NaN. Seven bits, so AVX2's vpmaddubsw, which sums two u8 x s8
  *   products in int16, never saturates (2 * 127 * 127 < 32767).
+ *   With group == 32 (the decode form; group is 0 otherwise) each block of 32 inputs of a row
+ *   is quantized on its own, symmetric: amax = max |x|, d = amax / 127, inv = 127 / amax (0 when
+ *   amax is 0), a = clamp(nearbyint(x * inv), -127, 127); y[c] = scales[c] * sum over blocks of
+ *   float(sum_i a_i q(c, i)) * d, accumulated block by block in fp32 (Note [W8A8 blocks]).
  * Numbered past the small values so formats appended later do not collide. */
 enum frt_wformat {
   FRT_W_INT8_CHANNEL = 1,

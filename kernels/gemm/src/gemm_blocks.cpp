@@ -1,0 +1,225 @@
+// flashrt/gemm's linear with activations quantized per block of 32 inputs (an int8_gemm pack
+// whose `group` is 32): the decode form. Built per variant like gemm_kernels.cpp; both paths
+// compute the same integers and, without FMA contraction, the same fp32 bits.
+//
+// Note [W8A8 blocks]: per-row activation scales (Note [W8A8 rows]) cost a small decoder dearly:
+// one outlier channel after the norm sets the scale of the whole row, and SmolLM2's perplexity
+// rose 11.6% with them (bench/results/accuracy.json). Here every 32 inputs of a row get their own
+// symmetric scale d = amax / 127 and a = nearbyint(x * 127 / amax) in [-127, 127] (the scheme
+// llama.cpp's Q8 activation blocks use). The weights are the same symmetric int8 per channel.
+// vpmaddubsw needs one unsigned operand: it multiplies |q| by a carrying q's sign
+// (vpsignb), and since |q|, |a| <= 127 a pair sums to at most 32258: no int16 saturation.
+// Each block's int32 sum (|sum| <= 32 * 127 * 127) is exact in fp32; the row accumulates
+// f += float(sum) * d block by block, and y = f * scale[c] + bias[c].
+#include <frt_kern/util.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "gemm_op.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace frt::kern {
+namespace {
+
+inline float load_x(const void* x, int32_t dt, int64_t i) {
+  return dt == FRT_F32 ? static_cast<const float*>(x)[i]
+                       : bf16_to_f32(static_cast<const uint16_t*>(x)[i]);
+}
+
+constexpr int64_t kQuadsPerBlock = kGemmActBlock / 4;
+
+void panel_bias(const frt_packed_weight* w, int64_t p, const float* bias, float* out) {
+  const int64_t c0 = p * FRT_PANEL;
+  for (int64_t j = 0; j < FRT_PANEL; ++j)
+    out[j] = (bias != nullptr && c0 + j < w->n) ? bias[c0 + j] : 0.0f;
+}
+
+}  // namespace
+
+#if defined(__AVX2__)
+namespace {
+
+inline __m256 load8(const void* x, int32_t dt, int64_t i) {
+  if (dt == FRT_F32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// One full block of 32: the same amax, scale and rounding as the scalar loop (cvtps rounds to
+// nearest even, as nearbyint does in the default mode), so both paths write the same bytes.
+inline void quantize_block_avx2(const void* x, int32_t dt, int64_t i0, int8_t* a, float* d) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4], m = _mm256_setzero_ps();
+  for (int j = 0; j < 4; ++j) {
+    v[j] = load8(x, dt, i0 + 8 * j);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  const float amax = _mm_cvtss_f32(h);
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  *d = amax / 127.0f;
+  const __m256 vinv = _mm256_set1_ps(inv);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  __m256i q[4];
+  for (int j = 0; j < 4; ++j)
+    q[j] =
+        _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[j], vinv)), lo), hi);
+  const __m256i w =
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + i0), _mm256_permutevar8x32_epi32(w, order));
+}
+
+}  // namespace
+#endif
+
+void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float* d) {
+  const int64_t blocks = div_up(k, kGemmActBlock);
+  bool finite = true;
+  int64_t i = 0;
+#if defined(__AVX2__)
+  const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 bad = _mm256_setzero_ps();
+  for (; i + 8 <= k; i += 8)  // |x| == inf or NaN (unordered)
+    bad =
+        _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, load8(x, dt, i)), inf, _CMP_NLT_UQ));
+  finite = _mm256_movemask_ps(bad) == 0;
+#endif
+  for (; i < k && finite; ++i) finite = std::isfinite(load_x(x, dt, i));
+  if (!finite) {  // no finite scale: the row's outputs come out NaN
+    std::fill(d, d + blocks, std::nanf(""));
+    std::memset(a, 0, static_cast<size_t>(div_up(k, 4) * 4));
+    return;
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i0 = b * kGemmActBlock, i1 = std::min(k, i0 + kGemmActBlock);
+#if defined(__AVX2__)
+    if (i1 - i0 == kGemmActBlock) {
+      quantize_block_avx2(x, dt, i0, a, d + b);
+      continue;
+    }
+#endif
+    float amax = 0;
+    for (int64_t j = i0; j < i1; ++j) amax = std::max(amax, std::fabs(load_x(x, dt, j)));
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    d[b] = amax / 127.0f;
+    for (int64_t j = i0; j < i1; ++j)
+      a[j] =
+          static_cast<int8_t>(std::clamp(std::nearbyint(load_x(x, dt, j) * inv), -127.0f, 127.0f));
+  }
+  for (int64_t j = k; j < div_up(k, 4) * 4; ++j) a[j] = 0;
+}
+
+namespace {
+
+#if defined(__AVX2__)
+template <int R>
+void tile_blocks_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                      const float* bias, float* tile) {
+  const int64_t kq = div_up(w->k, 4);
+  const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
+  const int8_t* a[R];
+  const float* d[R];
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.a + (r0 + r) * q.lda;
+    d[r] = q.d + (r0 + r) * q.ldd;
+  }
+  // The fp32 sums live in the tile (touched once per block), so the inner loop keeps its 2R
+  // integer accumulators and the weights in registers without spilling.
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_store_ps(tile + r * FRT_PANEL + 8 * h, _mm256_setzero_ps());
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t t0 = 0, b = 0; t0 < kq; t0 += kQuadsPerBlock, ++b) {
+    const int64_t t1 = std::min(kq, t0 + kQuadsPerBlock);
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    for (int64_t t = t0; t < t1; ++t) {
+      const __m256i w0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + t * 64));
+      const __m256i w1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(wp + t * 64 + 32));
+      const __m256i m0 = _mm256_abs_epi8(w0), m1 = _mm256_abs_epi8(w1);
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, a[r] + 4 * t, 4);
+        const __m256i av = _mm256_set1_epi32(quad);
+        acc[r][0] = _mm256_add_epi32(
+            acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(m0, _mm256_sign_epi8(av, w0)), ones));
+        acc[r][1] = _mm256_add_epi32(
+            acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(m1, _mm256_sign_epi8(av, w1)), ones));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 db = _mm256_set1_ps(d[r][b]);
+      for (int h = 0; h < 2; ++h) {
+        float* f = tile + r * FRT_PANEL + 8 * h;
+        _mm256_store_ps(
+            f, _mm256_add_ps(_mm256_load_ps(f), _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), db)));
+      }
+    }
+  }
+  alignas(32) float bb[FRT_PANEL];
+  panel_bias(w, p, bias, bb);
+  const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      float* f = tile + r * FRT_PANEL + 8 * h;
+      _mm256_store_ps(f,
+                      _mm256_add_ps(_mm256_mul_ps(_mm256_load_ps(f), _mm256_loadu_ps(sc + 8 * h)),
+                                    _mm256_load_ps(bb + 8 * h)));
+    }
+}
+#else
+void tile_blocks_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                     int64_t rows, const float* bias, float* tile) {
+  const int64_t kq = div_up(w->k, 4);
+  const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
+  const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
+  float bb[FRT_PANEL];
+  panel_bias(w, p, bias, bb);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int8_t* a = q.a + (r0 + r) * q.lda;
+    const float* d = q.d + (r0 + r) * q.ldd;
+    float f[FRT_PANEL] = {};
+    for (int64_t t0 = 0, b = 0; t0 < kq; t0 += kQuadsPerBlock, ++b) {
+      const int64_t t1 = std::min(kq, t0 + kQuadsPerBlock);
+      int32_t acc[FRT_PANEL] = {};
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t c = 0; c < FRT_PANEL; ++c)
+          for (int64_t j = 0; j < 4; ++j)
+            acc[c] += static_cast<int32_t>(a[4 * t + j]) * wp[(t * FRT_PANEL + c) * 4 + j];
+      for (int64_t c = 0; c < FRT_PANEL; ++c) f[c] = f[c] + static_cast<float>(acc[c]) * d[b];
+    }
+    for (int64_t c = 0; c < FRT_PANEL; ++c) tile[r * FRT_PANEL + c] = f[c] * sc[c] + bb[c];
+  }
+}
+#endif
+
+}  // namespace
+
+void gemm_tile_blocks(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                      int64_t rows, const float* bias, float* tile) {
+#if defined(__AVX2__)
+  switch (rows) {
+    case 4:
+      return tile_blocks_avx2<4>(w, p, q, r0, bias, tile);
+    case 3:
+      return tile_blocks_avx2<3>(w, p, q, r0, bias, tile);
+    case 2:
+      return tile_blocks_avx2<2>(w, p, q, r0, bias, tile);
+    default:
+      return tile_blocks_avx2<1>(w, p, q, r0, bias, tile);
+  }
+#else
+  tile_blocks_ref(w, p, q, r0, rows, bias, tile);
+#endif
+}
+
+}  // namespace frt::kern
