@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import _core
-from .seats import SeatModule
+from .seats import PackLead, PackMember, SeatModule
 
 Forward = Callable[[], object]
 
@@ -247,6 +247,10 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     hm.path = path
     hm.type_name = type(mod).__name__
     hm.children = [f"{path}.{n}" if path else n for n, _ in mod.named_children()]
+    if isinstance(mod, (PackLead, PackMember)):
+        # A pack's module computes what its host projection does and nothing is read from its
+        # core seat (several projections'), so it is described as that projection.
+        mod = mod.host
     if isinstance(mod, SeatModule):
         # A seat stands here: it computes what its host did, with the op its form names.
         form = mod.seat.form

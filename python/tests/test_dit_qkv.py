@@ -285,3 +285,30 @@ def test_an_encoder_without_modulation_yields_no_chain_and_packs_its_qkv():
     assert cosine(got, want) >= 0.999
     with torch.no_grad():
         assert torch.equal(model(ids).last_hidden_state, want)
+
+
+def test_decode_loop_over_an_attached_pack_reads_the_hosts_projections():
+    # The loop reads each slot's tensor or seat; a pack's core seat holds several projections,
+    # so the loop takes the host's own weights there (and counts them as not seated).
+    import hosts
+    model = hosts.qwen3()
+    ids = hosts.ids(40, seed=1)
+    base = S.decode_loop(model, max_len=64)
+    every = [s for s in S.list_structures() if s != "qkv_pack"]
+    per_proj = S.auto_swaps(model, lambda: model(ids), scheme=SCHEME, structures=every)
+    plan = S.auto_swaps(model, lambda: model(ids), scheme=SCHEME)
+    assert len(packs(plan)) == 2
+    # The pack modules the per-projection plan seated (k/v alone are below the seat weight count).
+    in_packs = sum(1 for sp in packs(plan) for m in sp.replaces if m in per_proj.swaps)
+    assert in_packs >= 2
+    for p in (per_proj, plan):
+        handle = p.attach(model)
+        try:
+            loop = S.decode_loop(model, max_len=64)  # built and self-checked against the host
+            if p is plan:
+                assert loop.seated == seated_without_packs - in_packs
+            else:
+                seated_without_packs = loop.seated
+        finally:
+            handle.detach()
+    assert base.seated == 0
