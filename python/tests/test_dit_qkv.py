@@ -21,8 +21,7 @@ import flashrt_structures as S
 from flashrt_structures.seats import PackLead, PackMember
 
 import dit_hosts
-from test_diffusers import SCHEME, cosine, param_bytes, sample
-
+from test_diffusers import SCHEME, cosine, host, param_bytes, sample  # noqa: F401 (host: fixture)
 
 
 def packs(plan) -> list:
@@ -38,15 +37,6 @@ def attached_step(plan, model: nn.Module, step) -> tuple[torch.Tensor, dict, dic
         return got, {r["site"]: r for r in handle.report()}, handle.summary()
     finally:
         handle.detach()
-
-
-@pytest.fixture(scope="module", params=sorted(dit_hosts.FAMILIES))
-def host(request):
-    model, step = dit_hosts.FAMILIES[request.param]()
-    with torch.no_grad():
-        want = sample(step())
-    plan = S.auto_swaps(model, step, scheme=SCHEME)
-    return request.param, model, step, want, plan
 
 
 def test_siblings_of_one_input_are_packed_in_call_order(host):
