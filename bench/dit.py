@@ -15,6 +15,12 @@ Arms alternate round by round in one process, the order rotated each round; per 
 step time, the median of its per-round ratios to the host, and the output cosine against the
 host's step. An arm over 5x slower than the host is timed on its one (first) run.
 
+--qkv measures qkv_pack against the per-projection seats it replaces (the key "qkv_pack" of the
+JSON, the file's other keys kept): per host, paired alternated arms of one step (host fp32,
+w8a8 with each q/k/v its own seat, w8a8 with sibling projections packed), the per-round ratio of
+the two w8a8 arms and its spread (the noise floor of the figure), and the q/k/v projections of
+one attention alone at the host's shape (three seats against one pack), where the gain is made.
+
 --band measures the row count from which the GEMM seat beats the host's fp32 linear on the DiT
 projection shapes (the w8a8 form's band min in catalog/schemes.yaml).
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
 import statistics
 import time
 from pathlib import Path
@@ -175,6 +182,91 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
             "ledger_last_attach": summary, "arms": arms}
 
 
+def _spread(xs: list[float]) -> float:
+    return (max(xs) - min(xs)) / statistics.median(xs) if xs else 0.0
+
+
+def qkv_projections(model: nn.Module, per_proj: Any, packed: Any, reps: int) -> dict:
+    """One attention's q/k/v at the host's shape: three per-projection seats against the pack."""
+    sp = next(sp for sp in packed.seams if len(sp.replaces) == 3)
+    rows = max(sp.seam.rows_seen)
+    k = model.get_submodule(sp.replaces[0]).in_features
+    x = torch.randn(1, rows, k, generator=torch.Generator().manual_seed(7))
+    three = [per_proj.swaps[p] for p in sp.replaces]
+    pack = [packed.swaps[p] for p in sp.replaces]
+    times: dict[str, list[float]] = {"per_projection": [], "packed": []}
+    handles = {"per_projection": per_proj, "packed": packed}
+    with torch.no_grad():
+        for r in range(2 * reps + 2):
+            arm = "per_projection" if r % 2 == 0 else "packed"
+            handle = handles[arm].attach(model)
+            try:
+                seats = three if arm == "per_projection" else pack
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    for seat in seats:
+                        seat(x)
+                if r >= 2:  # the first pair warms up
+                    times[arm].append((time.perf_counter() - t0) / 5)
+            finally:
+                handle.detach()
+    ratios = [a / b for a, b in zip(times["per_projection"], times["packed"])]
+    return {"pack": list(sp.replaces), "rows": rows, "k": k,
+            "n": [model.get_submodule(p).out_features for p in sp.replaces],
+            "per_projection_ms": 1e3 * statistics.median(times["per_projection"]),
+            "packed_ms": 1e3 * statistics.median(times["packed"]),
+            "speedup": statistics.median(ratios), "ratios": ratios, "spread": _spread(ratios)}
+
+
+def bench_qkv(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step],
+              rounds: int) -> dict:
+    """Step time with qkv_pack against the same scheme with every projection its own seat."""
+    step = step_for(model)
+    with torch.no_grad():
+        want = step()
+    every = [s for s in S.list_structures() if s != "qkv_pack"]
+    plans = {"flashrt_w8a8_per_projection": S.auto_swaps(model, step, scheme="w8a8_dynamic",
+                                                         structures=every),
+             "flashrt_w8a8_qkv_pack": S.auto_swaps(model, step, scheme="w8a8_dynamic")}
+    npacks = sum(1 for sp in plans["flashrt_w8a8_qkv_pack"].seams if len(sp.replaces) > 1)
+    arms = ["host_fp32", *plans]
+
+    def run(arm: str) -> tuple[float, torch.Tensor, dict]:
+        if arm == "host_fp32":
+            return (*timed(step), {})
+        handle = plans[arm].attach(model)
+        try:
+            t, out = timed(step)
+            return t, out, handle.summary()
+        finally:
+            handle.detach()
+
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    outs: dict[str, torch.Tensor] = {}
+    ledgers: dict[str, dict] = {}
+    for a in arms:
+        run(a)  # warm-up
+    for r in range(rounds):
+        for a in arms[r % len(arms):] + arms[:r % len(arms)]:
+            t, outs[a], ledgers[a] = run(a)
+            times[a].append(t)
+        print(f"  {name} qkv round {r + 1}/{rounds}: " +
+              ", ".join(f"{a} {times[a][-1]:.2f}s" for a in arms), flush=True)
+    per, pk = times["flashrt_w8a8_per_projection"], times["flashrt_w8a8_qkv_pack"]
+    ratios = [a / b for a, b in zip(per, pk)]
+    out = {"host": name, "packs": npacks, "rounds": rounds,
+           "arms": {a: {"step_s": statistics.median(times[a]), "times_s": times[a],
+                        "speedup_vs_host": statistics.median(
+                            h / t for h, t in zip(times["host_fp32"], times[a])),
+                        "cosine_vs_host": cosine(outs[a], want), "ledger": ledgers[a]}
+                    for a in arms},
+           "qkv_pack_vs_per_projection": statistics.median(ratios), "ratios": ratios,
+           "spread": _spread(ratios)}
+    out["qkv_projections"] = qkv_projections(model, plans["flashrt_w8a8_per_projection"],
+                                             plans["flashrt_w8a8_qkv_pack"], rounds)
+    return out
+
+
 def measure_band(rounds: int) -> dict:
     """Median time of the GEMM seat's kernel against the host's fp32 linear, by rows, on the DiT
     projection shapes; the band min is the smallest row count from which every larger count in
@@ -235,7 +327,32 @@ def main() -> None:
     ap.add_argument("--flux-single", type=int, default=2)
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--band", action="store_true", help="measure the w8a8 form's band min too")
+    ap.add_argument("--qkv", action="store_true",
+                    help="qkv_pack against per-projection seats (the JSON's qkv_pack key)")
     a = ap.parse_args()
+    if a.qkv:
+        kept = json.loads(a.json.read_text()) if a.json.exists() else {}
+        entry: dict[str, Any] = {"machine": machine(), "hosts": []}
+        for name in filter(None, a.hosts.split(",")):
+            if name.startswith("pixart"):
+                model, step_for = pixart(int(name[6:]) if name[6:] else a.pixart_layers)
+            else:
+                model, step_for = flux(a.flux_double, a.flux_single)
+            entry["hosts"].append(bench_qkv(name, model, step_for, a.rounds))
+            kept["qkv_pack"] = entry
+            write_result(a.json, kept)
+            del model, step_for
+            gc.collect()
+        print(f"\n{'host':8} {'arm':30} {'step s':>8} {'x host':>7} {'cosine':>9}")
+        for h in entry["hosts"]:
+            for arm, r in h["arms"].items():
+                print(f"{h['host']:8} {arm:30} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
+                      f"{r['cosine_vs_host']:9.5f}")
+            q = h["qkv_projections"]
+            print(f"{h['host']:8} packed / per-projection step {h['qkv_pack_vs_per_projection']:.3f}x "
+                  f"(spread {h['spread']:.3f}); one attention's q/k/v "
+                  f"{q['per_projection_ms']:.2f} -> {q['packed_ms']:.2f} ms ({q['speedup']:.3f}x)")
+        return
     result: dict[str, Any] = {"machine": machine(), "rounds": a.rounds, "hosts": []}
     if a.band:
         result["band"] = measure_band(max(3, a.rounds))

@@ -32,8 +32,13 @@ class AutoPlan:
 
 
 def build_swaps(model: nn.Module, plan: _core.Plan) -> dict[str, SeatModule]:
-    """One seat module per planned seat, keyed by the module it stands in for."""
-    return {sp.site: seats.build(model, sp) for sp in plan.seats}
+    """One seat module per planned seat, keyed by the module it stands in for; a packed seat
+    has one per projection it replaces."""
+    out: dict[str, SeatModule] = {}
+    for sp in plan.seats:
+        out.update(seats.build_pack(model, sp) if len(sp.replaces) > 1
+                   else {sp.site: seats.build(model, sp)})
+    return out
 
 
 def notes_of(plan: _core.Plan) -> dict[str, Any]:

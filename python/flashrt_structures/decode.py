@@ -22,7 +22,7 @@ from torch import nn
 
 from . import _core, catalog
 from .observe import describe_tree
-from .seats import SeatModule
+from .seats import PackLead, PackMember, SeatModule
 
 Refused = _core.Refused
 BINDING = "llama_decode"
@@ -171,8 +171,11 @@ def plan_decode(model: nn.Module, max_len: int, binding: str = BINDING) -> _core
 
 
 def _tensor(model: nn.Module, path: str) -> Any:
-    """What the program reads at a slot: a seat's core object, or the host's own weight."""
+    """What the program reads at a slot: a seat's core object, or the host's own weight (also
+    under a packed seat's module, whose core seat computes several projections)."""
     module = model.get_submodule(path)
+    if isinstance(module, (PackLead, PackMember)):
+        module = module.host
     if isinstance(module, SeatModule):
         return module.seat
     return module.weight.detach()
@@ -180,6 +183,8 @@ def _tensor(model: nn.Module, path: str) -> Any:
 
 def _bias(model: nn.Module, path: str) -> Any:
     module = model.get_submodule(path)
+    if isinstance(module, (PackLead, PackMember)):
+        module = module.host
     bias = None if isinstance(module, SeatModule) else getattr(module, "bias", None)
     return None if bias is None else bias.detach()
 

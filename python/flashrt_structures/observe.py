@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import _core
-from .seats import SeatModule
+from .seats import PackLead, PackMember, SeatModule
 
 Forward = Callable[[], object]
 
@@ -123,6 +123,65 @@ def measure_wrapped(inner: torch.Tensor, outer: torch.Tensor) -> _core.Activatio
     return None
 
 
+def _bare_leaf(mod: nn.Module) -> bool:
+    """A leaf module without parameters: a norm without affine may be one (measured on its call)."""
+    return (not any(True for _ in mod.children())
+            and not any(True for _ in mod.parameters(recurse=False)))
+
+
+def measure_bare_norm(x: torch.Tensor, out: torch.Tensor, eps: float) -> str | None:
+    """What a parameter-free module computed on one observed call when it normalises the last
+    dimension: "layer" (x - mean) / std, "rms" x / rms(x); None otherwise. Read on up to 64 rows."""
+    if (out is x or out.shape != x.shape or x.dim() < 2 or x.shape[-1] < 2
+            or not x.is_floating_point() or not out.is_floating_point()):
+        return None
+    with torch.no_grad():
+        xs = x.reshape(-1, x.shape[-1])[:64].float()
+        got = out.reshape(-1, out.shape[-1])[:64].float()
+        if torch.equal(xs, got):
+            return None
+        tol = 1e-3 if out.dtype == torch.float32 else 3e-2
+        forms = {"layer": torch.nn.functional.layer_norm(xs, xs.shape[-1:], eps=eps),
+                 "rms": xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)}
+        for name, want in forms.items():
+            if torch.allclose(got, want, atol=tol, rtol=tol):
+                return name
+    return None
+
+
+def fit_modulation(n: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether x is a per-channel affine function of n (x = n*scale + shift, scale and shift per
+    channel and per leading sample), fitted over the rows, and not n itself."""
+    if x is n or x.shape != n.shape or x.dim() < 2 or x.shape[-1] < 2:
+        return False
+    with torch.no_grad():
+        batch = x.shape[0] if x.dim() >= 3 else 1
+        xs = x.reshape(batch, -1, x.shape[-1]).double()
+        ns = n.reshape(batch, -1, n.shape[-1]).double()
+        if xs.shape[1] < 4:  # too few rows to tell a per-channel fit from a coincidence
+            return False
+        mx, mn = xs.mean(1, keepdim=True), ns.mean(1, keepdim=True)
+        var = (ns - mn).pow(2).mean(1, keepdim=True)
+        scale = ((ns - mn) * (xs - mx)).mean(1, keepdim=True) / var.clamp_min(1e-30)
+        shift = mx - scale * mn
+        resid = xs - (ns * scale + shift)
+        tol = 1e-4 if x.dtype == torch.float32 else 2e-2
+        if resid.norm() > tol * xs.norm():
+            return False
+        return not (torch.allclose(scale, torch.ones_like(scale), atol=1e-6)
+                    and torch.allclose(shift, torch.zeros_like(shift), atol=1e-6))
+
+
+def _sources(model: nn.Module, path: str) -> str:
+    """What a module's own forward can compute a modulation from: its own parameters and its
+    direct Linear children, with their shapes; else its arguments."""
+    mod = model.get_submodule(path) if path else model
+    items = [f"{name} {list(p.shape)}" for name, p in mod.named_parameters(recurse=False)]
+    items += [f"{path + '.' if path else ''}{name} [{c.out_features}x{c.in_features}]"
+              for name, c in mod.named_children() if isinstance(c, nn.Linear)]
+    return ", ".join(items) if items else "its forward's arguments"
+
+
 def _path_of(model: nn.Module, target: nn.Module | None) -> str:
     if target is None:
         return ""
@@ -188,6 +247,10 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     hm.path = path
     hm.type_name = type(mod).__name__
     hm.children = [f"{path}.{n}" if path else n for n, _ in mod.named_children()]
+    if isinstance(mod, (PackLead, PackMember)):
+        # A pack's module computes what its host projection does and nothing is read from its
+        # core seat (several projections'), so it is described as that projection.
+        mod = mod.host
     if isinstance(mod, SeatModule):
         # A seat stands here: it computes what its host did, with the op its form names.
         form = mod.seat.form
@@ -238,7 +301,7 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
         hm.values = inv_freq.detach().float().tolist()
         hm.attributes = {"attention_scaling": repr(float(getattr(mod, "attention_scaling", 1.0)))}
-    return hm, False
+    return hm, _bare_leaf(mod)  # observed: a norm without affine if its call shows one
 
 
 def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn.Module]]]:
@@ -273,15 +336,65 @@ def host_call(path: str, x: torch.Tensor, output: torch.Tensor) -> _core.HostCal
 
 
 def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
-                 forwards: list[Forward]) -> None:
-    """Runs the forwards with the hooked modules observed; sets graph.calls."""
+                 forwards: list[Forward], model: nn.Module | None = None) -> None:
+    """Runs the forwards with the hooked modules observed; sets graph.calls. With `model`, where
+    a norm's output is modulated is located too (the modules that hold the norms are observed)."""
     calls: list[_core.HostCall] = []
     keep: list[torch.Tensor] = []  # holds every observed tensor so no id is reused meanwhile
     last_out: dict[int, torch.Tensor] = {}  # id(module) -> its latest output
     wrapped: dict[str, _core.Activation | None] = {}  # wrapper path -> what its calls showed
+    # Norms without affine (parameter-free modules measured on their calls) and the modulation
+    # of their outputs: which projection inputs are n*scale + shift of a norm's output n.
+    bare = {path for path, mod in hooked if _bare_leaf(mod) and measure_activation(mod) is None}
+    norms: dict[str, str | None] = {}  # bare path -> measured form (None once a call is not one)
+    norm_outs: list[tuple[str, torch.Tensor]] = []  # recent norm outputs, newest last
+    modulated: dict[int, tuple[int, str] | None] = {}  # id(x) -> (id(n), norm path)
+    returned: dict[int, tuple[str, int]] = {}  # id(first output) -> (module path, outputs)
+    where: dict[str, str] = {}  # norm path -> where its output was modulated
+    parents = {path.rpartition(".")[0] for path in bare}
+    by_path = dict(model.named_modules()) if model is not None else {}
+
+    def modulation_of(x: torch.Tensor) -> tuple[int, str] | None:
+        if id(x) in modulated:
+            return modulated[id(x)]
+        found = None
+        for npath, n in reversed(norm_outs[-4:]):
+            if n.shape == x.shape and fit_modulation(n, x):
+                found = (id(n), npath)
+                owner = npath.rpartition(".")[0]
+                if npath not in where:
+                    ret = returned.get(id(x))
+                    tail = ""
+                    if ret is not None and ret[0] == owner:
+                        tail = (f", which returns it with {ret[1] - 1} more tensors" if ret[1] > 1
+                                else ", which returns it")
+                    where[npath] = (f"in {owner or '(root)'}.forward from "
+                                    f"{_sources(model, owner) if model is not None else '?'}{tail}")
+                break
+        modulated[id(x)] = found
+        return found
+
+    def parent_hook(path: str):
+        def hook(mod, args, output):
+            first = _first_tensor(output)
+            if isinstance(first, torch.Tensor):
+                keep.append(first)
+                returned[id(first)] = (path, len(output) if isinstance(output, tuple) else 1)
+        return hook
 
     def hook_for(path: str):
         def hook(mod, args, output):
+            if path in bare:
+                x = args[0] if args else None
+                if not isinstance(x, torch.Tensor) or not isinstance(output, torch.Tensor):
+                    return
+                form = measure_bare_norm(x, output, float(getattr(mod, "eps", 1e-6)))
+                norms[path] = form if norms.get(path, form) == form else None
+                if form is not None:
+                    keep.extend((x, output))
+                    norm_outs.append((path, output))
+                    calls.append(host_call(path, x, output))
+                return
             output = _first_tensor(output)
             if not args or not isinstance(args[0], torch.Tensor) or not isinstance(output, torch.Tensor):
                 return
@@ -298,10 +411,14 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
                     return
                 x = inner
             keep.extend((x, output))
-            calls.append(host_call(path, x, output))
+            call = host_call(path, x, output)
+            if norm_outs and (mod_of := modulation_of(x)) is not None:
+                call.modulated_from = mod_of[0]
+            calls.append(call)
         return hook
 
     handles = [mod.register_forward_hook(hook_for(path)) for path, mod in hooked]
+    handles += [by_path[p].register_forward_hook(parent_hook(p)) for p in parents if p in by_path]
     try:
         with torch.no_grad():
             for fwd in forwards:
@@ -309,14 +426,19 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
     finally:
         keep.clear()
         last_out.clear()
+        norm_outs.clear()
         for h in handles:
             h.remove()
-    if any(act is not None for act in wrapped.values()):
+    if any(act is not None for act in wrapped.values()) or any(norms.values()):
         modules = list(graph.modules)
         for hm in modules:
             if wrapped.get(hm.path) is not None:
                 hm.kind = _core.ModuleKind.activation
                 hm.activation = wrapped[hm.path]
+            if norms.get(hm.path) is not None:
+                hm.kind = _core.ModuleKind.norm
+                hm.attributes = {"form": norms[hm.path], "affine": "none",
+                                 **({"modulation": where[hm.path]} if hm.path in where else {})}
         graph.modules = modules
     graph.calls = list(graph.calls) + calls
 
@@ -324,5 +446,5 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
 def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
     """The tree and what the forwards showed: rows, dtypes and which calls shared a tensor."""
     graph, hooked = describe_tree(model)
-    record_calls(graph, hooked, forwards)
+    record_calls(graph, hooked, forwards, model)
     return graph

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import threading
 import warnings
 import weakref
 from typing import Callable
@@ -181,14 +182,125 @@ class SeatModule(nn.Module):
             return self._miss(self._seat.miss(
                 f"input {tuple(x.shape)} strides {x.stride()} not viewable as rows without a copy"),
                 (x,))
+        return self._compute(x, x2, rows)
+
+    def _compute(self, x: torch.Tensor, x2: torch.Tensor, rows: int) -> torch.Tensor:
+        """An admitted call: the core seat's run, the host on any other verdict."""
         out = torch.empty((rows, self.out_width), dtype=x.dtype)
         verdict = self._seat.run(x2, out, self.training)
         if verdict == RAN:
-            return out.view(*x.shape[:-1], self.out_width)
+            return self._ran(x, out.view(*x.shape[:-1], self.out_width))
         return self._miss(verdict, (x,))
+
+    def _ran(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return out
 
     def extra_repr(self) -> str:
         return f"{self._seat.form.describe()}"
+
+
+# Note [Packed seats]: a pack (qkv_pack) is one linear over sibling projections' stacked weights,
+# but the host's attention code calls the projections one by one and the pack owns no module
+# that holds them all. So each projection gets a seat module. The first the host calls (the
+# lead) runs the pack: its input quantized once, one GEMM, and its own columns returned; the
+# other columns are left for the siblings, keyed by the input tensor itself (a weak reference),
+# its version counter (an in-place change since then misses) and the calling thread. A sibling
+# called with that very tensor, unchanged, on that thread, takes its columns once (counted as a
+# call of its own ledger); any other call (another tensor, a repeated call, a second thread, the
+# lead having run the host) runs the sibling's own module and is a counted fallback. Outputs
+# are column views of one buffer, as the host's own fused projections (to_qkv(x).chunk(3)) give.
+# Under torch.compile a pack's modules trace their host modules. Detach puts the three host
+# modules back; nothing of theirs was changed.
+class _Pending:
+    """What the lead's last call left for its siblings."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.x: weakref.ref[torch.Tensor] | None = None
+        self.version, self.thread = -1, 0
+        self.outs: dict[str, torch.Tensor] = {}
+
+    def put(self, x: torch.Tensor, outs: dict[str, torch.Tensor]) -> None:
+        self.x, self.version, self.thread = weakref.ref(x), x._version, threading.get_ident()
+        self.outs = outs
+
+    def take(self, site: str, x: torch.Tensor) -> torch.Tensor | str:
+        """The sibling's columns, or why it cannot have them."""
+        lead_x = self.x() if self.x is not None else None
+        if lead_x is None or lead_x is not x:
+            return "called with another tensor than the pack's first projection ran on"
+        if x._version != self.version:
+            return "its input was changed in place after the pack's first projection ran"
+        if threading.get_ident() != self.thread:
+            return "called from another thread than the pack's first projection"
+        out = self.outs.pop(site, None)
+        if out is None:
+            return "called again on the input whose columns it already took"
+        return out
+
+
+class PackLead(SeatModule):
+    """The pack's first-called projection: runs the stacked GEMM, keeps the siblings' columns."""
+
+    def __init__(self, site: str, host: nn.Module, seat: _core.Seat, members: list[str],
+                 pending: _Pending) -> None:
+        super().__init__(site, host, seat)
+        self._members, self._pending = members, pending
+        self._splits = list(seat.form.splits)
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # Note [Packed seats]
+            return self._host(x, *args, **kwargs)
+        return super().forward(x, *args, **kwargs)
+
+    def _miss(self, verdict: int, args: tuple, kwargs: dict | None = None) -> torch.Tensor:
+        self._pending.clear()  # the siblings run their own modules
+        return super()._miss(verdict, args, kwargs)
+
+    def _ran(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        parts = out.split(self._splits, dim=-1)
+        self._pending.put(x, dict(zip(self._members[1:], parts[1:])))
+        return parts[0]
+
+
+class PackMember(SeatModule):
+    """A sibling of a pack: hands over its columns of the lead's call, or runs its own module."""
+
+    def __init__(self, site: str, host: nn.Module, seat: _core.Seat, pending: _Pending) -> None:
+        super().__init__(site, host, seat)
+        self._pending = pending
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # Note [Packed seats]
+            return self._host(x, *args, **kwargs)
+        return super().forward(x, *args, **kwargs)
+
+    def _compute(self, x: torch.Tensor, x2: torch.Tensor, rows: int) -> torch.Tensor:
+        got = self._pending.take(self.site, x)
+        if isinstance(got, str):
+            return self._miss(self._seat.miss(got), (x,))
+        # The form checks and the count; the lead's GEMM already wrote these columns.
+        verdict = self._seat.run(x2, got.view(rows, self.out_width), self.training)
+        if verdict == RAN:
+            return got
+        return self._miss(verdict, (x,))
+
+
+def build_pack(model: nn.Module, plan: _core.SeatPlan,
+               on_guard_fail: str = "fallback") -> dict[str, SeatModule]:
+    """The seat modules of a packed seat, one per projection it replaces (Note [Packed seats])."""
+    tensors = {operand: getattr(model.get_submodule(slot.module), slot.tensor).detach()
+               for operand, slot in plan.slots.items()}
+    seat = _core.build_seat(plan, tensors, on_guard_fail=on_guard_fail)
+    members, pending = list(plan.replaces), _Pending()
+    out: dict[str, SeatModule] = {
+        members[0]: PackLead(members[0], model.get_submodule(members[0]), seat, members, pending)}
+    for i, site in enumerate(members[1:], start=1):
+        out[site] = PackMember(site, model.get_submodule(site), _core.member_seat(seat, i, site),
+                               pending)
+    return out
 
 
 def build(model: nn.Module, plan: _core.SeatPlan, on_guard_fail: str = "fallback",

@@ -100,7 +100,8 @@ void bind_catalog(nb::module_& m) {
       .def_ro("impl", &Rung::impl)
       .def_ro("package", &Rung::package)
       .def_ro("op", &Rung::op)
-      .def_ro("per_node", &Rung::per_node);
+      .def_ro("per_node", &Rung::per_node)
+      .def_ro("packed", &Rung::packed);
 
   nb::class_<OutputBand>(m, "OutputBand")
       .def_ro("kind", &OutputBand::kind)

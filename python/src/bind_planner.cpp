@@ -39,7 +39,8 @@ void bind_planner(nb::module_& m) {
       .def_rw("width", &HostCall::width)
       .def_rw("dtype", &HostCall::dtype)
       .def_rw("input_id", &HostCall::input_id)
-      .def_rw("output_id", &HostCall::output_id);
+      .def_rw("output_id", &HostCall::output_id)
+      .def_rw("modulated_from", &HostCall::modulated_from);
 
   nb::class_<HostGraph>(m, "HostGraph")
       .def(nb::init<>())

@@ -48,6 +48,7 @@ void bind_runtime(nb::module_& m) {
       .def_ro("band_min", &SeatForm::band_min)
       .def_ro("band_max", &SeatForm::band_max)
       .def_ro("weights", &SeatForm::weights)
+      .def_ro("splits", &SeatForm::splits)
       .def("describe", &SeatForm::describe);
 
   nb::class_<Ledger>(m, "Ledger")
@@ -83,6 +84,7 @@ void bind_runtime(nb::module_& m) {
 
   nb::class_<LinearSeat, Seat>(m, "LinearSeat")
       .def_prop_ro("pack_rel_err", [](const LinearSeat& s) { return s.weight().stats().rel_err; });
+  nb::class_<MemberSeat, Seat>(m, "MemberSeat");
   nb::class_<FfnSeat, Seat>(m, "FfnSeat")
       .def_prop_ro("gated", [](const FfnSeat& s) { return s.gate() != nullptr; })
       .def_prop_ro("activation", &FfnSeat::activation);
@@ -108,6 +110,7 @@ void bind_runtime(nb::module_& m) {
       },
       nb::arg("plan"), nb::arg("tensors"), nb::arg("on_guard_fail") = "fallback",
       nb::arg("adopted") = std::map<std::string, PackedLinear*>{});
+  m.def("member_seat", &member_seat, nb::arg("packed"), nb::arg("index"), nb::arg("site"));
 }
 
 void bind_gates(nb::module_& m) {

@@ -20,7 +20,7 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def pixart(layers: int = 2) -> tuple[nn.Module, Step]:
+def pixart(layers: int = 2, text: int = TEXT) -> tuple[nn.Module, Step]:
     torch.manual_seed(21)
     m = PixArtTransformer2DModel(num_attention_heads=8, attention_head_dim=64, in_channels=4,
                                  out_channels=8, num_layers=layers, cross_attention_dim=512,
@@ -28,12 +28,12 @@ def pixart(layers: int = 2) -> tuple[nn.Module, Step]:
                                  norm_type="ada_norm_single",
                                  use_additional_conditions=False).eval()
     g = _gen(1)
-    x, e = torch.randn(1, 4, 32, 32, generator=g), torch.randn(1, TEXT, 64, generator=g)
+    x, e = torch.randn(1, 4, 32, 32, generator=g), torch.randn(1, text, 64, generator=g)
     t = torch.tensor([500])
     return m, lambda: m(x, encoder_hidden_states=e, timestep=t)
 
 
-def sd3(layers: int = 2) -> tuple[nn.Module, Step]:
+def sd3(layers: int = 2, text: int = TEXT) -> tuple[nn.Module, Step]:
     torch.manual_seed(22)
     m = SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=layers,
                               attention_head_dim=64, num_attention_heads=8,
@@ -41,7 +41,7 @@ def sd3(layers: int = 2) -> tuple[nn.Module, Step]:
                               pooled_projection_dim=32, out_channels=4,
                               pos_embed_max_size=32).eval()
     g = _gen(2)
-    x, e = torch.randn(1, 4, 32, 32, generator=g), torch.randn(1, TEXT, 64, generator=g)
+    x, e = torch.randn(1, 4, 32, 32, generator=g), torch.randn(1, text, 64, generator=g)
     p, t = torch.randn(1, 32, generator=g), torch.tensor([500])
     return m, lambda: m(x, encoder_hidden_states=e, pooled_projections=p, timestep=t)
 
@@ -63,13 +63,13 @@ def flux(layers: int = 1, in_channels: int = 16, side: int = 16) -> tuple[nn.Mod
                         img_ids=img_ids, txt_ids=txt_ids)
 
 
-def wan(layers: int = 2) -> tuple[nn.Module, Step]:
+def wan(layers: int = 2, text: int = TEXT) -> tuple[nn.Module, Step]:
     torch.manual_seed(24)
     m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=8, attention_head_dim=64,
                               in_channels=4, out_channels=4, text_dim=64, freq_dim=32,
                               ffn_dim=1024, num_layers=layers, rope_max_seq_len=64).eval()
     g = _gen(4)
-    x, e = torch.randn(1, 4, 2, 32, 32, generator=g), torch.randn(1, TEXT, 64, generator=g)
+    x, e = torch.randn(1, 4, 2, 32, 32, generator=g), torch.randn(1, text, 64, generator=g)
     t = torch.tensor([500])
     return m, lambda: m(x, timestep=t, encoder_hidden_states=e)
 

@@ -51,11 +51,15 @@ struct GateSpec {
 // Note [Match patterns]: discovery reads a structure's `match` section; the planner knows node
 // kinds and flow relations, never structure names. A node is a module of the host: a linear
 // (weight [out, in] in the structure's dims, optionally the graph's output head) or an
-// elementwise activation (what it computes becomes an attribute). Flow relations come from the
-// observed forward: same_input (both read one tensor), feeds (a's output is b's input),
-// not_feeds. The site is the node's own module (one node) or the parent holding all nodes.
-enum class NodeKind : int32_t { linear, activation };
-enum class FlowKind : int32_t { same_input, feeds, not_feeds };
+// elementwise activation (what it computes becomes an attribute) or a norm without affine
+// parameters (its measured form becomes an attribute). Flow relations come from the observed
+// forward: same_input (both read one tensor), feeds (a's output is b's input), not_feeds,
+// modulates (b reads a per-channel affine function of a's output, x*scale + shift, measured by
+// the door). The site is the node's own module (one node) or the parent holding all nodes; with
+// `siblings` every node must be a child of the first node's parent. An `optional` node may be
+// left unassigned (a pack of two where a third sibling reads another tensor).
+enum class NodeKind : int32_t { linear, activation, norm };
+enum class FlowKind : int32_t { same_input, feeds, not_feeds, modulates };
 enum class SiteKind : int32_t { node, parent };
 
 struct MatchNode {
@@ -65,7 +69,8 @@ struct MatchNode {
   std::string weight_slot;      // linear: the slot its weight fills (the node's name)
   std::string bias_slot;        // linear: the slot its bias fills; "" = a bias is out of bounds
   bool output_head = false;     // linear: must be the graph's output head
-  std::string attribute;        // activation: the attribute whose allowed values it must take
+  std::string attribute;  // activation / norm: the attribute whose allowed values it must take
+  bool optional = false;  // may stay unassigned (never the first node)
 };
 
 struct FlowEdge {
@@ -77,6 +82,10 @@ struct MatchSpec {
   int priority = 0;            // higher claims its modules first
   bool always_claims = false;  // claims its modules even when the caller did not ask for it
   SiteKind site = SiteKind::node;
+  bool siblings = false;  // every node is a child of the first node's parent
+  // Where the scheme gives the structure no form it claims nothing, leaving its modules to the
+  // structures below it (an arrangement of projections rather than a precision of its own).
+  bool yields_unformed = false;
   std::vector<MatchNode> nodes;
   std::vector<FlowEdge> flow;
   const MatchNode* node(std::string_view name) const;
@@ -136,12 +145,15 @@ struct SchemePolicy {
 };
 
 // One impl a ladder tries: a kernel package's op. per_node seats each linear node of the seam
-// on its own (the op then takes one projection) instead of the region as one call.
+// on its own (the op then takes one projection) instead of the region as one call; packed runs
+// the linear op once over the nodes' weights stacked along the output (siblings that read one
+// input: one quantization of it, one GEMM).
 struct Rung {
   std::string impl;
   std::string package;
   OpKind op = OpKind::linear;
   bool per_node = false;
+  bool packed = false;
 };
 
 // Parity bands of the gated door, by what the host's forward returns (DESIGN §7).

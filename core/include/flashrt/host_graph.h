@@ -46,6 +46,9 @@ struct HostCall {
   int64_t width = 0;                    // last dimension of the input
   DType dtype = DType::f32;             // input dtype
   int64_t input_id = 0, output_id = 0;  // tensor identities: equal ids are the same tensor
+  // The output_id of a norm call whose output this call's input is a per-channel affine
+  // function of (x = n*scale + shift, fitted by the door over the observed rows); 0 if none.
+  int64_t modulated_from = 0;
 };
 
 struct HostGraph {

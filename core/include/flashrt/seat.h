@@ -39,6 +39,9 @@ struct SeatForm {
   int64_t out = 0;           // output features
   int64_t band_min = 1, band_max = 16;
   std::string weights;  // "int8 per-channel"
+  // A packed seat (SeatPlan.replaces holds several modules): each one's output columns, in the
+  // order of `replaces`, summing to `out`. Empty for a seat of one module.
+  std::vector<int64_t> splits;
   std::string describe() const;
 };
 
@@ -128,6 +131,25 @@ class FfnSeat : public Seat {
   std::vector<float> up_bias_, down_bias_;
   Activation act_;
 };
+
+// A module of a packed seat other than the first the host calls: it runs no kernel. When it is
+// called with the very tensor the pack's first module ran on, the door hands it its columns of
+// that call's output and run() checks the call's form and counts it; any other call runs the
+// module itself (miss(), counted). Its form is the module's own: its width, its columns.
+class MemberSeat : public Seat {
+ public:
+  MemberSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode)
+      : Seat(std::move(form), table, mode) {}
+  int64_t nbytes() const override { return 0; }  // the pack's first seat streams the weights
+
+ private:
+  std::string refusal(const TensorView&, const TensorView&) const override { return ""; }
+  void execute(const TensorView&, const TensorView&) override {}
+};
+
+// The seat of the pack's module `index` (its position in SeatPlan.replaces, >= 1) at `site`.
+// Throws InvalidArgument when `packed` is not a packed seat or index is out of its range.
+std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::string& site);
 
 // Builds the seat a plan decided on from the host tensors of its slots (operand name -> view,
 // "weight"/"bias" for a linear, "gate"/"up"/"down" and the biases for an ffn). Packs the weights

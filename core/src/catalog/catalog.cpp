@@ -273,7 +273,9 @@ class SpecParser : YamlFields {
   // See Note [Match patterns] in catalog.h.
   void parse_match(const YAML::Node& node, StructureSpec& s) const {
     if (!node.IsMap()) fail("match", "expected a mapping with nodes");
-    check_keys(node, "match", {"priority", "always_claims", "site", "nodes", "flow"});
+    check_keys(
+        node, "match",
+        {"priority", "always_claims", "site", "siblings", "yields_unformed", "nodes", "flow"});
     MatchSpec& m = s.match;
     if (const YAML::Node p = node["priority"]) {
       const int64_t v = integer(p, "match.priority");
@@ -287,14 +289,22 @@ class SpecParser : YamlFields {
       if (v != "node" && v != "parent") fail("match.site", "'" + v + "' is not node or parent");
       m.site = v == "node" ? SiteKind::node : SiteKind::parent;
     }
+    if (const YAML::Node sib = node["siblings"]) m.siblings = boolean(sib, "match.siblings");
+    if (const YAML::Node y = node["yields_unformed"])
+      m.yields_unformed = boolean(y, "match.yields_unformed");
     const YAML::Node nodes = require(node, "match", "nodes");
     expect_map(nodes, "match.nodes", /*allow_empty=*/false);
     for (const auto& kv : nodes) {
       const std::string field = child("match.nodes", kv.first.Scalar());
       if (!kv.second.IsMap()) fail(field, "expected a mapping with kind");
-      check_keys(kv.second, field, {"kind", "weight", "bias", "output_head", "attribute"});
+      check_keys(kv.second, field,
+                 {"kind", "weight", "bias", "output_head", "attribute", "optional"});
       MatchNode n;
       n.name = kv.first.Scalar();
+      if (const YAML::Node o = kv.second["optional"]) {
+        n.optional = boolean(o, child(field, "optional"));
+        if (n.optional && m.nodes.empty()) fail(child(field, "optional"), "the first node is not");
+      }
       const std::string kind = text(require(kv.second, field, "kind"), child(field, "kind"));
       if (kind == "linear") {
         n.kind = NodeKind::linear;
@@ -328,8 +338,17 @@ class SpecParser : YamlFields {
         }
         for (const char* k : {"weight", "bias", "output_head"})
           if (kv.second[k]) fail(child(field, k), "an activation node has none");
+      } else if (kind == "norm") {
+        // A norm without affine parameters; its measured form ("layer", "rms") must be one of
+        // the attribute's values.
+        n.kind = NodeKind::norm;
+        n.attribute = text(require(kv.second, field, "attribute"), child(field, "attribute"));
+        if (!s.attributes.count(n.attribute))
+          fail(child(field, "attribute"), "'" + n.attribute + "' is not a declared attribute");
+        for (const char* k : {"weight", "bias", "output_head"})
+          if (kv.second[k]) fail(child(field, k), "a norm node has none");
       } else {
-        fail(child(field, "kind"), "'" + kind + "' is not linear or activation");
+        fail(child(field, "kind"), "'" + kind + "' is not linear, activation or norm");
       }
       m.nodes.push_back(std::move(n));
     }
@@ -345,7 +364,7 @@ class SpecParser : YamlFields {
       for (size_t i = 0; i < flow.size(); ++i) {
         const std::string field = "match.flow[" + std::to_string(i) + "]";
         if (!flow[i].IsMap() || flow[i].size() != 1)
-          fail(field, "expected one relation: {same_input|feeds|not_feeds: [a, b]}");
+          fail(field, "expected one relation: {same_input|feeds|not_feeds|modulates: [a, b]}");
         const auto kv = *flow[i].begin();
         FlowEdge e;
         const std::string rel = kv.first.Scalar();
@@ -355,8 +374,11 @@ class SpecParser : YamlFields {
           e.kind = FlowKind::feeds;
         else if (rel == "not_feeds")
           e.kind = FlowKind::not_feeds;
+        else if (rel == "modulates")
+          e.kind = FlowKind::modulates;
         else
-          fail(field, "unknown relation '" + rel + "' (known: same_input, feeds, not_feeds)");
+          fail(field,
+               "unknown relation '" + rel + "' (known: same_input, feeds, not_feeds, modulates)");
         const std::vector<std::string> ends =
             string_list(kv.second, child(field, rel), /*allow_empty=*/false);
         if (ends.size() != 2) fail(child(field, rel), "names two nodes");
@@ -364,6 +386,8 @@ class SpecParser : YamlFields {
           if (m.node(end) == nullptr) fail(child(field, rel), "'" + end + "' is not a node");
         e.a = ends[0];
         e.b = ends[1];
+        if (e.kind == FlowKind::modulates && m.node(e.a)->kind != NodeKind::norm)
+          fail(child(field, rel), "'" + e.a + "' is not a norm node");
         m.flow.push_back(e);
       }
     }
@@ -399,12 +423,14 @@ std::string canonical(const StructureSpec& s) {
   json points = json::object();
   for (const auto& [name, side] : s.points) points[name] = side;
   json nodes = json::object();
-  for (const MatchNode& n : s.match.nodes)
+  for (const MatchNode& n : s.match.nodes) {
     nodes[n.name] = {{"kind", static_cast<int>(n.kind)},
                      {"weight", n.weight_slot},
                      {"bias", n.bias_slot},
                      {"output_head", n.output_head},
                      {"attribute", n.attribute}};
+    if (n.optional) nodes[n.name]["optional"] = true;  // absent when unset: digests stay put
+  }
   json flow = json::array();
   for (const FlowEdge& e : s.match.flow) flow.push_back({static_cast<int>(e.kind), e.a, e.b});
   const json j = {
@@ -433,7 +459,10 @@ std::string canonical(const StructureSpec& s) {
       {"reference", s.reference},
       {"tied_allowed", s.tied_allowed},
   };
-  return j.dump();
+  json out = j;
+  if (s.match.siblings) out["match"]["siblings"] = true;
+  if (s.match.yields_unformed) out["match"]["yields_unformed"] = true;
+  return out.dump();
 }
 
 StructureSpec load_file(const fs::path& path) {

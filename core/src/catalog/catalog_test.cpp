@@ -540,6 +540,44 @@ TEST_F(CatalogFiles, ActivationNodeValues) {
                "match.flow[0].feeds", "'norm' is not a node");
 }
 
+TEST_F(CatalogFiles, NormNodesOptionalNodesAndModulatesAreCheckedAtLoad) {
+  // A norm node, an optional second projection, modulates from the norm.
+  const std::string with_norm =
+      replaced(replaced(replaced(kWithActivation, "activation: [silu, gelu]", "norm: [layer]"),
+                        "    act: {kind: activation, attribute: activation}",
+                        "    twin: {kind: linear, weight: weight, optional: true}\n"
+                        "    norm: {kind: norm, attribute: norm}"),
+               "- feeds: [proj, act]", "- modulates: [norm, proj]");
+  write("structures/demo.yaml", with_norm);
+  const Catalog c = Catalog::load(dir_.string());
+  EXPECT_EQ(c.get("demo").match.node("norm")->kind, NodeKind::norm);
+  EXPECT_TRUE(c.get("demo").match.node("twin")->optional);
+  EXPECT_EQ(c.get("demo").match.flow[0].kind, FlowKind::modulates);
+  expect_error(replaced(with_norm, "- modulates: [norm, proj]", "- modulates: [proj, norm]"),
+               "match.flow[0].modulates", "'proj' is not a norm node");
+  expect_error(replaced(with_norm, "attribute: norm}", "attribute: norm, weight: weight}"),
+               "match.nodes.norm.weight", "a norm node has none");
+  expect_error(replaced(with_norm, "proj: {kind: linear, weight: weight}",
+                        "proj: {kind: linear, weight: weight, optional: true}"),
+               "match.nodes.proj.optional", "the first node is not");
+  expect_error(replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
+               "'layernorm' is not linear, activation or norm");
+  expect_error(replaced(with_norm, "site: parent", "site: parent\n  siblings: maybe"),
+               "match.siblings", "");
+}
+
+TEST_F(CatalogFiles, APackedRungRunsTheLinearOpOverLinearNodesOnly) {
+  write("structures/demo.yaml", kWithActivation);
+  write("schemes.yaml", kSchemes);
+  write("ladders.yaml", replaced(kLadders, "op: linear}", "op: linear, packed: true}"));
+  expect_error_in("ladders.yaml", "ladders.demo[0].op",
+                  "a packed rung stacks linear nodes; structure 'demo' has nodes of other kinds");
+  write("ladders.yaml",
+        replaced(kLadders, "op: linear}", "op: linear, packed: true, per_node: true}"));
+  expect_error_in("ladders.yaml", "ladders.demo[0].packed",
+                  "a packed rung runs the linear op once over every node");
+}
+
 // ---- policy files ---------------------------------------------------------------------------
 
 TEST_F(CatalogFiles, PolicyYamlSyntaxError) {

@@ -156,7 +156,7 @@ void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& ou
       const std::string rf = field + "[" + std::to_string(i) + "]";
       const YAML::Node r = kv.second[i];
       if (!r.IsMap()) f.fail(rf, "expected a mapping with impl, package and op");
-      f.check_keys(r, rf, {"impl", "package", "op", "per_node"});
+      f.check_keys(r, rf, {"impl", "package", "op", "per_node", "packed"});
       Rung rung;
       rung.impl = f.text(f.require(r, rf, "impl"), child(rf, "impl"));
       rung.package = f.text(f.require(r, rf, "package"), child(rf, "package"));
@@ -166,6 +166,9 @@ void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& ou
       if (const YAML::Node pn = r["per_node"]) rung.per_node = f.boolean(pn, child(rf, "per_node"));
       if (rung.per_node && rung.op != OpKind::linear)
         f.fail(child(rf, "per_node"), "per-node rungs seat each projection with the linear op");
+      if (const YAML::Node pk = r["packed"]) rung.packed = f.boolean(pk, child(rf, "packed"));
+      if (rung.packed && (rung.op != OpKind::linear || rung.per_node))
+        f.fail(child(rf, "packed"), "a packed rung runs the linear op once over every node");
       rungs.push_back(std::move(rung));
     }
     out[structure] = std::move(rungs);
@@ -266,10 +269,14 @@ void check_ladders(const Catalog& c, const fs::path& root) {
       if (r.op == OpKind::linear) {
         // One linear op replaces one module: a region (site: parent) is seated per node, or the
         // seat would stand for the whole region and drop what else it computes.
-        if (spec.match.site != SiteKind::node && !r.per_node)
+        if (spec.match.site != SiteKind::node && !r.per_node && !r.packed)
           f.fail(field, "the linear op seats one projection; structure '" + structure +
                             "' is a region of " + std::to_string(spec.match.nodes.size()) +
                             " nodes (set per_node: true)");
+        if (r.packed && std::any_of(spec.match.nodes.begin(), spec.match.nodes.end(),
+                                    [](const MatchNode& n) { return n.kind != NodeKind::linear; }))
+          f.fail(field, "a packed rung stacks linear nodes; structure '" + structure +
+                            "' has nodes of other kinds");
         continue;
       }
       if (op_weight_operands(r.op).empty())

@@ -52,8 +52,17 @@ bool feeds(const CallIndex& g, const std::string& producer, const std::string& c
   return false;
 }
 
+bool modulates(const CallIndex& g, const std::string& norm, const std::string& consumer) {
+  for (const HostCall* n : g.of(norm))
+    for (const HostCall* c : g.of(consumer))
+      if (c->modulated_from != 0 && c->modulated_from == n->output_id) return true;
+  return false;
+}
+
 bool holds(const CallIndex& g, const FlowEdge& e, const std::string& a, const std::string& b) {
   switch (e.kind) {
+    case FlowKind::modulates:
+      return modulates(g, a, b);
     case FlowKind::same_input:
       return shares_input(g, a, b);
     case FlowKind::feeds:
@@ -84,6 +93,7 @@ class Matcher {
   bool fits(const MatchNode& n, const HostModule& m) const {
     if (taken_.count(m.path) || calls_.of(m.path).empty()) return false;
     if (n.kind == NodeKind::activation) return m.kind == ModuleKind::activation;
+    if (n.kind == NodeKind::norm) return m.kind == ModuleKind::norm;
     return m.kind == ModuleKind::linear &&
            (!n.output_head || (!g_.output_head.empty() && m.path == g_.output_head));
   }
@@ -108,8 +118,9 @@ class Matcher {
       const std::string home = parent_of(a.at(nodes[0].name)->path);
       for (const HostModule& m : g_.modules)
         if (parent_of(m.path) == home) candidates.push_back(&m);
-      for (const HostModule& m : g_.modules)
-        if (parent_of(m.path) != home) candidates.push_back(&m);
+      if (!spec_.match.siblings)
+        for (const HostModule& m : g_.modules)
+          if (parent_of(m.path) != home) candidates.push_back(&m);
     }
     for (const HostModule* m : candidates) {
       if (!fits(n, *m)) continue;
@@ -129,7 +140,8 @@ class Matcher {
       a.erase(n.name);
       for (const std::string& d : bound) dims_.erase(d);
     }
-    return false;
+    // An optional node no module fits is left out of the region.
+    return n.optional && extend(i + 1, first, a);
   }
 
   const HostGraph& g_;
@@ -145,7 +157,7 @@ std::string shape_text(const StructureSpec& spec, const Assignment& a) {
   std::vector<std::pair<std::string, std::string>> groups;  // shape -> names
   size_t linears = 0;
   for (const MatchNode& n : spec.match.nodes) {
-    if (n.kind != NodeKind::linear) continue;
+    if (n.kind != NodeKind::linear || !a.count(n.name)) continue;
     ++linears;
     const std::string shape = weight_shape(*a.at(n.name));
     auto it = std::find_if(groups.begin(), groups.end(),
@@ -166,12 +178,18 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
                              const std::map<std::string, int64_t>& dims, const std::string& shape) {
   bool biased = false;
   for (const MatchNode& n : spec.match.nodes)
-    if (n.kind == NodeKind::linear && n.bias_slot.empty() && a.at(n.name)->has_bias) biased = true;
+    if (n.kind == NodeKind::linear && n.bias_slot.empty() && a.count(n.name) &&
+        a.at(n.name)->has_bias)
+      biased = true;
   if (biased) return "biased projections (" + shape + "); the boundary is bias-free";
   for (const MatchNode& n : spec.match.nodes) {
-    if (n.kind != NodeKind::activation) continue;
+    if (n.kind == NodeKind::linear || !a.count(n.name)) continue;
     const std::vector<std::string>& allowed = spec.attributes.at(n.attribute);
-    const std::string got = name_of(a.at(n.name)->activation);
+    const HostModule& m = *a.at(n.name);
+    const auto form = m.attributes.find("form");
+    const std::string got = n.kind == NodeKind::activation ? std::string(name_of(m.activation))
+                            : form == m.attributes.end()   ? std::string("unknown")
+                                                           : form->second;
     if (std::find(allowed.begin(), allowed.end(), got) == allowed.end()) {
       std::string set;
       for (const std::string& v : allowed) set += (set.empty() ? "" : ", ") + v;
@@ -188,7 +206,22 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
   if (spec.match.site == SiteKind::parent) {
     std::map<std::string, std::vector<std::string>> homes;  // parent -> nodes
     for (const MatchNode& n : spec.match.nodes)
-      homes[parent_of(a.at(n.name)->path)].push_back(n.name);
+      if (a.count(n.name)) homes[parent_of(a.at(n.name)->path)].push_back(n.name);
+    // A modulated norm whose modulation the door located: the region spans the norm's module,
+    // the code that modulates its output and the projections' module.
+    for (const MatchNode& n : spec.match.nodes) {
+      if (n.kind != NodeKind::norm || !a.count(n.name) || homes.size() < 2) continue;
+      const auto where = a.at(n.name)->attributes.find("modulation");
+      if (where == a.at(n.name)->attributes.end()) continue;
+      std::string linears;
+      for (const MatchNode& l : spec.match.nodes)
+        if (l.kind == NodeKind::linear && a.count(l.name))
+          linears += (linears.empty() ? "" : "/") + l.name;
+      return "modulation of " + a.at(n.name)->path + " is computed " + where->second +
+             "; no module boundary holds " + n.name + "\u2192modulation\u2192" + linears + " (" +
+             shape + " in " + parent_of(a.at(spec.match.nodes.back().name)->path) +
+             "), so its projections stay free for other structures";
+    }
     if (homes.size() > 1) {
       std::string where;
       for (const auto& [home, names] : homes) {
@@ -212,12 +245,11 @@ Seam make_seam(const CallIndex& calls, const StructureSpec& spec, const Assignme
   s.shape = shape;
   const HostModule* first_linear = nullptr;
   for (const MatchNode& n : spec.match.nodes) {
+    if (!a.count(n.name)) continue;  // an optional node left out
     const HostModule& m = *a.at(n.name);
     s.nodes[n.name] = m.path;
-    if (n.kind == NodeKind::activation) {
-      s.activation = m.activation;
-      continue;
-    }
+    if (n.kind == NodeKind::activation) s.activation = m.activation;
+    if (n.kind != NodeKind::linear) continue;
     if (first_linear == nullptr) first_linear = &m;
     s.slots[n.weight_slot] = m.path;
     if (m.has_bias && !n.bias_slot.empty()) s.slots[n.bias_slot] = m.path;
@@ -241,8 +273,9 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
   std::set<std::string> refused_sites;
   for (const HostModule& m : g.modules) {
     if (claimed.count(m.path) || looked.count(m.path)) continue;
-    const bool kind_ok = lead.kind == NodeKind::linear ? m.kind == ModuleKind::linear
-                                                       : m.kind == ModuleKind::activation;
+    const bool kind_ok = lead.kind == NodeKind::linear       ? m.kind == ModuleKind::linear
+                         : lead.kind == NodeKind::activation ? m.kind == ModuleKind::activation
+                                                             : m.kind == ModuleKind::norm;
     if (!kind_ok || (lead.output_head && (g.output_head.empty() || m.path != g.output_head)))
       continue;
     // A single projection is the whole pattern: one the forward never called is named, since
@@ -262,7 +295,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
     const std::string shape = shape_text(spec, a);
     std::map<std::string, int64_t> dims;
     for (const MatchNode& n : match.nodes)
-      if (n.kind == NodeKind::linear) {
+      if (n.kind == NodeKind::linear && a.count(n.name)) {
         dims[n.out_dim] = a.at(n.name)->out_features;
         dims[n.in_dim] = a.at(n.name)->in_features;
       }
@@ -279,7 +312,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
     for (const auto& [_, mod] : a) claimed.insert(mod->path);
     Seam s = make_seam(calls, spec, a, site, shape);
     for (const MatchNode& n : match.nodes) {
-      if (!n.output_head) continue;
+      if (!n.output_head || !a.count(n.name)) continue;
       const HostModule* emb = g.find(g.input_embedding);
       s.tied = emb != nullptr && emb->weight_id == a.at(n.name)->weight_id;
       if (s.tied && !spec.tied_allowed) {

@@ -103,9 +103,39 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
   base.band_max = band.max;
   base.activation = seam.activation;
   base.act_dtype = act;
+  if (rung.op == OpKind::linear && rung.packed) {
+    // One linear over the nodes' weights stacked along the output, in the order the host calls
+    // them (the first called computes all; the door hands the others their columns).
+    std::vector<std::pair<size_t, const HostModule*>> members;
+    for (const MatchNode& n : spec.match.nodes) {
+      if (n.kind != NodeKind::linear || !seam.nodes.count(n.name)) continue;
+      const HostModule* m = g.find(seam.nodes.at(n.name));
+      size_t first = g.calls.size();
+      for (size_t i = 0; i < g.calls.size() && first == g.calls.size(); ++i)
+        if (g.calls[i].path == m->path) first = i;
+      members.emplace_back(first, m);
+    }
+    std::stable_sort(members.begin(), members.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    Candidate c{base, base_desc(OpKind::linear, form, act, band.max)};
+    c.seat.site = seam.site;
+    for (const auto& [_, m] : members) {
+      c.seat.replaces.push_back(m->path);
+      for (const MatchNode& n : spec.match.nodes) {
+        if (!seam.nodes.count(n.name) || seam.nodes.at(n.name) != m->path) continue;
+        c.seat.slots[n.weight_slot] = weight_of(m->path);
+        if (m->has_bias) c.seat.slots[n.bias_slot] = bias_of(m->path);
+      }
+      c.desc.n += m->out_features;
+      c.desc.k = m->in_features;
+      c.desc.has_bias |= m->has_bias;
+    }
+    out.push_back(std::move(c));
+    return out;
+  }
   if (rung.op == OpKind::linear) {
     for (const MatchNode& n : spec.match.nodes) {
-      if (n.kind != NodeKind::linear) continue;
+      if (n.kind != NodeKind::linear || !seam.nodes.count(n.name)) continue;
       const HostModule* m = g.find(seam.nodes.at(n.name));
       // An adopted projection keeps its own form (a region's may differ, seated per node).
       const auto own = options.source_forms.find(m->path);
@@ -158,7 +188,7 @@ SourceVerdict source_verdict(const StructureSpec& spec, const Seam& seam,
                              const PlanOptions& options) {
   SourceVerdict v;
   for (const MatchNode& n : spec.match.nodes) {
-    if (n.kind != NodeKind::linear) continue;
+    if (n.kind != NodeKind::linear || !seam.nodes.count(n.name)) continue;
     const std::string& module = seam.nodes.at(n.name);
     if (const auto r = options.source_refusals.find(module); r != options.source_refusals.end()) {
       v.refusal += (v.refusal.empty() ? "" : "; ") + module + ": " + r->second;
@@ -196,7 +226,20 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   else
     p.scheme = resolve_scheme(options.scheme, catalog, hub);
   const int64_t min_weights = options.min_seat_weights.value_or(catalog.schemes().min_seat_weights);
-  Discovery d = discover(graph, catalog, options.structures);
+  // A structure that yields where it has no form (a pack of projections) is not looked for
+  // then, so its modules stay with the structures below it.
+  std::vector<std::string> wanted = options.structures;
+  if (wanted.empty()) wanted = catalog.names();
+  for (const std::string& name : wanted) catalog.get(name);  // throws, naming the known ones
+  std::vector<std::string> looked_for;
+  for (const std::string& name : wanted) {
+    if (!catalog.get(name).match.yields_unformed || p.scheme.formats.count(name))
+      looked_for.push_back(name);
+    else if (!options.structures.empty())  // asked for by name: say why it found nothing
+      p.assumed.push_back(name + ": scheme '" + p.scheme.name +
+                          "' gives it no form; its modules go to the structures below it");
+  }
+  Discovery d = looked_for.empty() ? Discovery{} : discover(graph, catalog, looked_for);
   p.refused = d.refused;
   p.assumed = d.assumed;
   p.seams_found = static_cast<int64_t>(d.seams.size());
@@ -204,6 +247,15 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   for (Seam& seam : d.seams) {
     const StructureSpec& spec = catalog.get(seam.structure);
     const std::string where = seam.structure + " " + seam.shape;
+    // A pack of sibling modules stands at each of them, so each is kept under its own name.
+    const auto keep = [&](const std::string& why) {
+      if (!spec.match.siblings) {
+        p.keep_host.emplace_back(seam.site, why);
+        return;
+      }
+      for (const MatchNode& n : spec.match.nodes)
+        if (seam.nodes.count(n.name)) p.keep_host.emplace_back(seam.nodes.at(n.name), why);
+    };
     std::optional<WeightForm> source_form;
     bool mixed_source = false;
     if (adopting) {
@@ -213,9 +265,8 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
         continue;
       }
       if (!v.form) {
-        p.keep_host.emplace_back(seam.site, where + ": the " + options.source +
-                                                " checkpoint holds " + v.unquantised +
-                                                " unquantised; it stays with the host");
+        keep(where + ": the " + options.source + " checkpoint holds " + v.unquantised +
+             " unquantised; it stays with the host");
         continue;
       }
       source_form = v.form;
@@ -223,14 +274,12 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     }
     auto form_it = p.scheme.formats.find(seam.structure);
     if (!adopting && form_it == p.scheme.formats.end()) {
-      p.keep_host.emplace_back(
-          seam.site, "scheme '" + p.scheme.name + "' keeps " + where + " at host precision");
+      keep("scheme '" + p.scheme.name + "' keeps " + where + " at host precision");
       continue;
     }
     if (seam.weight_count < min_weights) {
-      p.keep_host.emplace_back(seam.site, where + ": " + std::to_string(seam.weight_count) +
-                                              " weights, below the " + std::to_string(min_weights) +
-                                              " where a seat pays for its call");
+      keep(where + ": " + std::to_string(seam.weight_count) + " weights, below the " +
+           std::to_string(min_weights) + " where a seat pays for its call");
       continue;
     }
     const MatchNode& lead =
@@ -254,7 +303,9 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     if (!adopting && is_group_format(form.format)) {
       bool divides = true;
       for (const MatchNode& n : spec.match.nodes)
-        if (n.kind == NodeKind::linear && seam.dims.at(n.in_dim) % form.group != 0) divides = false;
+        if (n.kind == NodeKind::linear && seam.dims.count(n.in_dim) &&
+            seam.dims.at(n.in_dim) % form.group != 0)
+          divides = false;
       const std::string& fallback = catalog.schemes().schemes.at(p.scheme.name).indivisible;
       if (!divides && !fallback.empty()) {
         const WeightForm& instead = catalog.schemes().forms.at(fallback);
@@ -280,11 +331,9 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     // Every observed call below the band: a seat would only ever hand its calls back.
     if (!seam.rows_seen.empty() && std::all_of(seam.rows_seen.begin(), seam.rows_seen.end(),
                                                [&](int64_t r) { return r < band->min; })) {
-      p.keep_host.emplace_back(seam.site, where + ": observed only calls of " +
-                                              std::to_string(*std::max_element(
-                                                  seam.rows_seen.begin(), seam.rows_seen.end())) +
-                                              " rows or fewer; " + form.describe() +
-                                              " serves rows from " + std::to_string(band->min));
+      keep(where + ": observed only calls of " +
+           std::to_string(*std::max_element(seam.rows_seen.begin(), seam.rows_seen.end())) +
+           " rows or fewer; " + form.describe() + " serves rows from " + std::to_string(band->min));
       continue;
     }
     if (!seam.rows_seen.empty() && std::all_of(seam.rows_seen.begin(), seam.rows_seen.end(),
@@ -346,6 +395,12 @@ std::string explain(const Plan& p) {
       << seat.impl << " (" << seat.form.describe() << ", rows " << seat.band_min << ".."
       << (seat.band_max >= kUnboundedRows ? "" : std::to_string(seat.band_max)) << ", "
       << seat.package << ")\n";
+    if (seat.replaces.size() > 1) {
+      s << "      one GEMM for";
+      for (size_t i = 0; i < seat.replaces.size(); ++i)
+        s << (i == 0 ? " " : ", ") << seat.replaces[i];
+      s << " (the first called computes all)\n";
+    }
     for (const std::string& step : seat.ladder) s << "      ladder: " << step << "\n";
   }
   if (!p.keep_host.empty()) s << "\nkept at host:\n";

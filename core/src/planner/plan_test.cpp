@@ -420,5 +420,117 @@ TEST(Plan, UnknownSchemeIsAnError) {
   EXPECT_THROW(plan(decoder(1).g, catalog(), unknown_structure, hub()), InvalidArgument);
 }
 
+// A DiT-like block under `p`: a norm without affine whose output is modulated (x*scale+shift)
+// into the self-attention's q/k/v; a cross-attention whose q reads the hidden states and whose
+// k/v read the text. `form` is the norm's measured form; `modulated` says whether the
+// projections' input is the modulated norm output.
+void dit_block(GraphBuilder& b, const std::string& p, const std::string& form, bool modulated,
+               int64_t rows = 256) {
+  b.module(p, ModuleKind::module);
+  HostModule& norm = b.module(p + ".norm1", ModuleKind::norm);
+  norm.attributes = {{"form", form}, {"affine", "none"}};
+  if (modulated) norm.attributes["modulation"] = "in " + p + ".forward from table [6, 512]";
+  b.module(p + ".attn1", ModuleKind::module);
+  b.module(p + ".attn2", ModuleKind::module);
+  const int64_t h = b.next_id++, n = b.next_id++, x = b.next_id++, text = b.next_id++;
+  b.call(p + ".norm1", h, n, rows);
+  for (const char* name : {"to_q", "to_k", "to_v"}) {
+    b.linear(p + ".attn1." + name, 512, 512, true);
+    b.call(p + ".attn1." + name, x, b.next_id++, rows);
+    if (modulated) b.g.calls.back().modulated_from = n;
+  }
+  for (const char* name : {"to_q", "to_k", "to_v"}) {
+    b.linear(p + ".attn2." + name, 512, 512, true);
+    b.call(p + ".attn2." + name, std::string(name) == "to_q" ? x + 1000 : text, b.next_id++,
+           std::string(name) == "to_q" ? rows : 12);
+  }
+}
+
+TEST(Discover, SiblingsOfOneInputPackAndACrossAttentionPacksOnlyItsKeyAndValue) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  dit_block(b, "blocks.0", "layer", false);
+  const Discovery d = discover(b.g, catalog(), {"qkv_pack", "linear_proj"});
+  EXPECT_EQ(count(d), (std::map<std::string, int>{{"linear_proj", 1}, {"qkv_pack", 2}}));
+  for (const Seam& s : d.seams) {
+    if (s.structure == "linear_proj") {
+      EXPECT_EQ(s.site, "blocks.0.attn2.to_q");
+    }
+    if (s.structure != "qkv_pack") continue;
+    if (s.site == "blocks.0.attn1") {
+      EXPECT_EQ(s.nodes.size(), 3u);
+    } else {
+      EXPECT_EQ(s.site, "blocks.0.attn2");
+      EXPECT_EQ(s.nodes.size(), 2u);  // the optional third node left out
+      EXPECT_EQ(s.nodes.at("q"), "blocks.0.attn2.to_k");
+      EXPECT_EQ(s.shape, "q/k [512x512]");
+    }
+  }
+  EXPECT_TRUE(d.refused.empty());
+}
+
+TEST(Discover, ProjectionsSharingAnInputAcrossModulesAreNotAPack) {
+  // Siblings only: a projection of the block reading the attention's input is not packed with it.
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  b.module("blk", ModuleKind::module);
+  b.module("blk.attn", ModuleKind::module);
+  const int64_t x = b.next_id++;
+  b.linear("blk.proj_mlp", 512, 2048);
+  b.call("blk.proj_mlp", x, b.next_id++);
+  b.linear("blk.attn.to_q", 512, 512);
+  b.call("blk.attn.to_q", x, b.next_id++);
+  const Discovery d = discover(b.g, catalog(), {"qkv_pack"});
+  EXPECT_TRUE(d.seams.empty());
+  EXPECT_TRUE(d.refused.empty());
+}
+
+TEST(Discover, AModulatedNormChainIsRefusedWithWhereItsModulationIsComputed) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  dit_block(b, "blocks.0", "layer", true);
+  dit_block(b, "blocks.1", "rms", true);
+  dit_block(b, "blocks.2", "layer", false);  // no modulation: no chain at all
+  const Discovery d = discover(b.g, catalog(), {"modnorm_qkv_chain", "qkv_pack", "linear_proj"});
+  ASSERT_EQ(d.refused.size(), 2u);
+  EXPECT_EQ(d.refused[0].first, "blocks.0");
+  EXPECT_EQ(d.refused[0].second,
+            "modnorm_qkv_chain: modulation of blocks.0.norm1 is computed in blocks.0.forward from "
+            "table [6, 512]; no module boundary holds norm\u2192modulation\u2192q/k/v (q/k/v "
+            "[512x512] in blocks.0.attn1), so its projections stay free for other structures");
+  EXPECT_EQ(d.refused[1].first, "blocks.1");
+  EXPECT_EQ(d.refused[1].second, "modnorm_qkv_chain: norm 'rms' outside {layer} (q/k/v [512x512])");
+  // Every block's projections stay free: the packs and the cross-attention's q.
+  EXPECT_EQ(count(d), (std::map<std::string, int>{{"linear_proj", 3}, {"qkv_pack", 6}}));
+}
+
+TEST(Plan, APackYieldsToItsProjectionsWhereTheSchemeGivesItNoForm) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  dit_block(b, "blocks.0", "layer", false);
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.structures = {"qkv_pack", "linear_proj"};
+  o.min_seat_weights = 0;
+  Plan p = plan(b.g, catalog(), o, hub());
+  for (const SeatPlan& s : p.seats) EXPECT_EQ(s.seam.structure, "linear_proj") << explain(p);
+  EXPECT_EQ(p.seats.size() + p.keep_host.size(), 6u) << explain(p);
+  o.scheme = "w8a8_dynamic";
+  p = plan(b.g, catalog(), o, hub());
+  // The self-attention pack and the cross-attention's q; its k/v pack saw only 12-row calls.
+  ASSERT_EQ(p.seats.size(), 2u) << explain(p);
+  ASSERT_EQ(p.keep_host.size(), 2u);  // under each projection's own name
+  EXPECT_EQ(p.keep_host[0].first, "blocks.0.attn2.to_k");
+  EXPECT_EQ(p.keep_host[1].first, "blocks.0.attn2.to_v");
+  const auto pack = std::find_if(p.seats.begin(), p.seats.end(), [](const SeatPlan& s) {
+    return s.seam.structure == "qkv_pack" && s.replaces.size() == 3;
+  });
+  ASSERT_NE(pack, p.seats.end());
+  EXPECT_EQ(pack->replaces, (std::vector<std::string>{"blocks.0.attn1.to_q", "blocks.0.attn1.to_k",
+                                                      "blocks.0.attn1.to_v"}));
+  EXPECT_EQ(pack->slots.at("k_bias").module, "blocks.0.attn1.to_k");
+  EXPECT_NE(explain(p).find("one GEMM for blocks.0.attn1.to_q"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace frt

@@ -187,7 +187,81 @@ std::vector<float> bias_values(const TensorView* b, int64_t n, const std::string
   return out;
 }
 
+// The operand of `plan.slots` holding `tensor` of `module`, or nullptr.
+const TensorView* slot_of(const SeatPlan& plan, const std::map<std::string, TensorView>& tensors,
+                          const std::string& module, const std::string& tensor) {
+  for (const auto& [name, slot] : plan.slots)
+    if (slot.module == module && slot.tensor == tensor) return &operand(tensors, name, plan);
+  return nullptr;
+}
+
+// A packed linear: the modules' weights stacked along the output in the order of `replaces`
+// (per-channel scales, so each row packs as it would alone) and their biases beside them (zeros
+// for a module without one, when another has one).
+std::unique_ptr<Seat> build_packed(const SeatPlan& plan,
+                                   const std::map<std::string, TensorView>& tensors,
+                                   const frt_kernel_table& table, GuardMode mode, SeatForm form) {
+  if (plan.form.format != WeightFormat::int8_gemm && plan.form.format != WeightFormat::int8_channel)
+    throw Refused("seat " + plan.site + ": a packed seat takes per-channel forms, not " +
+                  plan.form.describe());
+  int64_t n = 0, k = 0;
+  bool any_bias = false;
+  std::vector<const TensorView*> weights, biases;
+  for (const std::string& module : plan.replaces) {
+    const TensorView* w = slot_of(plan, tensors, module, "weight");
+    if (w == nullptr) throw InvalidArgument("seat " + plan.site + ": no weight for " + module);
+    if (w->rank != 2 || (k != 0 && w->shape[1] != k))
+      throw Refused(module + " weight " + w->describe() + ": expected [out, " + std::to_string(k) +
+                    "] like the other projections of the pack");
+    k = w->shape[1];
+    const TensorView* b = slot_of(plan, tensors, module, "bias");
+    if (b != nullptr && (b->rank != 1 || b->shape[0] != w->shape[0]))
+      throw Refused(module + " bias " + b->describe() + ": expected [" +
+                    std::to_string(w->shape[0]) + "]");
+    any_bias |= b != nullptr;
+    weights.push_back(w);
+    biases.push_back(b);
+    form.splits.push_back(w->shape[0]);
+    n += w->shape[0];
+  }
+  std::vector<float> stacked(static_cast<size_t>(n * k));
+  std::vector<float> bias(any_bias ? static_cast<size_t>(n) : 0, 0.0f);
+  int64_t row = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const TensorView& w = *weights[i];
+    for (int64_t r = 0; r < w.shape[0]; ++r, ++row) {
+      for (int64_t c = 0; c < k; ++c)
+        stacked[static_cast<size_t>(row * k + c)] = w.element(r * w.strides[0] + c * w.strides[1]);
+      if (biases[i] != nullptr)
+        bias[static_cast<size_t>(row)] = biases[i]->element(r * biases[i]->strides[0]);
+    }
+  }
+  const TensorView all = TensorView::matrix(stacked.data(), DType::f32, n, k, k);
+  PackedLinear packed = plan.form.format == WeightFormat::int8_gemm ? PackedLinear::int8_gemm(all)
+                                                                    : PackedLinear::int8(all);
+  form.width = k;
+  form.out = n;
+  form.weights = packed.form();
+  return std::make_unique<LinearSeat>(form, table, mode, std::move(packed), std::move(bias));
+}
+
 }  // namespace
+
+std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::string& site) {
+  const SeatForm& pf = packed.form();
+  if (pf.splits.empty() || index == 0 || index >= pf.splits.size())
+    throw InvalidArgument("member_seat: " + pf.site + " has " + std::to_string(pf.splits.size()) +
+                          " packed modules; no member " + std::to_string(index));
+  SeatForm form = pf;
+  form.site = site;
+  form.out = pf.splits[index];
+  form.splits.clear();
+  int64_t from = 0;
+  for (size_t i = 0; i < index; ++i) from += pf.splits[i];
+  form.weights = "columns " + std::to_string(from) + ".." + std::to_string(from + form.out) +
+                 " of the pack at " + pf.site + " (" + pf.weights + ")";
+  return std::make_unique<MemberSeat>(form, packed.table(), packed.mode());
+}
 
 std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const std::map<std::string, TensorView>& tensors, GuardMode mode,
@@ -204,6 +278,8 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
   form.dtype = plan.act_dtype;
   form.band_min = plan.band_min;
   form.band_max = plan.band_max;
+  if (plan.op == OpKind::linear && plan.replaces.size() > 1)
+    return build_packed(plan, tensors, table, mode, form);
   if (plan.op == OpKind::linear) {
     PackedLinear w = pack(tensors, adopted, "weight", plan, 0, 0);
     std::vector<float> b = bias_values(optional_operand(tensors, "bias"), w.n(), "bias");

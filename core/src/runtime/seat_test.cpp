@@ -30,8 +30,9 @@ const frt_kernel_table& linear_table() { return hub().table("flashrt/linear"); }
 std::unique_ptr<LinearSeat> make_seat(GuardMode mode = GuardMode::fallback) {
   std::vector<float> w(64 * 32, 0.01f);
   PackedLinear p = PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 64, 32, 32));
-  SeatForm form{"site", "linear_proj", "linear_w8a16", OpKind::linear, DType::f32, 32, 64, 1,
-                16,     p.form()};
+  SeatForm form{
+      "site", "linear_proj", "linear_w8a16", OpKind::linear, DType::f32, 32, 64, 1, 16, p.form(),
+      {}};
   return std::make_unique<LinearSeat>(form, linear_table(), mode, std::move(p),
                                       std::vector<float>{});
 }
@@ -297,6 +298,61 @@ TEST(BuildSeat, AWeightOfTheWrongShapeIsRefusedNamingTheOperand) {
     EXPECT_NE(msg.find("[32, 48]"), std::string::npos) << msg;  // the shape it got
     EXPECT_NE(msg.find("[32, 64]"), std::string::npos) << msg;  // the shape it needs
   }
+}
+
+TEST(BuildSeat, APackedSeatStacksItsModulesAndComputesWhatEachWouldAlone) {
+  // Three projections of one input, the second without a bias: one linear over the stack.
+  const int64_t k = 64, m = 3;
+  const std::vector<int64_t> outs = {48, 16, 32};
+  std::vector<std::vector<float>> ws, bs;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    ws.push_back(ramp(outs[i] * k, 0.03f * static_cast<float>(i + 1), 0.1f));
+    bs.push_back(ramp(outs[i], 0.5f, 0.3f * static_cast<float>(i + 1)));
+  }
+  SeatPlan plan = seat_plan(OpKind::linear, "flashrt/linear", int8_form());
+  plan.replaces = {"attn.to_v", "attn.to_q", "attn.to_k"};  // the order the host calls them
+  std::map<std::string, TensorView> tensors;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const std::string node = std::string(1, "vqk"[i]);
+    plan.slots[node] = {plan.replaces[i], "weight"};
+    tensors[node] = matrix_view(ws[i], outs[i], k);
+    if (i == 1) continue;
+    plan.slots[node + "_bias"] = {plan.replaces[i], "bias"};
+    tensors[node + "_bias"] = vector_view(bs[i]);
+  }
+  std::unique_ptr<Seat> seat = build_seat(plan, tensors, GuardMode::fallback, hub());
+  EXPECT_EQ(seat->form().splits, outs);
+  EXPECT_EQ(seat->form().out, 96);
+  std::vector<float> x = ramp(m * k, 1, 2);
+  std::vector<float> got(m * 96);
+  ASSERT_EQ(seat->run(matrix_view(x, m, k), matrix_view(got, m, 96), false), Verdict::ran);
+  int64_t col = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const PackedLinear alone = PackedLinear::int8(matrix_view(ws[i], outs[i], k));
+    std::vector<float> want(m * outs[i]);
+    run_linear(linear_table(), process_parallel(), alone, i == 1 ? nullptr : bs[i].data(),
+               matrix_view(x, m, k), matrix_view(want, m, outs[i]));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < outs[i]; ++c)
+        EXPECT_EQ(got[r * 96 + col + c], want[r * outs[i] + c]) << i << " " << r << " " << c;
+    col += outs[i];
+  }
+  // A member: its own width and columns, no kernel, its own ledger.
+  std::unique_ptr<Seat> member = member_seat(*seat, 2, "attn.to_k");
+  EXPECT_EQ(member->form().out, 32);
+  EXPECT_EQ(member->form().site, "attn.to_k");
+  EXPECT_NE(member->form().weights.find("columns 64..96 of the pack at"), std::string::npos);
+  EXPECT_EQ(member->nbytes(), 0);
+  EXPECT_EQ(member->miss("called with another tensor"), Verdict::fallback);
+  EXPECT_EQ(member->ledger().fallbacks, 1);
+  EXPECT_EQ(seat->ledger().fallbacks, 0);
+  EXPECT_THROW(member_seat(*seat, 3, "x"), InvalidArgument);
+  EXPECT_THROW(member_seat(*seat, 0, "x"), InvalidArgument);
+  EXPECT_THROW(member_seat(*member, 1, "x"), InvalidArgument);
+  // A member whose width differs from the others' is refused with its shape.
+  std::vector<float> odd(16 * 32, 0.1f);
+  tensors["q"] = matrix_view(odd, 16, 32);
+  EXPECT_THROW(build_seat(plan, tensors, GuardMode::fallback, hub()), Refused);
 }
 
 }  // namespace
