@@ -289,7 +289,7 @@ TEST_P(GemmKernel, RefusesFormsOutsideItsContract) {
   d.wformat = FRT_W_INT8_CHANNEL;
   EXPECT_NE(form_refusal(*t, d).find("takes int8_gemm"), std::string::npos);
   d.wformat = FRT_W_INT8_GEMM;
-  d.op = FRT_OP_FFN;
+  d.op = FRT_OP_GATED_FFN;
   EXPECT_NE(form_refusal(*t, d).find("provides no"), std::string::npos);
 }
 

@@ -4,38 +4,38 @@
 #include <frt_kern/util.h>
 
 namespace frt::kern {
-namespace {
 
-// Widths past this would leave int32 accumulators and the fp32 column sums inexact.
-constexpr int64_t kMaxK = 131072;
+int64_t gemm_row_stride(int64_t k) { return align64(div_up(k, 4) * 4); }
 
-int64_t row_stride(int64_t k) { return align64(div_up(k, 4) * 4); }
-
-int32_t check_form(int32_t wformat, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
-                   frt_error* err) {
+int32_t gemm_check_form(int32_t wformat, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
+                        frt_error* err) {
   if (wformat != FRT_W_INT8_GEMM)
     return fail(err, FRT_REASON_FORMAT, "gemm: weight format %d; takes int8_gemm (%d) only",
                 wformat, FRT_W_INT8_GEMM);
-  if (n <= 0 || k <= 0 || k > kMaxK)
+  if (n <= 0 || k <= 0 || k > kGemmMaxK)
     return fail(err, FRT_REASON_SHAPE, "gemm: weight %lldx%lld outside 1..%lld wide",
                 static_cast<long long>(n), static_cast<long long>(k),
-                static_cast<long long>(kMaxK));
+                static_cast<long long>(kGemmMaxK));
   if ((x_dtype != FRT_F32 && x_dtype != FRT_BF16) || (y_dtype != FRT_F32 && y_dtype != FRT_BF16))
     return fail(err, FRT_REASON_DTYPE, "gemm: activations %s -> %s; supported: f32, bf16",
                 dtype_name(x_dtype), dtype_name(y_dtype));
   return ok(err);
 }
 
+namespace {
+
 QuantRows quant_view(const frt_linear_args* a) {
   auto* base = static_cast<uint8_t*>(a->workspace);
-  const int64_t lda = row_stride(a->w->k);
+  const int64_t lda = gemm_row_stride(a->w->k);
   const int64_t ubytes = align64(a->m * lda), pbytes = align64(a->m * 4);
   return {base, lda, reinterpret_cast<float*>(base + ubytes),
           reinterpret_cast<int32_t*>(base + ubytes + pbytes)};
 }
 
-void store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t n, void* y,
-                int32_t y_dtype, int64_t ldy) {
+}  // namespace
+
+void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t n, void* y,
+                     int32_t y_dtype, int64_t ldy) {
   const int64_t c0 = p * FRT_PANEL;
   const int64_t cols = n - c0 < FRT_PANEL ? n - c0 : FRT_PANEL;
   for (int64_t r = 0; r < rows; ++r) {
@@ -50,19 +50,17 @@ void store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t 
   }
 }
 
-}  // namespace
-
 int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
   if (d->rows_max < 1)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "gemm: rows up to %lld",
                 static_cast<long long>(d->rows_max));
-  return check_form(d->wformat, d->n, d->k, d->x_dtype, d->y_dtype, err);
+  return gemm_check_form(d->wformat, d->n, d->k, d->x_dtype, d->y_dtype, err);
 }
 
 int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
   if (a == nullptr || a->w == nullptr) return fail(err, FRT_REASON_FORMAT, "gemm: no arguments");
   const frt_packed_weight* w = a->w;
-  if (int32_t r = check_form(w->format, w->n, w->k, a->x_dtype, a->y_dtype, err);
+  if (int32_t r = gemm_check_form(w->format, w->n, w->k, a->x_dtype, a->y_dtype, err);
       r != FRT_REASON_OK)
     return r;
   if (w->qdata == nullptr || w->scales == nullptr || w->mins == nullptr)
@@ -80,7 +78,7 @@ int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
 }
 
 int64_t gemm_workspace(const frt_linear_args* a) {
-  return align64(a->m * row_stride(a->w->k)) + 2 * align64(a->m * 4);
+  return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * 4);
 }
 
 int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
@@ -103,7 +101,7 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
     for (int64_t r0 = 0; r0 < a->m; r0 += 4) {
       const int64_t rows = a->m - r0 < 4 ? a->m - r0 : 4;
       gemm_tile(a->w, p, q, r0, rows, a->bias, tile);
-      store_rows(tile, rows, r0, p, a->w->n, a->y, a->y_dtype, a->ldy);
+      gemm_store_rows(tile, rows, r0, p, a->w->n, a->y, a->y_dtype, a->ldy);
     }
   return ok(err);
 }

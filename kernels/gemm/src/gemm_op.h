@@ -9,11 +9,28 @@
 namespace frt::kern {
 
 inline constexpr int32_t kGemmPhases = 2;  // quantize rows; panels
+// Widths past this would leave int32 accumulators and the fp32 column sums inexact.
+inline constexpr int64_t kGemmMaxK = 131072;
 
 int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err);
 int32_t gemm_supports(const frt_linear_args* a, frt_error* err);
 int64_t gemm_workspace(const frt_linear_args* a);
 int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth, frt_error* err);
+
+// The form checks every op over FRT_W_INT8_GEMM shares: the format, 1..kGemmMaxK wide, f32/bf16.
+int32_t gemm_check_form(int32_t wformat, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
+                        frt_error* err);
+// Bytes of one quantized row of width k (a multiple of 64, zero past k).
+int64_t gemm_row_stride(int64_t k);
+
+// The FFN over FRT_W_INT8_GEMM (FRT_OP_FFN): y = down(act(up(x) + b_up)) + b_down, one phase
+// (see Note [GEMM feed-forward] in gemm_ffn.cpp).
+inline constexpr int32_t kGemmFfnPhases = 1;
+int32_t gemm_ffn_supports_form(const frt_op_desc* d, frt_error* err);
+int32_t gemm_ffn_supports(const frt_ffn_args* a, frt_error* err);
+int64_t gemm_ffn_workspace(const frt_ffn_args* a);
+int32_t gemm_ffn_run(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t nth,
+                     frt_error* err);
 
 // The quantized rows phase 0 writes: u8 [m][lda] (lda a multiple of 64, zero past k), and per
 // row its scale and zero point.
@@ -31,5 +48,8 @@ void quantize_row(const void* x, int32_t x_dtype, int64_t k, uint8_t* u, float* 
 // (fp32, bias added); rows <= 4.
 void gemm_tile(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0, int64_t rows,
                const float* bias, float* tile);
+// Writes the valid columns of tile[rows][FRT_PANEL] (panel p) to rows r0.. of y in y_dtype.
+void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t n, void* y,
+                     int32_t y_dtype, int64_t ldy);
 
 }  // namespace frt::kern
