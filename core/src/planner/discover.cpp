@@ -168,7 +168,7 @@ std::string shape_text(const StructureSpec& spec, const Assignment& a) {
 // region and nothing else that reaches its output. The region's input is what its sources read
 // (nodes no `feeds` edge points at), its output what its one sink returns (the node that feeds
 // no other). The nearest enclosing module with observed calls is taken (a list that is never
-// called is passed over); "" when there is none or its calls show anything else.
+// called is passed over); "" when no module qualifies or its calls show anything else.
 std::string enclosing_site(const HostGraph& g, const CallIndex& calls, const StructureSpec& spec,
                            const Assignment& a) {
   std::set<std::string> fed, feeding;
