@@ -24,6 +24,12 @@ one attention alone at the host's shape (three seats against one pack), where th
 --band measures the row count from which the GEMM seat beats the host's fp32 linear on the DiT
 projection shapes (the w8a8 form's band min in catalog/schemes.yaml).
 
+--ffn measures the fused GEMM feed-forward seat (flashrt/gemm's ffn: one seat per FeedForward,
+GELU and the hidden rows' requantization inside the op) against the per-projection arm (the two
+projections seated on their own, the host's GELU between them): on a diffusers FeedForward of
+the PixArt-Sigma and Flux widths over 1024 tokens, and in the whole step beside the host and the
+peers. It writes the key "ffn_fused" into the JSON, keeping the file's other keys.
+
     .venv/bin/python bench/dit.py --json bench/results/dit.json
 """
 
@@ -117,7 +123,7 @@ def timed(fn: Step) -> tuple[float, torch.Tensor]:
 
 
 def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step], rounds: int,
-               peers: bool, torchao: bool) -> dict:
+               peers: bool, torchao: bool, per_projection_arm: bool = False) -> dict:
     step = step_for(model)
     with torch.no_grad():
         want = step()
@@ -126,6 +132,16 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
     kept = len(plan.notes["scheme"]["keep_host"])
     refused = len(plan.notes["refused"])
     arms: dict[str, dict[str, Any]] = {"host_fp32": {}, "flashrt_w8a8": {}}
+    plans = {"flashrt_w8a8": plan}
+    if per_projection_arm:  # the feed-forwards' projections seated one by one, GELU at the host
+        plans["flashrt_w8a8_ffn_as_projections"] = S.auto_swaps(
+            model, step, scheme="w8a8_dynamic",
+            structures=[s for s in S.list_structures() if s != "encoder_ffn"])
+        arms["flashrt_w8a8_ffn_as_projections"] = {
+            "what": "w8a8_dynamic without encoder_ffn: each FeedForward's two projections are "
+                    "gemm linear seats, the GELU runs at the host between them"}
+        arms["flashrt_w8a8"]["ffn_seats"] = sum(
+            1 for sp in plan.seams if sp.seam.structure == "encoder_ffn")
     twins: dict[str, nn.Module] = {}
     if peers:
         twins["fbgemm_quantize_dynamic"] = fbgemm_arm(model)
@@ -141,12 +157,14 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
 
     def run(arm: str) -> tuple[float, torch.Tensor]:
         nonlocal handle
-        if arm == "flashrt_w8a8":
-            handle = plan.attach(model)
+        if arm in plans:
+            h = plans[arm].attach(model)
+            if arm == "flashrt_w8a8":
+                handle = h
             try:
                 return timed(step)
             finally:
-                handle.detach()
+                h.detach()
         if arm == "host_fp32":
             return timed(step)
         return timed(step_for(twins[arm]))  # the same inputs through the peer's twin
@@ -315,6 +333,121 @@ def measure_band(rounds: int) -> dict:
                     "the shapes (median of paired rounds per shape)"}
 
 
+def ffn_module(dim: int, tokens: int) -> tuple[nn.Module, torch.Tensor]:
+    """A diffusers FeedForward (GELU-tanh, biases, 4x) of width `dim` under a parent module, so
+    the seat can stand in the parent's place; its input: `tokens` latent rows."""
+    from diffusers.models.attention import FeedForward
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ff = FeedForward(dim, dim_out=dim, activation_fn="gelu-approximate")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.ff(x)
+
+    torch.manual_seed(0)
+    return Block().eval(), torch.randn(1, tokens, dim, generator=torch.Generator().manual_seed(1))
+
+
+def bench_ffn(dim: int, tokens: int, rounds: int) -> dict:
+    """One FeedForward call: host fp32, the fused seat, the per-projection seats; paired rounds,
+    alternated, medians."""
+    block, x = ffn_module(dim, tokens)
+    with torch.no_grad():
+        want = block(x)
+    fused = S.auto_swaps(block, lambda: block(x), scheme="w8a8_dynamic")
+    per_proj = S.auto_swaps(block, lambda: block(x), scheme="w8a8_dynamic",
+                            structures=["linear_proj"])
+    assert [sp.impl for sp in fused.seams] == ["gemm_ffn_w8a8"], S.explain(fused)
+    assert len(per_proj.swaps) == 2, S.explain(per_proj)
+    plans = {"fused_ffn_seat": fused, "per_projection_seats": per_proj}
+    reps = 3
+
+    def run(arm: str) -> tuple[float, torch.Tensor]:
+        h = plans[arm].attach(block) if arm in plans else None
+        try:
+            with torch.no_grad():
+                out = block(x)  # warm: the first call after attach sizes the workspace
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    out = block(x)
+                return (time.perf_counter() - t0) / reps, out
+        finally:
+            if h is not None:
+                h.detach()
+
+    order = ["host_fp32", "fused_ffn_seat", "per_projection_seats"]
+    times: dict[str, list[float]] = {a: [] for a in order}
+    outs: dict[str, torch.Tensor] = {}
+    for r in range(rounds):
+        for a in order[r % 3:] + order[:r % 3]:
+            t, outs[a] = run(a)
+            times[a].append(t)
+    arms: dict[str, Any] = {}
+    for a in order:
+        arms[a] = {"call_s": statistics.median(times[a]), "times_s": times[a],
+                   "speedup_vs_host": statistics.median(
+                       h / t for h, t in zip(times["host_fp32"], times[a])),
+                   "cosine_vs_host": cosine(outs[a], want)}
+    fused_vs_proj = statistics.median(
+        p / f for p, f in zip(times["per_projection_seats"], times["fused_ffn_seat"]))
+    weights = 2 * dim * 4 * dim
+    macs = tokens * weights
+    floor = {"int8_weight_bytes": weights,
+             "fused_int8_gops": 2 * macs / arms["fused_ffn_seat"]["call_s"] / 1e9}
+    print(f"  ffn {dim}->{4 * dim}->{dim} x{tokens}: host {arms['host_fp32']['call_s'] * 1e3:.1f} "
+          f"ms, fused {arms['fused_ffn_seat']['call_s'] * 1e3:.1f} ms, per-projection "
+          f"{arms['per_projection_seats']['call_s'] * 1e3:.1f} ms, fused/per-projection "
+          f"{fused_vs_proj:.2f}x", flush=True)
+    return {"shape": {"hidden": dim, "intermediate": 4 * dim, "tokens": tokens,
+                      "activation": "gelu_tanh"},
+            "arms": arms, "fused_speedup_vs_per_projection": fused_vs_proj, "floor": floor}
+
+
+def run_ffn(a: argparse.Namespace) -> None:
+    import json
+    result = json.loads(a.json.read_text()) if a.json.exists() else {}
+    out: dict[str, Any] = {"machine": machine(), "rounds": a.rounds, "feed_forward": {},
+                           "steps": []}
+    for name, dim in (("pixart_sigma", 1152), ("flux", 3072)):
+        out["feed_forward"][name] = bench_ffn(dim, 1024, max(5, a.rounds))
+        result["ffn_fused"] = out
+        write_result(a.json, result)
+    for name in filter(None, a.hosts.split(",")):
+        if name.startswith("pixart"):
+            model, step_for = pixart(int(name[6:]) if name[6:] else a.pixart_layers)
+        else:
+            model, step_for = flux(a.flux_double, a.flux_single)
+        print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params",
+              flush=True)
+        out["steps"].append(bench_host(name, model, step_for, a.rounds, not a.no_peers,
+                                       name in a.torchao_hosts.split(","),
+                                       per_projection_arm=True))
+        result["ffn_fused"] = out
+        write_result(a.json, result)
+        del model, step_for
+        gc.collect()
+    print(f"\n{'ffn':14} {'arm':22} {'call ms':>8} {'x host':>7} {'cosine':>9}")
+    for name, r in out["feed_forward"].items():
+        for arm, v in r["arms"].items():
+            print(f"{name:14} {arm:22} {v['call_s'] * 1e3:8.1f} {v['speedup_vs_host']:7.2f} "
+                  f"{v['cosine_vs_host']:9.5f}")
+        print(f"{name:14} fused / per-projection {r['fused_speedup_vs_per_projection']:.2f}x")
+    print_steps(out["steps"])
+
+
+def print_steps(hosts: list[dict]) -> None:
+    print(f"\n{'host':8} {'arm':32} {'step s':>8} {'x host':>7} {'cosine':>9}")
+    for h in hosts:
+        for arm, r in h["arms"].items():
+            if "unavailable" in r:
+                print(f"{h['host']:8} {arm:32} unavailable: {r['unavailable']}")
+                continue
+            print(f"{h['host']:8} {arm:32} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
+                  f"{r['cosine_vs_host']:9.5f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, default=Path("bench/results/dit.json"))
@@ -329,7 +462,12 @@ def main() -> None:
     ap.add_argument("--band", action="store_true", help="measure the w8a8 form's band min too")
     ap.add_argument("--qkv", action="store_true",
                     help="qkv_pack against per-projection seats (the JSON's qkv_pack key)")
+    ap.add_argument("--ffn", action="store_true",
+                    help="the fused FFN seat against the per-projection arm (key ffn_fused)")
     a = ap.parse_args()
+    if a.ffn:
+        run_ffn(a)
+        return
     if a.qkv:
         kept = json.loads(a.json.read_text()) if a.json.exists() else {}
         entry: dict[str, Any] = {"machine": machine(), "hosts": []}
@@ -368,14 +506,7 @@ def main() -> None:
         write_result(a.json, result)  # after each host: a long run keeps what it measured
         del model, step_for
         gc.collect()
-    print(f"\n{'host':8} {'arm':26} {'step s':>8} {'x host':>7} {'cosine':>9}")
-    for h in result["hosts"]:
-        for arm, r in h["arms"].items():
-            if "unavailable" in r:
-                print(f"{h['host']:8} {arm:26} unavailable: {r['unavailable']}")
-                continue
-            print(f"{h['host']:8} {arm:26} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
-                  f"{r['cosine_vs_host']:9.5f}")
+    print_steps(result["hosts"])
     write_result(a.json, result)
 
 

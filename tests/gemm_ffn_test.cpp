@@ -18,34 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_util.h"
+
 namespace frt {
 namespace {
 
-const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni"};
-
-const frt_kernel_table* open_package(const std::string& name, const std::string& isa,
-                                     std::string* skip) {
-  for (const std::string& f : tier_features(isa))
-    if (!detect_cpu().has(f)) {
-      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
-      return nullptr;
-    }
-  const std::string lib = std::string(FRT_TEST_KERNEL_ROOT) + "/flashrt/" + name +
-                          "/build/cpu-x86_64-linux-" + isa + "/libfrt_" + name + ".so";
-  std::string why;
-  const frt_kernel_table* t = open_variant_library(lib, &why);
-  if (t == nullptr) ADD_FAILURE() << "cannot open " << lib << ": " << why;
-  return t;
-}
-
-float bf16_round(float f) {  // to nearest even, as the kernels' bf16
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  bits &= 0xffff0000u;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using ktest::fresh_seed;
+using ktest::kIsas;
+using ktest::open_variant;
 
 // A [rows, width] matrix with a poisoned gap past the width; its values as the dtype holds them.
 struct Matrix {
@@ -62,7 +42,7 @@ struct Matrix {
         bf16(r * (w + 3), 0x7fc1) {}
   void set(int64_t r, int64_t c, float v) {
     if (dtype == DType::bf16) {
-      v = bf16_round(v);
+      v = ktest::to_bf16_value(v);
       uint32_t bits;
       std::memcpy(&bits, &v, 4);
       bf16[r * ld + c] = static_cast<uint16_t>(bits >> 16);
@@ -144,11 +124,6 @@ std::vector<float> random_vector(int64_t n, float sd, std::mt19937_64& rng) {
   return v;
 }
 
-uint64_t fresh_seed() {
-  static std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) | rd();
-}
-
 // A feed-forward's weights: up [inner, k], down [n, inner], fp32 biases.
 struct Ffn {
   int64_t k, inner, n;
@@ -184,11 +159,24 @@ struct Case {
 const std::vector<Case> kCases = {{1, 4, 16, 1},      {3, 5, 19, 17},    {6, 7, 33, 9},
                                   {37, 129, 100, 65}, {70, 64, 256, 48}, {33, 96, 384, 96}};
 
+// The plan-time form of a GELU feed-forward over the int8_gemm layout.
+frt_op_desc ffn_desc(int64_t k, int64_t inner, int64_t n, int64_t rows_max) {
+  frt_op_desc d{};
+  d.op = FRT_OP_FFN;
+  d.wformat = FRT_W_INT8_GEMM;
+  d.act = FRT_ACT_GELU;
+  d.k = k;
+  d.inner = inner;
+  d.n = n;
+  d.rows_max = rows_max;
+  return d;
+}
+
 class GemmFfn : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GemmFfn, MatchesFloat64ReferenceEveryShapeDtypeActivationAndBias) {
   std::string skip;
-  const frt_kernel_table* t = open_package("gemm", GetParam(), &skip);
+  const frt_kernel_table* t = open_variant("gemm", GetParam(), &skip);
   if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(2);
   const uint64_t seed = fresh_seed();
@@ -252,10 +240,10 @@ TEST_P(GemmFfn, MatchesFloat64ReferenceEveryShapeDtypeActivationAndBias) {
 
 TEST_P(GemmFfn, ThreadCountsAndTheGenericVariantAgreeBitwiseNaNRowsIncluded) {
   std::string skip;
-  const frt_kernel_table* t = open_package("gemm", GetParam(), &skip);
+  const frt_kernel_table* t = open_variant("gemm", GetParam(), &skip);
   if (t == nullptr) GTEST_SKIP() << skip;
   std::string none;
-  const frt_kernel_table* generic = open_package("gemm", "generic", &none);
+  const frt_kernel_table* generic = open_variant("gemm", "generic", &none);
   ASSERT_NE(generic, nullptr);
   ThreadPool pool(3);
   std::mt19937_64 rng(fresh_seed());
@@ -295,7 +283,7 @@ TEST_P(GemmFfn, ThreadCountsAndTheGenericVariantAgreeBitwiseNaNRowsIncluded) {
 
 TEST_P(GemmFfn, RefusesFormsOutsideItsContract) {
   std::string skip;
-  const frt_kernel_table* t = open_package("gemm", GetParam(), &skip);
+  const frt_kernel_table* t = open_variant("gemm", GetParam(), &skip);
   if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(1);
   std::mt19937_64 rng(fresh_seed());
@@ -327,15 +315,8 @@ TEST_P(GemmFfn, RefusesFormsOutsideItsContract) {
       ffn_refusal(*t, f.operands(Activation::gelu, true), narrow.view(), y.view()).find("width 63"),
       std::string::npos);
   // Plan time: activation, format, widths.
-  frt_op_desc d{};
-  d.op = FRT_OP_FFN;
-  d.wformat = FRT_W_INT8_GEMM;
-  d.act = FRT_ACT_GELU;
-  d.k = 64;
-  d.inner = 96;
-  d.n = 48;
+  frt_op_desc d = ffn_desc(64, 96, 48, int64_t{1} << 62);
   d.has_bias = 1;
-  d.rows_max = int64_t{1} << 62;
   EXPECT_EQ(form_refusal(*t, d), "");
   d.act = 7;
   EXPECT_NE(form_refusal(*t, d).find("activation 7"), std::string::npos);
@@ -355,16 +336,9 @@ TEST_P(GemmFfn, RefusesFormsOutsideItsContract) {
 // encoder_ffn ladder reaches the GEMM's ffn rung only for the int8_gemm form.
 TEST_P(GemmFfn, TheDecodeFfnPackageRefusesTheGemmLayout) {
   std::string skip;
-  const frt_kernel_table* t = open_package("ffn", GetParam(), &skip);
+  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
   if (t == nullptr) GTEST_SKIP() << skip;
-  frt_op_desc d{};
-  d.op = FRT_OP_FFN;
-  d.wformat = FRT_W_INT8_GEMM;
-  d.act = FRT_ACT_GELU;
-  d.k = 64;
-  d.inner = 96;
-  d.n = 64;
-  d.rows_max = 16;
+  const frt_op_desc d = ffn_desc(64, 96, 64, 16);
   EXPECT_NE(form_refusal(*t, d).find("unknown weight format 16"), std::string::npos)
       << form_refusal(*t, d);
 }

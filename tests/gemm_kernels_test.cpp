@@ -17,23 +17,16 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_util.h"
+
 namespace frt {
 namespace {
 
-const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni"};
+using ktest::fresh_seed;
+using ktest::kIsas;
 
 const frt_kernel_table* open_gemm(const std::string& isa, std::string* skip) {
-  for (const std::string& f : tier_features(isa))
-    if (!detect_cpu().has(f)) {
-      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
-      return nullptr;
-    }
-  const std::string lib = std::string(FRT_TEST_KERNEL_ROOT) +
-                          "/flashrt/gemm/build/cpu-x86_64-linux-" + isa + "/libfrt_gemm.so";
-  std::string why;
-  const frt_kernel_table* t = open_variant_library(lib, &why);
-  if (t == nullptr) ADD_FAILURE() << "cannot open " << lib << ": " << why;
-  return t;
+  return ktest::open_variant("gemm", isa, skip);
 }
 
 uint16_t bf16_bits(float f) {  // round to nearest even
@@ -162,11 +155,6 @@ std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
   std::vector<float> w(n * k);
   for (float& v : w) v = dist(rng);
   return w;
-}
-
-uint64_t fresh_seed() {
-  static std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) | rd();
 }
 
 struct Case {

@@ -15,43 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_util.h"
+
 namespace frt {
 namespace {
 
-const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni"};
-
-std::string library(const std::string& pkg, const std::string& isa) {
-  return std::string(FRT_TEST_KERNEL_ROOT) + "/flashrt/" + pkg + "/build/cpu-x86_64-linux-" + isa +
-         "/libfrt_" + pkg + ".so";
-}
-
-// The variant's table, or nullptr (and a skip reason) when this CPU cannot run it.
-const frt_kernel_table* open_variant(const std::string& pkg, const std::string& isa,
-                                     std::string* skip) {
-  for (const std::string& f : tier_features(isa))
-    if (!detect_cpu().has(f)) {
-      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
-      return nullptr;
-    }
-  std::string why;
-  const frt_kernel_table* t = open_variant_library(library(pkg, isa), &why);
-  if (t == nullptr) ADD_FAILURE() << "cannot open " << library(pkg, isa) << ": " << why;
-  return t;
-}
-
-uint64_t fresh_seed() {
-  static std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) | rd();
-}
-
-float to_bf16_value(float f) {  // the value a bf16 tensor holds for f (round to nearest even)
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  bits &= 0xffff0000u;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using ktest::fresh_seed;
+using ktest::kIsas;
+using ktest::library;
+using ktest::open_variant;
+using ktest::to_bf16_value;
 
 // Activations in the dtype under test, kept both as raw storage and as the values it holds.
 struct Rows {

@@ -301,7 +301,9 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
         hm.values = inv_freq.detach().float().tolist()
         hm.attributes = {"attention_scaling": repr(float(getattr(mod, "attention_scaling", 1.0)))}
-    return hm, _bare_leaf(mod)  # observed: a norm without affine if its call shows one
+    # Observed: a norm without affine if its call shows one; a container, whose calls show whether
+    # it computes exactly a region of its children (the planner's Note [Enclosing site]).
+    return hm, _bare_leaf(mod) or bool(hm.children)
 
 
 def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn.Module]]]:

@@ -173,9 +173,60 @@ std::string shape_text(const StructureSpec& spec, const Assignment& a) {
   return out;
 }
 
-// "" when the matched region lies inside the structure's boundary, else the reason.
+// Note [Enclosing site]: a `site: parent` region whose nodes sit in different modules (diffusers'
+// FeedForward: the up projection inside the activation module, down beside it in a list) is
+// still one seam when one module encloses them all and its every observed call reads the
+// region's input and returns the region's output, the very tensors: that module computes the
+// region and nothing else that reaches its output. The region's input is what its sources read
+// (nodes no `feeds` edge points at), its output what its one sink returns (the node that feeds
+// no other). The nearest enclosing module with observed calls is taken (a list that is never
+// called is passed over); "" when no module qualifies or its calls show anything else.
+std::string enclosing_site(const HostGraph& g, const CallIndex& calls, const StructureSpec& spec,
+                           const Assignment& a) {
+  std::set<std::string> fed, feeding;
+  for (const FlowEdge& e : spec.match.flow)
+    if (e.kind == FlowKind::feeds) feeding.insert(e.a), fed.insert(e.b);
+  std::vector<std::string> sources, sinks;
+  for (const MatchNode& n : spec.match.nodes) {
+    if (!fed.count(n.name)) sources.push_back(a.at(n.name)->path);
+    if (!feeding.count(n.name)) sinks.push_back(a.at(n.name)->path);
+  }
+  if (sinks.size() != 1 || sources.empty()) return "";
+  // The deepest module strictly above every node.
+  const auto above = [](const std::string& anc, const std::string& p) {
+    return anc.empty() ? !p.empty()
+                       : p.size() > anc.size() && p.compare(0, anc.size(), anc) == 0 &&
+                             p[anc.size()] == '.';
+  };
+  std::string site = parent_of(a.begin()->second->path);
+  for (;;) {
+    bool all = true;
+    for (const auto& [_, m] : a) all &= above(site, m->path);
+    if (all || site.empty()) break;
+    site = parent_of(site);
+  }
+  while (calls.of(site).empty() && !site.empty()) site = parent_of(site);
+  const std::vector<const HostCall*>& outer = calls.of(site);
+  if (outer.empty() || g.find(site) == nullptr || outer.size() != calls.of(sinks[0]).size())
+    return "";
+  for (const HostCall* c : outer) {
+    bool out = false;
+    for (const HostCall* s : calls.of(sinks[0])) out |= s->output_id == c->output_id;
+    for (const std::string& src : sources) {
+      bool in = false;
+      for (const HostCall* s : calls.of(src)) in |= s->input_id == c->input_id;
+      if (!in) return "";
+    }
+    if (!out) return "";
+  }
+  return site;
+}
+
+// "" when the matched region lies inside the structure's boundary, else the reason. `enclosed`:
+// the nodes are split across modules but one module computes the region (Note [Enclosing site]).
 std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
-                             const std::map<std::string, int64_t>& dims, const std::string& shape) {
+                             const std::map<std::string, int64_t>& dims, const std::string& shape,
+                             bool enclosed) {
   bool biased = false;
   for (const MatchNode& n : spec.match.nodes)
     if (n.kind == NodeKind::linear && n.bias_slot.empty() && a.count(n.name) &&
@@ -203,7 +254,7 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
       return "dim " + name + " = " + std::to_string(value) + " outside the structure's bounds (" +
              shape + ")";
   }
-  if (spec.match.site == SiteKind::parent) {
+  if (spec.match.site == SiteKind::parent && !enclosed) {
     std::map<std::string, std::vector<std::string>> homes;  // parent -> nodes
     for (const MatchNode& n : spec.match.nodes)
       if (a.count(n.name)) homes[parent_of(a.at(n.name)->path)].push_back(n.name);
@@ -299,12 +350,18 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
         dims[n.out_dim] = a.at(n.name)->out_features;
         dims[n.in_dim] = a.at(n.name)->in_features;
       }
-    const std::string site =
+    std::string site =
         match.site == SiteKind::node ? a.at(lead.name)->path : parent_of(a.at(lead.name)->path);
+    bool split = false;
+    for (const auto& [_, mod] : a) split |= parent_of(mod->path) != site;
+    const std::string outer =
+        match.site == SiteKind::parent && split ? enclosing_site(g, calls, spec, a) : "";
+    const bool enclosed = !outer.empty();
+    if (enclosed) site = outer;
     if (match.always_claims)
       for (const auto& [_, mod] : a) claimed.insert(mod->path);
     if (!wanted) continue;
-    if (std::string why = boundary_refusal(spec, a, dims, shape); !why.empty()) {
+    if (std::string why = boundary_refusal(spec, a, dims, shape, enclosed); !why.empty()) {
       // The region stays with the host as a whole; its modules remain free for other structures.
       if (refused_sites.insert(site).second) out.refused.emplace_back(site, spec.name + ": " + why);
       continue;

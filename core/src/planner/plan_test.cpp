@@ -305,6 +305,59 @@ TEST(Plan, AFormBandReplacesTheDecodeBandAndSmallCallSeamsStayAtHost) {
       << explain(p);
 }
 
+// A feed-forward laid out as diffusers' FeedForward: `p` holds a list `p.net` whose first entry
+// is an activation module wrapping the up projection, then down; `p` itself reads x and returns
+// down's output (`out_id` 0), or returns another tensor (`out_id` set: a module that does more).
+GraphBuilder wrapped_ffn(const std::string& p, int64_t rows, int64_t out_id = 0) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  b.module(p, ModuleKind::module);
+  b.module(p + ".net", ModuleKind::module);  // a list: never called
+  b.module(p + ".net.0", ModuleKind::activation).activation = Activation::gelu_tanh;
+  b.linear(p + ".net.0.proj", 512, 2048, /*bias=*/true);
+  b.linear(p + ".net.2", 2048, 512, /*bias=*/true);
+  const int64_t x = 100, u = 101, h = 102, y = 103;
+  b.call(p, x, out_id != 0 ? out_id : y, rows);
+  b.call(p + ".net.0.proj", x, u, rows);
+  b.call(p + ".net.0", u, h, rows);
+  b.call(p + ".net.2", h, y, rows);
+  return b;
+}
+
+// Note [Enclosing site]: nodes split across modules are one seam at the module whose calls read
+// the region's input and return its output; the fused GEMM feed-forward takes it under the w8a8
+// form, ahead of the per-projection rung.
+TEST(Plan, AnFfnSplitAcrossModulesIsSeatedAtTheModuleThatComputesIt) {
+  const Discovery d = discover(wrapped_ffn("ff", 256).g, catalog(), {"encoder_ffn"});
+  ASSERT_EQ(d.seams.size(), 1u);
+  EXPECT_TRUE(d.refused.empty());
+  EXPECT_EQ(d.seams[0].site, "ff");
+  EXPECT_EQ(d.seams[0].activation, Activation::gelu_tanh);
+  PlanOptions o;
+  o.structures = {"encoder_ffn", "linear_proj"};
+  o.scheme = "w8a8_dynamic";
+  const Plan p = plan(wrapped_ffn("ff", 256).g, catalog(), o, hub());
+  ASSERT_EQ(p.seats.size(), 1u) << explain(p);
+  const SeatPlan& s = p.seats[0];
+  EXPECT_EQ(s.site, "ff");
+  EXPECT_EQ(s.op, OpKind::ffn);
+  EXPECT_EQ(s.package, "flashrt/gemm");
+  EXPECT_EQ(s.impl, "gemm_ffn_w8a8");
+  EXPECT_EQ(s.slots.at("up").module, "ff.net.0.proj");
+  EXPECT_EQ(s.slots.at("down_bias").module, "ff.net.2");
+  ASSERT_FALSE(s.ladder.empty());
+  EXPECT_NE(s.ladder[0].find("unknown weight format 16"), std::string::npos) << s.ladder[0];
+}
+
+TEST(Plan, AnFfnSplitAcrossModulesWhoseOuterModuleDoesMoreIsRefused) {
+  const Discovery d =
+      discover(wrapped_ffn("ff", 256, /*out_id=*/555).g, catalog(), {"encoder_ffn"});
+  EXPECT_TRUE(d.seams.empty());
+  ASSERT_EQ(d.refused.size(), 1u);
+  EXPECT_NE(d.refused[0].second.find("split across modules"), std::string::npos)
+      << d.refused[0].second;
+}
+
 TEST(Plan, WeightDtypesOutsideTheImplsAreRefusedByName) {
   GraphBuilder b;
   b.module("", ModuleKind::module);
