@@ -17,6 +17,7 @@
 #include <cmath>
 #include <limits>
 
+#include "gemm_isa.h"
 #include "gemm_op.h"
 
 #if defined(__AVX2__)
@@ -26,30 +27,12 @@
 namespace frt::kern {
 namespace {
 
-inline float load_x(const void* x, int32_t dt, int64_t i) {
-  return dt == FRT_F32 ? static_cast<const float*>(x)[i]
-                       : bf16_to_f32(static_cast<const uint16_t*>(x)[i]);
-}
-
 constexpr int64_t kQuadsPerBlock = kGemmActBlock / 4;
-
-void panel_bias(const frt_packed_weight* w, int64_t p, const float* bias, float* out) {
-  const int64_t c0 = p * FRT_PANEL;
-  for (int64_t j = 0; j < FRT_PANEL; ++j)
-    out[j] = (bias != nullptr && c0 + j < w->n) ? bias[c0 + j] : 0.0f;
-}
 
 }  // namespace
 
 #if defined(__AVX2__)
 namespace {
-
-inline __m256 load8(const void* x, int32_t dt, int64_t i) {
-  if (dt == FRT_F32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
-  const __m128i h =
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 
 // One full block of 32: the same amax, scale and rounding as the scalar loop (cvtps rounds to
 // nearest even, as nearbyint does in the default mode), so both paths write the same bytes.
@@ -57,7 +40,7 @@ inline void quantize_block_avx2(const void* x, int32_t dt, int64_t i0, int8_t* a
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4], m = _mm256_setzero_ps();
   for (int j = 0; j < 4; ++j) {
-    v[j] = load8(x, dt, i0 + 8 * j);
+    v[j] = gemm_load8(x, dt, i0 + 8 * j);
     m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[j]));
   }
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
@@ -90,11 +73,11 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 bad = _mm256_setzero_ps();
   for (; i + 8 <= k; i += 8)  // |x| == inf or NaN (unordered)
-    bad =
-        _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, load8(x, dt, i)), inf, _CMP_NLT_UQ));
+    bad = _mm256_or_ps(
+        bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, gemm_load8(x, dt, i)), inf, _CMP_NLT_UQ));
   finite = _mm256_movemask_ps(bad) == 0;
 #endif
-  for (; i < k && finite; ++i) finite = std::isfinite(load_x(x, dt, i));
+  for (; i < k && finite; ++i) finite = std::isfinite(gemm_load_x(x, dt, i));
   if (!finite) {  // no finite scale: the row's outputs come out NaN
     std::fill(d, d + blocks, std::nanf(""));
     std::memset(a, 0, static_cast<size_t>(div_up(k, 4) * 4));
@@ -109,12 +92,12 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
     }
 #endif
     float amax = 0;
-    for (int64_t j = i0; j < i1; ++j) amax = std::max(amax, std::fabs(load_x(x, dt, j)));
+    for (int64_t j = i0; j < i1; ++j) amax = std::max(amax, std::fabs(gemm_load_x(x, dt, j)));
     const float inv = amax > 0 ? 127.0f / amax : 0.0f;
     d[b] = amax / 127.0f;
     for (int64_t j = i0; j < i1; ++j)
-      a[j] =
-          static_cast<int8_t>(std::clamp(std::nearbyint(load_x(x, dt, j) * inv), -127.0f, 127.0f));
+      a[j] = static_cast<int8_t>(
+          std::clamp(std::nearbyint(gemm_load_x(x, dt, j) * inv), -127.0f, 127.0f));
   }
   for (int64_t j = k; j < div_up(k, 4) * 4; ++j) a[j] = 0;
 }
@@ -166,7 +149,7 @@ void tile_blocks_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q,
     }
   }
   alignas(32) float bb[FRT_PANEL];
-  panel_bias(w, p, bias, bb);
+  gemm_panel_bias(w, p, bias, bb);
   const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h) {
@@ -183,7 +166,7 @@ void tile_blocks_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, 
   const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
   const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
   float bb[FRT_PANEL];
-  panel_bias(w, p, bias, bb);
+  gemm_panel_bias(w, p, bias, bb);
   for (int64_t r = 0; r < rows; ++r) {
     const int8_t* a = q.a + (r0 + r) * q.lda;
     const float* d = q.d + (r0 + r) * q.ldd;
@@ -207,16 +190,8 @@ void tile_blocks_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, 
 void gemm_tile_blocks(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                       int64_t rows, const float* bias, float* tile) {
 #if defined(__AVX2__)
-  switch (rows) {
-    case 4:
-      return tile_blocks_avx2<4>(w, p, q, r0, bias, tile);
-    case 3:
-      return tile_blocks_avx2<3>(w, p, q, r0, bias, tile);
-    case 2:
-      return tile_blocks_avx2<2>(w, p, q, r0, bias, tile);
-    default:
-      return tile_blocks_avx2<1>(w, p, q, r0, bias, tile);
-  }
+  with_tile_rows(rows,
+                 [&](auto r) { tile_blocks_avx2<decltype(r)::value>(w, p, q, r0, bias, tile); });
 #else
   tile_blocks_ref(w, p, q, r0, rows, bias, tile);
 #endif

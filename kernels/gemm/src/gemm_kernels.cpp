@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gemm_isa.h"
 #include "gemm_op.h"
 
 #if defined(__AVX2__)
@@ -23,26 +24,15 @@
 namespace frt::kern {
 namespace {
 
-inline float load_x(const void* x, int32_t dt, int64_t i) {
-  return dt == FRT_F32 ? static_cast<const float*>(x)[i]
-                       : bf16_to_f32(static_cast<const uint16_t*>(x)[i]);
-}
-
 inline uint8_t quantize_one(float v, float inv, int32_t z) {
   const float u = std::nearbyint(v * inv) + static_cast<float>(z);
   return static_cast<uint8_t>(std::clamp(u, 0.0f, 127.0f));
 }
 
 #if defined(__AVX2__)
-inline __m256 load8(const void* x, int32_t dt, int64_t i) {
-  if (dt == FRT_F32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
-  const __m128i h =
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 inline __m256i quantize8(const void* x, int32_t dt, int64_t i, __m256 inv, __m256i z) {
-  const __m256i v = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(load8(x, dt, i), inv)), z);
+  const __m256i v =
+      _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(gemm_load8(x, dt, i), inv)), z);
   return _mm256_min_epi32(_mm256_max_epi32(v, _mm256_setzero_si256()), _mm256_set1_epi32(127));
 }
 #endif
@@ -56,7 +46,7 @@ void quantize_row(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale
 #if defined(__AVX2__)
   __m256 vlo = _mm256_setzero_ps(), vhi = vlo, vnan = vlo;
   for (; i + 8 <= k; i += 8) {
-    const __m256 v = load8(x, dt, i);
+    const __m256 v = gemm_load8(x, dt, i);
     vlo = _mm256_min_ps(vlo, v);
     vhi = _mm256_max_ps(vhi, v);
     vnan = _mm256_or_ps(vnan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
@@ -68,7 +58,7 @@ void quantize_row(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale
   nan = _mm256_movemask_ps(vnan) != 0;
 #endif
   for (; i < k; ++i) {
-    const float v = load_x(x, dt, i);
+    const float v = gemm_load_x(x, dt, i);
     lo = std::min(lo, v), hi = std::max(hi, v);
     nan |= std::isnan(v);
   }
@@ -98,7 +88,7 @@ void quantize_row(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(u + i), bytes);
   }
 #endif
-  for (; i < k; ++i) u[i] = quantize_one(load_x(x, dt, i), inv, z);
+  for (; i < k; ++i) u[i] = quantize_one(gemm_load_x(x, dt, i), inv, z);
   for (; i < div_up(k, 4) * 4; ++i) u[i] = 0;
 }
 
@@ -107,12 +97,6 @@ namespace {
 // The epilogue shared by both paths: y = float(acc - z * colsum) * (s_x * scale) + bias.
 inline float finish(int32_t acc, int32_t z, int32_t colsum, float sx, float sc, float b) {
   return static_cast<float>(acc - z * colsum) * (sx * sc) + b;
-}
-
-void panel_bias(const frt_packed_weight* w, int64_t p, const float* bias, float* out) {
-  const int64_t c0 = p * FRT_PANEL;
-  for (int64_t j = 0; j < FRT_PANEL; ++j)
-    out[j] = (bias != nullptr && c0 + j < w->n) ? bias[c0 + j] : 0.0f;
 }
 
 #if defined(__AVX2__)
@@ -142,7 +126,7 @@ void tile_avx2(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_
     }
   }
   alignas(32) float b[FRT_PANEL];
-  panel_bias(w, p, bias, b);
+  gemm_panel_bias(w, p, bias, b);
   const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
   const float* cs = static_cast<const float*>(w->mins) + p * FRT_PANEL;  // column sums
   const __m256i colsum[2] = {_mm256_cvtps_epi32(_mm256_loadu_ps(cs)),
@@ -164,7 +148,7 @@ void tile_ref(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t
   const int64_t kq = div_up(w->k, 4);
   const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
   float b[FRT_PANEL];
-  panel_bias(w, p, bias, b);
+  gemm_panel_bias(w, p, bias, b);
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* a = q.u + (r0 + r) * q.lda;
     int32_t acc[FRT_PANEL] = {};
@@ -186,16 +170,7 @@ void tile_ref(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t
 void gemm_tile(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0, int64_t rows,
                const float* bias, float* tile) {
 #if defined(__AVX2__)
-  switch (rows) {
-    case 4:
-      return tile_avx2<4>(w, p, q, r0, bias, tile);
-    case 3:
-      return tile_avx2<3>(w, p, q, r0, bias, tile);
-    case 2:
-      return tile_avx2<2>(w, p, q, r0, bias, tile);
-    default:
-      return tile_avx2<1>(w, p, q, r0, bias, tile);
-  }
+  with_tile_rows(rows, [&](auto r) { tile_avx2<decltype(r)::value>(w, p, q, r0, bias, tile); });
 #else
   tile_ref(w, p, q, r0, rows, bias, tile);
 #endif

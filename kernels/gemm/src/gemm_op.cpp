@@ -96,19 +96,14 @@ int64_t gemm_workspace(const frt_linear_args* a) {
 
 namespace {
 
-// Phase 0 quantizes each row per block of 32, phase 1 runs the tiles (Note [W8A8 blocks]).
-int32_t run_blocks(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
-                   frt_error* err) {
-  auto* base = static_cast<uint8_t*>(a->workspace);
-  const int64_t lda = gemm_row_stride(a->w->k);
-  const BlockRows q{reinterpret_cast<int8_t*>(base), lda,
-                    reinterpret_cast<float*>(base + align64(a->m * lda)), block_stride(a->w->k)};
-  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2;
+// The linear's two phases: quantize_row(r) for this thread's rows, then tile(p, r0, rows, out)
+// over this thread's panels, 4 rows at a time, stored into y.
+template <class QuantizeRow, class Tile>
+int32_t run_phases(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
+                   frt_error* err, QuantizeRow&& quantize_row_at, Tile&& tile_at) {
   if (phase == 0) {
     const Range rows = split(a->m, ith, nth);
-    for (int64_t r = rows.begin; r < rows.end; ++r)
-      quantize_row_blocks(static_cast<const char*>(a->x) + r * a->ldx * xsize, a->x_dtype, a->w->k,
-                          q.a + r * q.lda, q.d + r * q.ldd);
+    for (int64_t r = rows.begin; r < rows.end; ++r) quantize_row_at(r);
     return ok(err);
   }
   if (phase != 1) return fail(err, FRT_E_INVALID, "gemm has no phase %d", phase);
@@ -117,7 +112,7 @@ int32_t run_blocks(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t
   for (int64_t p = panels.begin; p < panels.end; ++p)
     for (int64_t r0 = 0; r0 < a->m; r0 += 4) {
       const int64_t rows = a->m - r0 < 4 ? a->m - r0 : 4;
-      gemm_tile_blocks(a->w, p, q, r0, rows, a->bias, tile);
+      tile_at(p, r0, rows, tile);
       gemm_store_rows(tile, rows, r0, p, a->w->n, a->y, a->y_dtype, a->ldy);
     }
   return ok(err);
@@ -129,26 +124,31 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
                  frt_error* err) {
   if (nth < 1 || ith < 0 || ith >= nth) return fail(err, FRT_E_INVALID, "bad thread split");
   if (a->workspace == nullptr) return fail(err, FRT_E_INVALID, "no workspace");
-  if (a->w->group == kGemmActBlock) return run_blocks(a, phase, ith, nth, err);
-  const QuantRows q = quant_view(a);
-  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2;
-  if (phase == 0) {
-    const Range rows = split(a->m, ith, nth);
-    for (int64_t r = rows.begin; r < rows.end; ++r)
-      quantize_row(static_cast<const char*>(a->x) + r * a->ldx * xsize, a->x_dtype, a->w->k,
-                   q.u + r * q.lda, q.scale + r, q.zero + r);
-    return ok(err);
+  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, k = a->w->k;
+  auto x_row = [&](int64_t r) { return static_cast<const char*>(a->x) + r * a->ldx * xsize; };
+  if (a->w->group == kGemmActBlock) {  // the decode form (Note [W8A8 blocks])
+    auto* base = static_cast<uint8_t*>(a->workspace);
+    const int64_t lda = gemm_row_stride(k);
+    const BlockRows q{reinterpret_cast<int8_t*>(base), lda,
+                      reinterpret_cast<float*>(base + align64(a->m * lda)), block_stride(k)};
+    return run_phases(
+        a, phase, ith, nth, err,
+        [&](int64_t r) {
+          quantize_row_blocks(x_row(r), a->x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
+        },
+        [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
+          gemm_tile_blocks(a->w, p, q, r0, rows, a->bias, tile);
+        });
   }
-  if (phase != 1) return fail(err, FRT_E_INVALID, "gemm has no phase %d", phase);
-  alignas(64) float tile[4 * FRT_PANEL];
-  const Range panels = split(div_up(a->w->n, FRT_PANEL), ith, nth);
-  for (int64_t p = panels.begin; p < panels.end; ++p)
-    for (int64_t r0 = 0; r0 < a->m; r0 += 4) {
-      const int64_t rows = a->m - r0 < 4 ? a->m - r0 : 4;
-      gemm_tile(a->w, p, q, r0, rows, a->bias, tile);
-      gemm_store_rows(tile, rows, r0, p, a->w->n, a->y, a->y_dtype, a->ldy);
-    }
-  return ok(err);
+  const QuantRows q = quant_view(a);
+  return run_phases(
+      a, phase, ith, nth, err,
+      [&](int64_t r) {
+        quantize_row(x_row(r), a->x_dtype, k, q.u + r * q.lda, q.scale + r, q.zero + r);
+      },
+      [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
+        gemm_tile(a->w, p, q, r0, rows, a->bias, tile);
+      });
 }
 
 }  // namespace frt::kern

@@ -1,0 +1,53 @@
+// Helpers the per-ISA halves of flashrt/gemm share (gemm_kernels.cpp, gemm_blocks.cpp): reading
+// an activation element or eight, a panel's bias, and the tile's row-count dispatch.
+#pragma once
+
+#include <frt_kern/util.h>
+
+#include <type_traits>
+
+#include "gemm_op.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace frt::kern {
+
+inline float gemm_load_x(const void* x, int32_t dt, int64_t i) {
+  return dt == FRT_F32 ? static_cast<const float*>(x)[i]
+                       : bf16_to_f32(static_cast<const uint16_t*>(x)[i]);
+}
+
+#if defined(__AVX2__)
+inline __m256 gemm_load8(const void* x, int32_t dt, int64_t i) {
+  if (dt == FRT_F32) return _mm256_loadu_ps(static_cast<const float*>(x) + i);
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// The bias of panel p's columns (zero past n or without a bias).
+inline void gemm_panel_bias(const frt_packed_weight* w, int64_t p, const float* bias, float* out) {
+  const int64_t c0 = p * FRT_PANEL;
+  for (int64_t j = 0; j < FRT_PANEL; ++j)
+    out[j] = (bias != nullptr && c0 + j < w->n) ? bias[c0 + j] : 0.0f;
+}
+
+// Calls tile(std::integral_constant<int, R>) for R = rows in 1..4: tiles are templates on R.
+template <class Tile>
+void with_tile_rows(int64_t rows, Tile&& tile) {
+  switch (rows) {
+    case 4:
+      return tile(std::integral_constant<int, 4>{});
+    case 3:
+      return tile(std::integral_constant<int, 3>{});
+    case 2:
+      return tile(std::integral_constant<int, 2>{});
+    default:
+      return tile(std::integral_constant<int, 1>{});
+  }
+}
+
+}  // namespace frt::kern
