@@ -700,6 +700,18 @@ TEST_F(CatalogFiles, AFormBandNeedsAMinOfOneOrMoreAndAMaxAboveIt) {
       "forms.int8.rows", "least");
 }
 
+TEST_F(CatalogFiles, ActivationBlocksBelongToTheGemmLayoutAndAre32) {
+  const std::string form = "int8: {format: int8_channel, tag: w8a16}";
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_channel, act_block: 32, tag: w8a16}"),
+      "forms.int8.act_block", "belongs to int8_gemm forms");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, act_block: 64, tag: w8a8}"),
+      "forms.int8.act_block", "not in {32}");
+}
+
 TEST_F(CatalogFiles, SchemeGivesAFormToAStructureWithoutALadder) {
   write_valid_catalog();
   fs::remove(dir_ / "ladders.yaml");
