@@ -4,10 +4,10 @@
 //
 // Note [W8A8 blocks]: per-row activation scales (Note [W8A8 rows]) cost a small decoder dearly:
 // one outlier channel after the norm sets the scale of the whole row, and SmolLM2's perplexity
-// rose 11.6% with them (bench/results/accuracy.json). Here every 32 inputs of a row get their own
-// symmetric scale d = amax / 127 and a = nearbyint(x * 127 / amax) in [-127, 127] (the scheme
-// llama.cpp's Q8 activation blocks use). The weights are the same symmetric int8 per channel.
-// vpmaddubsw needs one unsigned operand: it multiplies |q| by a carrying q's sign
+// rose 11.6% with them (bench/results/accuracy.json, "earlier_forms"). Here every 32 inputs of a
+// row get their own symmetric scale d = amax / 127 and a = nearbyint(x * 127 / amax) in [-127, 127]
+// (the scheme llama.cpp's Q8 activation blocks use). The weights are the same symmetric int8 per
+// channel. vpmaddubsw needs one unsigned operand: it multiplies |q| by a carrying q's sign
 // (vpsignb), and since |q|, |a| <= 127 a pair sums to at most 32258: no int16 saturation.
 // Each block's int32 sum (|sum| <= 32 * 127 * 127) is exact in fp32; the row accumulates
 // f += float(sum) * d block by block, and y = f * scale[c] + bias[c].
@@ -19,10 +19,6 @@
 
 #include "gemm_isa.h"
 #include "gemm_op.h"
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 namespace frt::kern {
 namespace {

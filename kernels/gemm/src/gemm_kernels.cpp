@@ -17,10 +17,6 @@
 #include "gemm_isa.h"
 #include "gemm_op.h"
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 namespace frt::kern {
 namespace {
 
