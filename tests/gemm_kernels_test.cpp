@@ -387,6 +387,127 @@ TEST_P(GemmKernel, ActivationBlocksNonFiniteRowsComeOutNaNAndOnlyThatRow) {
   EXPECT_NE(form_refusal(*t, d).find("per row only"), std::string::npos) << form_refusal(*t, d);
 }
 
+// W[c][i] read from the int4_gemm layout by its definition (frt_kernel_abi.h, FRT_W_INT4_GEMM).
+std::vector<double> dequant_int4_gemm(const frt_packed_weight& w) {
+  std::vector<double> out(w.n * w.k);
+  const auto* q = static_cast<const uint8_t*>(w.qdata);
+  const auto* sc = static_cast<const uint16_t*>(w.scales);
+  const auto* mn = static_cast<const uint16_t*>(w.mins);
+  for (int64_t c = 0; c < w.n; ++c) {
+    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
+    for (int64_t i = 0; i < w.k; ++i) {
+      const uint8_t byte = q[(p * (w.k / 4) + i / 4) * 32 + (j % 8) * 4 + i % 4];
+      const int nib = j < 8 ? (byte & 0x0f) : (byte >> 4);
+      const int64_t at = (p * (w.k / 32) + i / 32) * FRT_PANEL + j;
+      const double s = frt_f16_to_f32(sc[at]);
+      out[c * w.k + i] = mn == nullptr ? (nib - 8) * s : nib * s + frt_f16_to_f32(mn[at]);
+    }
+  }
+  return out;
+}
+
+// The int4 decode form (Note [W4A8]): nibbles in groups of 32 against activation blocks of 32,
+// symmetric and with mins, against float64 for every shape, dtype and bias; the same values
+// PackedLinear::int4 holds; bitwise across threads and variants.
+TEST_P(GemmKernel, Int4BlocksMatchFloat64AndAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<Case> cases = {{1, 32, 1},     {3, 64, 17},   {5, 96, 33},   {4, 32, 16},
+                                   {17, 128, 100}, {16, 256, 48}, {6, 1024, 40}, {9, 4608, 20}};
+  for (const Case& c : cases)
+    for (bool symmetric : {true, false})
+      for (DType xd : {DType::f32, DType::bf16})
+        for (bool with_bias : {false, true}) {
+          std::vector<float> w = random_weight(c.n, c.k, rng);
+          const TensorView wv = TensorView::matrix(w.data(), DType::f32, c.n, c.k, c.k);
+          const PackedLinear packed = PackedLinear::int4_gemm(wv, symmetric);
+          ASSERT_EQ(packed.format(), WeightFormat::int4_gemm);
+          ASSERT_EQ(packed.view().mins == nullptr, symmetric);
+          const std::vector<double> wd = dequant_int4_gemm(packed.view());
+          const std::vector<float> same =
+              PackedLinear::int4(wv, 32, symmetric, DType::f16).dequantize();
+          ASSERT_EQ(packed.dequantize(), same);
+          for (size_t i = 0; i < same.size(); ++i) ASSERT_EQ(wd[i], same[i]) << i;
+          std::vector<float> bias(c.n);
+          for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+          Input x(xd, c.m, c.k, rng, 0.3f);  // a shift: block sums far from zero
+          Output y(DType::f32, c.m, c.n), y1(DType::f32, c.m, c.n), g(DType::f32, c.m, c.n);
+          const float* b = with_bias ? bias.data() : nullptr;
+          run_linear(*t, pool, packed, b, x.view(), y.view());
+          run_linear(*t, pool, packed, b, x.view(), y1.view(), 1);
+          run_linear(*generic, pool, packed, b, x.view(), g.view(), 2);
+          ASSERT_EQ(0, std::memcmp(y.f32.data(), y1.f32.data(), y.f32.size() * 4));
+          ASSERT_EQ(0, std::memcmp(y.f32.data(), g.f32.data(), y.f32.size() * 4));
+          for (int64_t r = 0; r < c.m; ++r) {
+            const std::vector<double> xq = quantized_blocks(x.value.data() + r * c.k, c.k);
+            for (int64_t col = 0; col < c.n; ++col) {
+              double want = with_bias ? bias[col] : 0.0, mag = std::fabs(want);
+              for (int64_t i = 0; i < c.k; ++i) {
+                want += xq[i] * wd[col * c.k + i];
+                mag += std::fabs(xq[i] * wd[col * c.k + i]);
+              }
+              ASSERT_NEAR(y.at(r, col), want, 4e-6 * mag + 1e-6)
+                  << "m" << c.m << " k" << c.k << " n" << c.n << " sym " << symmetric << " [" << r
+                  << "," << col << "]";
+              ASSERT_TRUE(y.gap_untouched(r, c.n)) << "wrote past n";
+            }
+          }
+        }
+}
+
+TEST_P(GemmKernel, Int4RefusesWidthsTheGroupDoesNotDivideAndNonFiniteRowsStayInTheirRow) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(24, 100, rng);
+  EXPECT_THROW(
+      PackedLinear::int4_gemm(TensorView::matrix(w.data(), DType::f32, 24, 100, 100), true),
+      InvalidArgument);
+  const PackedLinear packed =
+      PackedLinear::int4_gemm(TensorView::matrix(w.data(), DType::f32, 24, 96, 96), false);
+  Input x(DType::f32, 3, 96, rng, 0.0f);
+  for (int64_t i = 0; i < 96; ++i) x.f32[i] = 0.0f;            // row 0: zeros
+  x.f32[x.ld + 95] = std::numeric_limits<float>::quiet_NaN();  // row 1: one NaN
+  Output y(DType::f32, 3, 24);
+  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+  for (int64_t c = 0; c < 24; ++c) {
+    EXPECT_EQ(y.at(0, c), 0.0);
+    EXPECT_TRUE(std::isnan(y.at(1, c))) << c;
+    EXPECT_TRUE(std::isfinite(y.at(2, c))) << c;
+  }
+  // Plan time: groups of 32 that divide k, for the linear only.
+  frt_op_desc d{};
+  d.op = FRT_OP_LINEAR;
+  d.wformat = FRT_W_INT4_GEMM;
+  d.n = 24;
+  d.k = 96;
+  d.rows_max = 16;
+  d.group = 32;
+  EXPECT_EQ(form_refusal(*t, d), "");
+  d.k = 100;
+  EXPECT_NE(form_refusal(*t, d).find("groups of 32 dividing k"), std::string::npos)
+      << form_refusal(*t, d);
+  d.k = 96;
+  d.group = 64;
+  EXPECT_NE(form_refusal(*t, d).find("groups of 32 dividing k"), std::string::npos);
+  d.group = 0;  // the ffn op refuses the int4 layout itself, not only its blocks
+  d.op = FRT_OP_FFN;
+  d.inner = 24;
+  d.n = 96;
+  d.act = FRT_ACT_GELU;
+  EXPECT_NE(form_refusal(*t, d).find("takes int8_gemm"), std::string::npos) << form_refusal(*t, d);
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kIsas));
 
 }  // namespace

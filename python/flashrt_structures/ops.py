@@ -30,6 +30,13 @@ def pack_int8_gemm(weight: torch.Tensor, act_block: int = 0) -> PackedLinear:
     return _core.pack_int8_gemm(weight.detach(), act_block)
 
 
+def pack_int4_gemm(weight: torch.Tensor, symmetric: bool = True) -> PackedLinear:
+    """int4 in groups of 32 (f16 scales; a min per group when not symmetric) in the integer
+    GEMM's layout: linear() quantizes activations per block of 32 at run time and runs
+    flashrt/gemm (the w4a8 decode form). k must be a multiple of 32."""
+    return _core.pack_int4_gemm(weight.detach(), symmetric)
+
+
 def pack_int4(
     weight: torch.Tensor, group: int = 32, symmetric: bool = True, scales: str = "f32"
 ) -> PackedLinear:
@@ -52,7 +59,8 @@ def linear(
     threads: int = 0,
 ) -> torch.Tensor:
     """y = x @ dequant(w).T (+ bias) for x [m, k] with 1 <= m <= 16 (flashrt/linear), or any
-    m for a pack_int8_gemm weight (flashrt/gemm, activations quantized per row)."""
+    m for a pack_int8_gemm / pack_int4_gemm weight (flashrt/gemm, activations quantized at run
+    time)."""
     y = _out(x, w.n, out)
     b = None if bias is None else bias.detach()
     _core.linear(x.detach(), w, b, y, threads)

@@ -17,9 +17,10 @@ namespace {
 
 const frt_kernel_table& table_for(const char* repo) { return process_hub().table(repo); }
 
-// The package whose linear op reads this weight's layout: the w8a8 GEMM's, or the decode linear.
+// The package whose linear op reads this weight's layout: the integer GEMM's, or the decode linear.
 const char* linear_package(const PackedLinear& w) {
-  return w.format() == WeightFormat::int8_gemm ? "flashrt/gemm" : "flashrt/linear";
+  const bool gemm = w.format() == WeightFormat::int8_gemm || w.format() == WeightFormat::int4_gemm;
+  return gemm ? "flashrt/gemm" : "flashrt/linear";
 }
 
 Activation activation(const std::string& name) {

@@ -87,6 +87,14 @@ void bind_quant(nb::module_& m) {
       },
       nb::arg("weight"), nb::arg("act_block") = 0);
   m.def(
+      "pack_int4_gemm",
+      [](nb::handle w, bool symmetric) {
+        const TensorView v = view_of(w, "weight");
+        nb::gil_scoped_release release;
+        return PackedLinear::int4_gemm(v, symmetric);
+      },
+      nb::arg("weight"), nb::arg("symmetric") = true);
+  m.def(
       "pack_int4",
       [](nb::handle w, int group, bool symmetric, const std::string& scales) {
         const TensorView v = view_of(w, "weight");

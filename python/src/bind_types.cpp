@@ -25,7 +25,8 @@ void bind_types(nb::module_& m) {
       .value("int8_channel", WeightFormat::int8_channel)
       .value("int4_group", WeightFormat::int4_group)
       .value("int8_group", WeightFormat::int8_group)
-      .value("int8_gemm", WeightFormat::int8_gemm);
+      .value("int8_gemm", WeightFormat::int8_gemm)
+      .value("int4_gemm", WeightFormat::int4_gemm);
   nb::enum_<OpKind>(m, "OpKind")
       .value("linear", OpKind::linear)
       .value("gated_ffn", OpKind::gated_ffn)

@@ -69,7 +69,8 @@ def test_two_runs_and_generate_from_give_the_same_tokens():
 # seated: q and o per layer and the head (k/v are below the keep-at-host count), and the FFNs:
 # one fused seat each, or per projection where the ffn op takes no such form (w8a8).
 @pytest.mark.parametrize("scheme,floor,seated", [("w8a16_decode", 0.8, 7), ("w4a16_decode", 0.5, 7),
-                                                 ("w8a8_decode", 0.8, 11)])
+                                                 ("w8a8_decode", 0.8, 11),
+                                                 ("w4a8_decode", 0.5, 11)])
 def test_the_loop_runs_what_is_attached(scheme, floor, seated):
     model = hosts.qwen3()
     ids = hosts.ids(8, seed=6)

@@ -3,6 +3,7 @@ and the runtime contract (DESIGN §6) — positives and refusals."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import flashrt_structures as S
+from flashrt_structures import ops
 from flashrt_structures.seats import SeatModule
 
 import hosts
@@ -291,7 +293,8 @@ def test_w8_parity_on_the_real_minilm_checkpoint():
 # Random-weight logits are nearly flat, so top-1 flips on tiny differences; the band is reported
 # (and asserted to be computed), the last position's logit cosine is the stable figure.
 @pytest.mark.parametrize("scheme,floor", [("w8a16_decode", 0.999), ("w4a16_decode", 0.98),
-                                          ("w8a8_decode", 0.999)])
+                                          ("w8a8_decode", 0.999), ("w4a8_decode", 0.98),
+                                          ("w4a8_asym_decode", 0.98)])
 def test_qwen3_logit_parity_band_is_reported(scheme, floor):
     model = hosts.qwen3()
     x = hosts.ids(12)
@@ -336,6 +339,62 @@ def test_w8a8_decode_seats_every_projection_on_the_integer_gemm_at_decode_rows(m
     assert torch.equal(got_prefill, want_prefill)
     cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()
     assert cos >= 0.999, cos
+
+
+@pytest.mark.parametrize("make", [hosts.llama, hosts.gemma, hosts.qwen3])
+@pytest.mark.parametrize("scheme,tag,describe", [
+    ("w4a8_decode", "w4a8", "int4 g32 symmetric f16 scales, activations int8 per 32"),
+    ("w4a8_asym_decode", "w4g32a8", "int4 g32 asymmetric f16 scales, activations int8 per 32")])
+def test_w4a8_decode_seats_int4_projections_and_an_int8_head_on_the_integer_gemm(
+        make, scheme, tag, describe):
+    """w4a8: int4 g32 nibbles against int8 activation blocks (Note [W4A8]) for every projection,
+    the head at int8 in the same GEMM; decode rows run the seats, prefill runs the host."""
+    model = make()
+    plan = all_seats(model, scheme=scheme)
+    assert plan.seams and all(sp.package == "flashrt/gemm" for sp in plan.seams)
+    head = [sp for sp in plan.seams if sp.seam.structure == "lm_head"]
+    body = [sp for sp in plan.seams if sp.seam.structure != "lm_head"]
+    assert len(head) == 1 and head[0].form.tag == "w8a8"
+    assert body and all(sp.form.tag == tag and sp.form.describe() == describe for sp in body)
+    assert all((sp.band_min, sp.band_max) == (1, 16) for sp in plan.seams)
+    x, prefill = hosts.ids(6, seed=3), hosts.ids(24, seed=3)
+    # The host with the packs' own weights in fp: what the seats compute, up to the activations.
+    weights_only = copy.deepcopy(model)
+    for name, mod in weights_only.named_modules():
+        if isinstance(mod, torch.nn.Linear):
+            w = mod.weight.detach()
+            pack = ops.pack_int8_gemm(w, 32) if name.endswith("lm_head") else \
+                ops.pack_int4_gemm(w, symmetric=scheme == "w4a8_decode")
+            mod.weight = torch.nn.Parameter(torch.as_tensor(pack.dequantize()).reshape(w.shape))
+    with torch.no_grad():
+        want, want_prefill = model(x).logits, model(prefill).logits
+        want_w = weights_only(x).logits
+    handle = plan.attach(model)
+    with torch.no_grad():
+        got = model(x).logits
+        got_prefill = model(prefill).logits
+    s = handle.summary()
+    handle.detach()
+    assert s["fallbacks"] == 0 and s["band_dispatches"] == len(plan.seams)
+    assert torch.equal(got_prefill, want_prefill)
+    cosine = torch.nn.functional.cosine_similarity
+    cos_w = cosine(got.flatten(), want_w.flatten(), dim=0).item()
+    assert cos_w >= 0.999, cos_w  # the activation blocks cost no more than in w8a8
+    assert cosine(got.flatten(), want.flatten(), dim=0).item() >= 0.95  # int4 weights' own cost
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)  # detached bit-exactly
+
+
+def test_w4a8_steps_aside_to_int8_where_the_group_does_not_divide_the_width():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=hosts.VOCAB, hidden_size=256, intermediate_size=720,
+                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4)
+    model = LlamaForCausalLM(cfg).eval()  # down_proj reads 720 = 22.5 groups of 32
+    plan = all_seats(model, scheme="w4a8_decode")
+    forms = {sp.seam.structure: sp.form.describe() for sp in plan.seams}
+    assert forms["decoder_ffn"] == "int8 per-channel, activations int8 per 32"
+    assert forms["linear_proj"] == "int4 g32 symmetric f16 scales, activations int8 per 32"
+    assert "needs widths divisible by 32" in S.explain(plan)
 
 
 def test_gated_attach_reports_units_and_refuses_the_whole_host_when_nothing_passes():

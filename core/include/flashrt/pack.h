@@ -59,6 +59,9 @@ class PackedLinear {
   // int8 per channel in the w8a8 GEMM's layout, with column sums (core/src/quant/pack_gemm.cpp);
   // act_block 0 quantizes activations per row, 32 per block of 32 inputs (the decode form).
   static PackedLinear int8_gemm(const TensorView& weight, int act_block = 0);
+  // int4 g32 (f16 scales; mins only when asymmetric) in the same GEMM's layout, activations per
+  // block of 32 (FRT_W_INT4_GEMM): the values PackedLinear::int4(weight, 32, symmetric, f16) holds.
+  static PackedLinear int4_gemm(const TensorView& weight, bool symmetric);
 
   const frt_packed_weight& view() const { return view_; }
   const PackStats& stats() const { return stats_; }

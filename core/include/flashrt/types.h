@@ -31,9 +31,11 @@ enum class WeightFormat : int32_t {
   int4_group = FRT_W_INT4_GROUP,
   int8_group = FRT_W_INT8_GROUP,
   int8_gemm = FRT_W_INT8_GEMM,  // the w8a8 GEMM's layout (activations quantized per row)
+  int4_gemm = FRT_W_INT4_GEMM,  // int4 g32 for the same GEMM (activations per block of 32)
 };
 inline bool is_group_format(WeightFormat f) {
-  return f == WeightFormat::int4_group || f == WeightFormat::int8_group;
+  return f == WeightFormat::int4_group || f == WeightFormat::int8_group ||
+         f == WeightFormat::int4_gemm;
 }
 
 // The ops kernel packages own (frt_op_kind).

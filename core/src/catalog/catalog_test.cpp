@@ -712,6 +712,22 @@ TEST_F(CatalogFiles, ActivationBlocksBelongToTheGemmLayoutAndAre32) {
       "forms.int8.act_block", "not in {32}");
 }
 
+TEST_F(CatalogFiles, Int4GemmGroupsAre32WithHalfScales) {
+  const std::string form = "int8: {format: int8_channel, tag: w8a16}";
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int4_gemm, group: 64, symmetric: true, tag: w4a8}"),
+      "forms.int8.group", "not in {32}");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int4_gemm, group: 32, scales: f32, tag: w4a8}"),
+      "forms.int8.scales", "'f32' not in {f16}");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_gemm, symmetric: true, tag: w8a8}"),
+      "forms.int8.symmetric", "belongs to int4 forms");
+}
+
 TEST_F(CatalogFiles, SchemeGivesAFormToAStructureWithoutALadder) {
   write_valid_catalog();
   fs::remove(dir_ / "ladders.yaml");

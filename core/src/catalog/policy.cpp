@@ -55,16 +55,21 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   }
   if (is_group_format(w.format)) {
     const int64_t g = f.integer(f.require(node, field, "group"), child(field, "group"));
-    if (g != 32 && g != 64 && g != 128) f.fail(child(field, "group"), "not in {32, 64, 128}");
+    // The GEMM's int4 groups are its activation blocks too (frt_kernel_abi.h, FRT_W_INT4_GEMM).
+    const bool gemm = w.format == WeightFormat::int4_gemm;
+    if (gemm ? g != 32 : (g != 32 && g != 64 && g != 128))
+      f.fail(child(field, "group"), gemm ? "not in {32}" : "not in {32, 64, 128}");
     w.group = static_cast<int>(g);
+    if (gemm) w.scale_dtype = DType::f16;
     if (const YAML::Node scales = node["scales"]) {
       const std::string dt = f.text(scales, child(field, "scales"));
-      if (dt != "f32" && dt != "f16")
-        f.fail(child(field, "scales"), "'" + dt + "' not in {f32, f16}");
+      if (gemm ? dt != "f16" : (dt != "f32" && dt != "f16"))
+        f.fail(child(field, "scales"),
+               "'" + dt + (gemm ? "' not in {f16}" : "' not in {f32, f16}"));
       w.scale_dtype = dt == "f16" ? DType::f16 : DType::f32;
     }
   } else if (node["group"] || node["scales"]) {
-    f.fail(field, "group and scales belong to the group forms (int8_group, int4_group)");
+    f.fail(field, "group and scales belong to the group forms (int8_group, int4_group, int4_gemm)");
   }
   if (const YAML::Node block = node["act_block"]) {
     // The int8_gemm layout's activation blocks travel in the ABI's group field (Note [W8A8
@@ -76,8 +81,8 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
     w.group = 32;
   }
   if (const YAML::Node sym = node["symmetric"]) {
-    if (w.format != WeightFormat::int4_group)
-      f.fail(child(field, "symmetric"), "belongs to int4_group forms");
+    if (w.format != WeightFormat::int4_group && w.format != WeightFormat::int4_gemm)
+      f.fail(child(field, "symmetric"), "belongs to int4 forms");
     w.symmetric = f.boolean(sym, child(field, "symmetric"));
   }
   return w;
@@ -333,6 +338,9 @@ std::string WeightForm::describe() const {
     return group > 0 ? "int8 per-channel, activations int8 per " + std::to_string(group)
                      : "int8 per-channel, activations int8 per row";
   const std::string scales = scale_dtype == DType::f16 ? " f16 scales" : "";
+  if (format == WeightFormat::int4_gemm)
+    return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales +
+           ", activations int8 per " + std::to_string(group);
   if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
   return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;
 }

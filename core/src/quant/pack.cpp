@@ -198,7 +198,8 @@ WeightFormat PackedLinear::format() const { return static_cast<WeightFormat>(vie
 
 int64_t PackedLinear::nbytes() const {
   const int64_t per = view_.scale_dtype == FRT_F16 ? 2 : 4;
-  const bool two = view_.format == FRT_W_INT4_GROUP || view_.format == FRT_W_INT8_GEMM;
+  const bool two = view_.format == FRT_W_INT4_GROUP || view_.format == FRT_W_INT8_GEMM ||
+                   (view_.format == FRT_W_INT4_GEMM && view_.mins != nullptr);
   return qbytes_ + scale_count_ * per * (two ? 2 : 1);  // scales, and mins or column sums
 }
 
@@ -210,6 +211,9 @@ std::string PackedLinear::form() const {
                ? "int8 per-channel, w8a8 gemm, activations per " + std::to_string(view_.group)
                : "int8 per-channel, w8a8 gemm";
   if (view_.format == FRT_W_INT8_GROUP) return "int8 g" + std::to_string(view_.group) + scales;
+  if (view_.format == FRT_W_INT4_GEMM)
+    return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
+           scales + ", w4a8 gemm, activations per " + std::to_string(view_.group);
   return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
          scales;
 }
@@ -290,6 +294,10 @@ PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
     throw InvalidArgument("adopt: empty quantised weight [" + std::to_string(n) + ", " +
                           std::to_string(k) + "]");
   check_scale_dtype(in.scale_dtype);
+  if (in.format != WeightFormat::int8_channel && in.format != WeightFormat::int8_group &&
+      in.format != WeightFormat::int4_group)
+    throw InvalidArgument(std::string("adopt: a checkpoint's weights arrive as int8_channel, ") +
+                          "int8_group or int4_group, not " + name_of(in.format));
   const bool int4 = in.format == WeightFormat::int4_group;
   if (in.format == WeightFormat::int8_channel) {
     if (in.scale_dtype != DType::f32)
@@ -348,6 +356,15 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
     if (view_.format == FRT_W_INT8_GEMM) {
       const int64_t at = ((panel * ((k + 3) / 4) + i / 4) * kPanel + j) * 4 + i % 4;
       v = static_cast<const int8_t*>(view_.qdata)[at] * static_cast<const float*>(view_.scales)[r];
+    } else if (view_.format == FRT_W_INT4_GEMM) {
+      const int64_t half = j / (kPanel / 2), col = j % (kPanel / 2);
+      const uint8_t byte = static_cast<const uint8_t*>(
+          view_.qdata)[(panel * (k / 4) + i / 4) * 32 + col * 4 + i % 4];
+      const int nib = half == 0 ? (byte & 0x0f) : (byte >> 4);
+      const int64_t at = (panel * (k / view_.group) + i / view_.group) * kPanel + j;
+      const float s = read_scale(view_.scales, at, dt);
+      v = view_.mins == nullptr ? static_cast<float>(nib - 8) * s
+                                : static_cast<float>(nib) * s + read_scale(view_.mins, at, dt);
     } else if (view_.format == FRT_W_INT8_CHANNEL) {
       v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
           static_cast<const float*>(view_.scales)[r];

@@ -1,7 +1,7 @@
-// The w8a8 GEMM's weight layout (frt_kernel_abi.h, FRT_W_INT8_GEMM): the same symmetric int8
+// The integer GEMM's weight layouts (frt_kernel_abi.h): FRT_W_INT8_GEMM, the same symmetric int8
 // per-channel quantization as PackedLinear::int8 (it is packed by it), laid out four input
 // channels deep for vpmaddubsw / vpdpbusd, with each channel's sum of q for the activations'
-// zero point.
+// zero point; FRT_W_INT4_GEMM, PackedLinear::int4's g32 values laid out the same way.
 #include <flashrt/errors.h>
 #include <flashrt/pack.h>
 
@@ -38,6 +38,38 @@ struct GemmPackAccess {
     return p;
   }
 
+  // Re-lays an int4 g32 pack (FRT_W_INT4_GROUP, f16) out as FRT_W_INT4_GEMM: the same nibbles,
+  // scales and mins, four inputs deep, columns c and c + 8 of a panel sharing a byte.
+  static PackedLinear from_int4(const PackedLinear& base) {
+    PackedLinear p;
+    const int64_t n = base.n(), k = base.k(), panels = (n + FRT_PANEL - 1) / FRT_PANEL;
+    p.qbytes_ = panels * (k / 4) * 32;
+    p.scale_count_ = base.scale_count_;
+    p.qdata_.reset(zeroed(p.qbytes_));
+    p.scales_.reset(zeroed(p.scale_count_ * 2));
+    std::memcpy(p.scales_.get(), base.view().scales, static_cast<size_t>(p.scale_count_) * 2);
+    if (!base.symmetric()) {
+      p.mins_.reset(zeroed(p.scale_count_ * 2));
+      std::memcpy(p.mins_.get(), base.view().mins, static_cast<size_t>(p.scale_count_) * 2);
+    }
+    const auto* src = static_cast<const uint8_t*>(base.view().qdata);  // [P][k/2][16]
+    auto* q = static_cast<uint8_t*>(p.qdata_.get());
+    constexpr int64_t kHalf = FRT_PANEL / 2;
+    for (int64_t pn = 0; pn < panels; ++pn)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < FRT_PANEL; ++j) {
+          const uint8_t byte = src[(pn * (k / 2) + i / 2) * FRT_PANEL + j];
+          const uint8_t nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+          q[(pn * (k / 4) + i / 4) * 32 + (j % kHalf) * 4 + i % 4] |=
+              static_cast<uint8_t>(nib << (j < kHalf ? 0 : 4));
+        }
+    p.symmetric_ = base.symmetric();
+    p.view_ = {FRT_W_INT4_GEMM, 32,           FRT_F16, 0, n, k, p.qdata_.get(),
+               p.scales_.get(), p.mins_.get()};
+    p.stats_ = base.stats();  // the same quantized values
+    return p;
+  }
+
  private:
   static void* zeroed(int64_t bytes) {
     const size_t size = static_cast<size_t>((bytes + 63) / 64 * 64 + 64);
@@ -53,6 +85,10 @@ PackedLinear PackedLinear::int8_gemm(const TensorView& weight, int act_block) {
     throw InvalidArgument("int8_gemm: activation block " + std::to_string(act_block) +
                           " not in {0 (per row), 32}");
   return GemmPackAccess::from(PackedLinear::int8(weight), act_block);
+}
+
+PackedLinear PackedLinear::int4_gemm(const TensorView& weight, bool symmetric) {
+  return GemmPackAccess::from_int4(PackedLinear::int4(weight, 32, symmetric, DType::f16));
 }
 
 }  // namespace frt

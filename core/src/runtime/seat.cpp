@@ -171,6 +171,8 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
       return PackedLinear::int8(w, form.group, form.scale_dtype);
     case WeightFormat::int8_gemm:
       return PackedLinear::int8_gemm(w, form.group);
+    case WeightFormat::int4_gemm:
+      return PackedLinear::int4_gemm(w, form.symmetric);
     case WeightFormat::int4_group:
       break;
   }

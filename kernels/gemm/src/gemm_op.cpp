@@ -55,10 +55,33 @@ void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int
   }
 }
 
+namespace {
+
+// The int4 form's contract (FRT_W_INT4_GEMM): groups of 32 that divide k, f16 scales.
+int32_t check_int4_form(int32_t group, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
+                        frt_error* err) {
+  if (group != kGemmActBlock || k % kGemmActBlock != 0)
+    return fail(err, FRT_REASON_SHAPE,
+                "gemm: int4_gemm weight %lldx%lld in groups of %d; takes groups of %d dividing k",
+                static_cast<long long>(n), static_cast<long long>(k), group, kGemmActBlock);
+  return gemm_check_form(FRT_W_INT8_GEMM, n, k, x_dtype, y_dtype, err);  // widths and dtypes
+}
+
+int32_t refuse_format(int32_t wformat, frt_error* err) {
+  return fail(err, FRT_REASON_FORMAT,
+              "gemm: weight format %d; the linear takes int8_gemm (%d) or int4_gemm (%d)", wformat,
+              FRT_W_INT8_GEMM, FRT_W_INT4_GEMM);
+}
+
+}  // namespace
+
 int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
   if (d->rows_max < 1)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "gemm: rows up to %lld",
                 static_cast<long long>(d->rows_max));
+  if (d->wformat == FRT_W_INT4_GEMM)
+    return check_int4_form(d->group, d->n, d->k, d->x_dtype, d->y_dtype, err);
+  if (d->wformat != FRT_W_INT8_GEMM) return refuse_format(d->wformat, err);
   if (d->group != 0 && d->group != kGemmActBlock)
     return fail(err, FRT_REASON_FORMAT, "gemm: activation blocks of %d; takes 0 (rows) or %d",
                 d->group, kGemmActBlock);
@@ -68,11 +91,20 @@ int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
 int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
   if (a == nullptr || a->w == nullptr) return fail(err, FRT_REASON_FORMAT, "gemm: no arguments");
   const frt_packed_weight* w = a->w;
-  if (int32_t r = gemm_check_form(w->format, w->n, w->k, a->x_dtype, a->y_dtype, err);
-      r != FRT_REASON_OK)
+  if (w->format != FRT_W_INT8_GEMM && w->format != FRT_W_INT4_GEMM)
+    return refuse_format(w->format, err);
+  if (w->format == FRT_W_INT4_GEMM) {
+    if (int32_t r = check_int4_form(w->group, w->n, w->k, a->x_dtype, a->y_dtype, err);
+        r != FRT_REASON_OK)
+      return r;
+    if (w->qdata == nullptr || w->scales == nullptr || w->scale_dtype != FRT_F16)
+      return fail(err, FRT_REASON_FORMAT, "gemm: int4_gemm weight without data or f16 scales");
+  } else if (int32_t r = gemm_check_form(w->format, w->n, w->k, a->x_dtype, a->y_dtype, err);
+             r != FRT_REASON_OK) {
     return r;
-  if (w->qdata == nullptr || w->scales == nullptr || w->mins == nullptr)
+  } else if (w->qdata == nullptr || w->scales == nullptr || w->mins == nullptr) {
     return fail(err, FRT_REASON_FORMAT, "gemm: int8_gemm weight without data, scales or sums");
+  }
   if (w->group != 0 && w->group != kGemmActBlock)
     return fail(err, FRT_REASON_FORMAT, "gemm: activation blocks of %d; takes 0 (rows) or %d",
                 w->group, kGemmActBlock);
@@ -89,8 +121,9 @@ int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
 }
 
 int64_t gemm_workspace(const frt_linear_args* a) {
-  if (a->w->group == kGemmActBlock)
-    return align64(a->m * gemm_row_stride(a->w->k)) + align64(a->m * block_stride(a->w->k) * 4);
+  if (a->w->group == kGemmActBlock)  // rows, block scales (and the int4 form's block sums)
+    return align64(a->m * gemm_row_stride(a->w->k)) +
+           (a->w->format == FRT_W_INT4_GEMM ? 2 : 1) * align64(a->m * block_stride(a->w->k) * 4);
   return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * 4);
 }
 
@@ -126,18 +159,25 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
   if (a->workspace == nullptr) return fail(err, FRT_E_INVALID, "no workspace");
   const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, k = a->w->k;
   auto x_row = [&](int64_t r) { return static_cast<const char*>(a->x) + r * a->ldx * xsize; };
-  if (a->w->group == kGemmActBlock) {  // the decode form (Note [W8A8 blocks])
+  if (a->w->group == kGemmActBlock) {  // the decode forms (Notes [W8A8 blocks], [W4A8])
     auto* base = static_cast<uint8_t*>(a->workspace);
-    const int64_t lda = gemm_row_stride(k);
+    const int64_t lda = gemm_row_stride(k), ldd = block_stride(k);
+    const int64_t rows_bytes = align64(a->m * lda), scale_bytes = align64(a->m * ldd * 4);
+    const bool int4 = a->w->format == FRT_W_INT4_GEMM;
     const BlockRows q{reinterpret_cast<int8_t*>(base), lda,
-                      reinterpret_cast<float*>(base + align64(a->m * lda)), block_stride(k)};
+                      reinterpret_cast<float*>(base + rows_bytes), ldd,
+                      int4 ? reinterpret_cast<int32_t*>(base + rows_bytes + scale_bytes) : nullptr};
     return run_phases(
         a, phase, ith, nth, err,
         [&](int64_t r) {
           quantize_row_blocks(x_row(r), a->x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
+          if (int4) block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd);
         },
         [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
-          gemm_tile_blocks(a->w, p, q, r0, rows, a->bias, tile);
+          if (int4)
+            gemm_tile_int4(a->w, p, q, r0, rows, a->bias, tile);
+          else
+            gemm_tile_blocks(a->w, p, q, r0, rows, a->bias, tile);
         });
   }
   const QuantRows q = quant_view(a);

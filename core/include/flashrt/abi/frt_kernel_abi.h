@@ -21,9 +21,10 @@ extern "C" {
 /* 2.0: a package lists the ops it owns (frt_op) and answers supports_op() at plan time, instead
  * of one wide table every package filled with nulls (1.x).
  * 3.0: group scales may be fp16, int4 groups carry a min (W = q*scale + min) instead of a zero
- * point, and int8 has a group form: the layouts GGUF's Q8_0/Q4_0/Q4_1 blocks map onto exactly. */
+ * point, and int8 has a group form: the layouts GGUF's Q8_0/Q4_0/Q4_1 blocks map onto exactly.
+ * 3.1: FRT_W_INT4_GEMM, int4 groups laid out for integer dot products (a format appended). */
 #define FRT_KERNEL_ABI_MAJOR 3
-#define FRT_KERNEL_ABI_MINOR 0
+#define FRT_KERNEL_ABI_MINOR 1
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -109,12 +110,21 @@ enum frt_op_kind {
  *   is quantized on its own, symmetric: amax = max |x|, d = amax / 127, inv = 127 / amax (0 when
  *   amax is 0), a = clamp(nearbyint(x * inv), -127, 127); y[c] = scales[c] * sum over blocks of
  *   float(sum_i a_i q(c, i)) * d, accumulated block by block in fp32 (Note [W8A8 blocks]).
+ * FRT_W_INT4_GEMM: int4 in groups of 32 inputs (group == 32, k % 32 == 0) for the same integer
+ *   dot products, activations per block of 32 as in the decode form above; q in [0, 15]:
+ *   qdata uint8 [P][k/4][32]: byte j of quad t holds W[16p + j/4][4t + j%4] in its low nibble and
+ *   W[16p + 8 + j/4][4t + j%4] in its high nibble; scales f16 [P][k/32][FRT_PANEL]; mins f16
+ *   [P][k/32][FRT_PANEL], W = q * scale + min, or NULL for a symmetric pack, W = (q - 8) * scale.
+ *   With s_a = sum_i a_i over a block: y[c] = sum over blocks, in fp32, of
+ *   float(sum_i a_i q - 8 s_a) * (scale * d)                 (symmetric), or
+ *   float(sum_i a_i q) * (scale * d) + min * (d * float(s_a))   (with mins; Note [W4A8]).
  * Numbered past the small values so formats appended later do not collide. */
 enum frt_wformat {
   FRT_W_INT8_CHANNEL = 1,
   FRT_W_INT4_GROUP = 2,
   FRT_W_INT8_GROUP = 3,
-  FRT_W_INT8_GEMM = 16
+  FRT_W_INT8_GEMM = 16,
+  FRT_W_INT4_GEMM = 17
 };
 
 typedef struct frt_packed_weight {

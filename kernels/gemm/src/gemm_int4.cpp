@@ -1,0 +1,158 @@
+// flashrt/gemm's linear over int4 weights (FRT_W_INT4_GEMM) with activations per block of 32:
+// the w4a8 decode form. Built per variant like gemm_blocks.cpp; both paths compute the same
+// integers and, without FMA contraction, the same fp32 bits.
+//
+// Note [W4A8]: the weights are nibbles q in [0, 15] (W = (q - 8) * s, or q * s + min), in groups
+// of 32 inputs that coincide with the activation blocks (Note [W8A8 blocks]: a in [-127, 127],
+// scale d per block). Unsigned nibbles are what vpmaddubsw wants as its unsigned operand, so no
+// sign trick is needed, and a pair sums to at most 2 * 15 * 127 = 3810: the eight quads of a
+// block add up in int16 (|sum| <= 30480) before one vpmaddwd widens them. The offset (8, or the
+// min) is applied per block through the block's activation sum s_a:
+//   symmetric: f += float(sum a q - 8 s_a) * (s * d)   (the subtraction is exact in int32)
+//   with mins: f += float(sum a q) * (s * d);  f += min * (d * float(s_a)).
+// Per 32 inputs a row streams 16 bytes of nibbles and 2 of scale (4 with a min): Q4_0's and
+// Q4_1's sizes.
+#include <frt_kern/util.h>
+
+#include <algorithm>
+
+#include "gemm_isa.h"
+#include "gemm_op.h"
+
+namespace frt::kern {
+namespace {
+
+constexpr int64_t kQuads = kGemmActBlock / 4;  // quads per block
+constexpr int64_t kHalf = FRT_PANEL / 2;
+
+#if defined(__AVX2__)
+template <int R, bool Mins>
+void tile_int4_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                    const float* bias, float* tile) {
+  const int64_t blocks = w->k / kGemmActBlock;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 4) * 32;
+  const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
+  const uint16_t* mp =
+      Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
+  const int8_t* a[R];
+  const float* d[R];
+  const int32_t* sa[R];
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.a + (r0 + r) * q.lda;
+    d[r] = q.d + (r0 + r) * q.ldd;
+    sa[r] = q.sum + (r0 + r) * q.ldd;
+    for (int h = 0; h < 2; ++h) _mm256_store_ps(tile + r * FRT_PANEL + 8 * h, _mm256_setzero_ps());
+  }
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const uint8_t* wb = wp + b * kQuads * 32;
+    for (int64_t t = 0; t < kQuads; ++t) {
+      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
+      const __m256i lo = _mm256_and_si256(v, low);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, a[r] + b * kGemmActBlock + 4 * t, 4);
+        const __m256i av = _mm256_set1_epi32(quad);
+        acc[r][0] = _mm256_add_epi16(acc[r][0], _mm256_maddubs_epi16(lo, av));
+        acc[r][1] = _mm256_add_epi16(acc[r][1], _mm256_maddubs_epi16(hi, av));
+      }
+    }
+    const uint16_t* sb = sp + b * FRT_PANEL;
+    const __m256 s[2] = {
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))),
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kHalf)))};
+    __m256 m[2] = {};
+    if constexpr (Mins) {
+      const uint16_t* mb = mp + b * FRT_PANEL;
+      m[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mb)));
+      m[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mb + kHalf)));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 db = _mm256_set1_ps(d[r][b]);
+      for (int h = 0; h < 2; ++h) {
+        __m256i i = _mm256_madd_epi16(acc[r][h], ones);
+        if constexpr (!Mins) i = _mm256_sub_epi32(i, _mm256_set1_epi32(8 * sa[r][b]));
+        float* f = tile + r * FRT_PANEL + 8 * h;
+        __m256 v = _mm256_add_ps(_mm256_load_ps(f),
+                                 _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(s[h], db)));
+        if constexpr (Mins)
+          v = _mm256_add_ps(
+              v, _mm256_mul_ps(m[h], _mm256_set1_ps(d[r][b] * static_cast<float>(sa[r][b]))));
+        _mm256_store_ps(f, v);
+      }
+    }
+  }
+  alignas(32) float bb[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, bb);
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      float* f = tile + r * FRT_PANEL + 8 * h;
+      _mm256_store_ps(f, _mm256_add_ps(_mm256_load_ps(f), _mm256_load_ps(bb + 8 * h)));
+    }
+}
+#else
+void tile_int4_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                   int64_t rows, const float* bias, float* tile) {
+  const int64_t blocks = w->k / kGemmActBlock;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 4) * 32;
+  const int64_t at0 = p * blocks * FRT_PANEL;
+  float bb[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, bb);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int8_t* a = q.a + (r0 + r) * q.lda;
+    const float* d = q.d + (r0 + r) * q.ldd;
+    const int32_t* sa = q.sum + (r0 + r) * q.ldd;
+    float f[FRT_PANEL] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      int32_t acc[FRT_PANEL] = {};
+      for (int64_t t = b * kQuads; t < (b + 1) * kQuads; ++t)
+        for (int64_t c = 0; c < FRT_PANEL; ++c)
+          for (int64_t j = 0; j < 4; ++j) {
+            const uint8_t byte = wp[t * 32 + (c % kHalf) * 4 + j];
+            const int32_t nib = c < kHalf ? (byte & 0x0f) : (byte >> 4);
+            acc[c] += nib * static_cast<int32_t>(a[4 * t + j]);
+          }
+      for (int64_t c = 0; c < FRT_PANEL; ++c) {
+        const int64_t at = at0 + b * FRT_PANEL + c;
+        const float s = scale_at(w->scales, at, FRT_F16);
+        if (w->mins == nullptr) {
+          f[c] = f[c] + static_cast<float>(acc[c] - 8 * sa[b]) * (s * d[b]);
+        } else {
+          f[c] = f[c] + static_cast<float>(acc[c]) * (s * d[b]);
+          f[c] = f[c] + scale_at(w->mins, at, FRT_F16) * (d[b] * static_cast<float>(sa[b]));
+        }
+      }
+    }
+    for (int64_t c = 0; c < FRT_PANEL; ++c) tile[r * FRT_PANEL + c] = f[c] + bb[c];
+  }
+}
+#endif
+
+}  // namespace
+
+void block_sums(const int8_t* a, int64_t k, int32_t* sum) {
+  for (int64_t b = 0; b * kGemmActBlock < k; ++b) {
+    int32_t s = 0;
+    for (int64_t i = b * kGemmActBlock; i < std::min(k, (b + 1) * kGemmActBlock); ++i) s += a[i];
+    sum[b] = s;
+  }
+}
+
+void gemm_tile_int4(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                    int64_t rows, const float* bias, float* tile) {
+#if defined(__AVX2__)
+  with_tile_rows(rows, [&](auto r) {
+    if (w->mins != nullptr)
+      tile_int4_avx2<decltype(r)::value, true>(w, p, q, r0, bias, tile);
+    else
+      tile_int4_avx2<decltype(r)::value, false>(w, p, q, r0, bias, tile);
+  });
+#else
+  tile_int4_ref(w, p, q, r0, rows, bias, tile);
+#endif
+}
+
+}  // namespace frt::kern
