@@ -8,6 +8,8 @@ prompt and 128 new tokens, greedy. Arms, alternating round by round in one proce
   loop_none       decode_loop over the host's own fp32 weights
   loop_w8/_w4     decode_loop over w8a16_decode / w4a16_decode seats
   loop_w8a8       decode_loop over w8a8_decode seats (int8 activation rows, integer dot products)
+  loop_w4a8(_asym) decode_loop over w4a8_decode / w4a8_asym_decode seats (int4 g32 nibbles
+                  against int8 activation blocks; the head int8)
 The loop prefills in blocks of up to 16 rows in the core. The floor is the bytes one decode step must read
 (weights as each arm holds them) over the measured read bandwidth.
 
@@ -115,6 +117,7 @@ def smollm2_main(args) -> int:
         peers["llama_cpp"] = f"llama-cpp-python {llama_cpp.__version__} on the same GGUF file"
     except ImportError as e:
         peers["llama_cpp"] = f"not measured: {e} (optional peer: pip install llama-cpp-python)"
+    arms = {n: fn for n, fn in arms.items() if want(n)}
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth = []
     for _ in range(args.rounds):
@@ -177,6 +180,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", choices=["qwen3-shaped", "smollm2"], default="qwen3-shaped")
+    parser.add_argument("--arms", default="all",
+                        help="'all' or a comma list of arms to run (the host always runs: the "
+                             "other arms' tokens and speedups are judged against it)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
     if args.model == "smollm2":
@@ -186,11 +192,20 @@ def main() -> int:
     prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     step = prompt[:, :1]
     max_len = PROMPT + NEW
+    loop_schemes = {"loop_w8": "w8a16_decode", "loop_w4": "w4a16_decode",
+                    "loop_w8a8": "w8a8_decode", "loop_w4a8": "w4a8_decode",
+                    "loop_w4a8_asym": "w4a8_asym_decode"}
+    wanted = None if args.arms == "all" else set(args.arms.split(",")) | {"host"}
+
+    def want(arm: str) -> bool:
+        return wanted is None or arm in wanted or (arm == "loop_w8" and "attached_w8" in wanted)
+
     plans = {s: S.auto_swaps(model, lambda: model(step), scheme=s)
-             for s in ("w8a16_decode", "w4a16_decode", "w8a8_decode")}
-    loops = {"loop_none": S.decode_loop(model, max_len)}
-    for scheme, name in (("w8a16_decode", "loop_w8"), ("w4a16_decode", "loop_w4"),
-                         ("w8a8_decode", "loop_w8a8")):
+             for a, s in loop_schemes.items() if want(a) or s == "w8a16_decode"}
+    loops = {"loop_none": S.decode_loop(model, max_len)} if want("loop_none") else {}
+    for name, scheme in loop_schemes.items():
+        if not want(name):
+            continue
         h = plans[scheme].attach(model)
         loops[name] = S.decode_loop(model, max_len)
         h.detach()
@@ -209,9 +224,10 @@ def main() -> int:
         "attached_w8": attached(lambda: host_arm(model, prompt, NEW)),
         **{name: (lambda l=l: loop_arm(l, prompt, NEW)) for name, l in loops.items()},
     }
-    bytes_per_token = {"host": host_weight_bytes(model), "attached_w8": None,
+    bytes_per_token = {"host": host_weight_bytes(model),
                        **{n: l.weight_bytes for n, l in loops.items()}}
-    bytes_per_token["attached_w8"] = bytes_per_token["loop_w8"]
+    if "loop_w8" in loops:  # the same seats
+        bytes_per_token["attached_w8"] = bytes_per_token["loop_w8"]
     peers = {}
     try:
         import tempfile
@@ -221,7 +237,7 @@ def main() -> int:
         from gguf_export import export_qwen3
 
         gguf_dir = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
-        for quant in ("Q8_0", "Q4_0"):
+        for quant in [q for q in ("Q8_0", "Q4_0") if want(f"llama.cpp_{q}")]:
             path = export_qwen3(model, gguf_dir / f"qwen3-{quant}.gguf", quant)
             llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=PROMPT,
                                   n_threads=os.cpu_count(), logits_all=False, verbose=False)
@@ -233,6 +249,8 @@ def main() -> int:
     except ImportError as e:
         peers["llama_cpp"] = f"not measured: {e} (optional peer: pip install llama-cpp-python gguf)"
     try:
+        if not want("torchao_int8"):
+            raise ImportError("not in --arms")
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
         peer = qwen3_06b(args.layers)  # same seed: the same weights
@@ -245,6 +263,7 @@ def main() -> int:
         peers["torchao"] = "int8 weight-only (quantize_, Int8WeightOnlyConfig), eager"
     except ImportError:
         peers["torchao"] = "not installed (optional peer: pip install torchao)"
+    arms = {n: fn for n, fn in arms.items() if want(n)}
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth = []
     for _ in range(args.rounds):

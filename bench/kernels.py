@@ -36,9 +36,14 @@ PACKERS: dict[str, Callable[[torch.Tensor], object]] = {
     "int8_g32_f16": lambda w: ops.pack_int8(w, 32, "f16"),
     "int4": lambda w: ops.pack_int4(w, INT4_GROUP, True),
     "int4_g32_asym_f16": lambda w: ops.pack_int4(w, 32, False, "f16"),
-    # w8a8: int8 per channel in flashrt/gemm's layout; the activation rows are quantized to int8
-    # inside the call (integer dot products, no int8->fp32 convert per weight).
-    "w8a8": lambda w: ops.pack_int8_gemm(w),
+    # The integer GEMM's forms (flashrt/gemm): activations quantized to int8 inside the call
+    # (integer dot products, no int8->fp32 convert per weight). w8a8_rows: one scale per row
+    # (the DiT form); w8a8: per block of 32 (w8a8_decode's form); w4a8(_asym): int4 g32 nibbles
+    # against the same blocks (w4a8_decode, w4a8_asym_decode).
+    "w8a8_rows": lambda w: ops.pack_int8_gemm(w),
+    "w8a8": lambda w: ops.pack_int8_gemm(w, 32),
+    "w4a8": lambda w: ops.pack_int4_gemm(w, True),
+    "w4a8_asym": lambda w: ops.pack_int4_gemm(w, False),
 }
 
 

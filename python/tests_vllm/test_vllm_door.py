@@ -176,6 +176,39 @@ def test_w8a8_decode_integer_seats_at_concurrency_1_and_8(qwen3_gauss_dir, hook_
             assert cosine(g, w) >= 0.999, c
 
 
+def test_w4a8_seats_decode_rows_and_its_all_rows_twin_takes_prefill_too(qwen3_gauss_dir,
+                                                                         hook_off):
+    """w4a8_decode (int4 g32 nibbles against int8 activation blocks) seats every projection, the
+    head at int8 in the same GEMM; prefill goes to vLLM as band dispatches. Its twin w4a8_all,
+    selected on the same engine, runs prefill chunks in the seats as well (no band dispatch)."""
+    vllm_engine.install_load_hook(scheme="w4a8_decode", alternates=["w4a8_all"])
+    with engine(qwen3_gauss_dir, multiprocess=False) as llm:
+        vllm_engine.select(llm, None)
+        want = generate(llm, BATCH, steps=4)
+        vllm_engine.select(llm, "w4a8_decode")
+        got = generate(llm, BATCH, steps=4)
+        (mid,) = vllm_engine.report(llm)
+        vllm_engine.select(llm, "w4a8_all")
+        got_all = generate(llm, BATCH, steps=4)
+        (final,) = vllm_engine.report(llm)
+    seats = mid["seats_report"]
+    body = [s for s in seats if s["site"] != "lm_head"]
+    head = [s for s in seats if s["site"] == "lm_head"]
+    assert body and all("w4a8 gemm" in s["form"] and s["impl"].endswith("_w4a8") for s in body)
+    assert head and "w8a8 gemm" in head[0]["form"]
+    assert mid["summary"]["band_dispatches"] > 0 and mid["summary"]["fallbacks"] == 0
+    # The _all set's own ledger: every call ran in its seats, prefill included.
+    assert final["summary"]["band_dispatches"] == 0 and final["summary"]["fallbacks"] == 0
+    assert final["summary"]["guarded_calls"] > 0 and final["seats"] == mid["seats"]
+    # The first step's logits come from the prefill: vLLM's own for w4a8_decode (then the int8
+    # head), the int4 seats' for w4a8_all (int4's own cost on random weights; the transformers
+    # door test pins the kernel to the packed weights at 0.999).
+    for g, w in zip(got[1], want[1]):
+        assert cosine(g, w) >= 0.999
+    for g, w in zip(got_all[1], want[1]):
+        assert cosine(g, w) >= 0.95
+
+
 def test_install_is_idempotent_and_a_second_engine_is_seated(qwen3_dir, hook_off):
     first = vllm_engine.install_load_hook(scheme="w8a16_decode")
     assert vllm_engine.install_load_hook(scheme="w8a16_decode") == first
