@@ -9,6 +9,8 @@
 // (the scheme llama.cpp's Q8 activation blocks use). The weights are the same symmetric int8 per
 // channel. vpmaddubsw needs one unsigned operand: it multiplies |q| by a carrying q's sign
 // (vpsignb), and since |q|, |a| <= 127 a pair sums to at most 32258: no int16 saturation.
+// The zmm tile (avx512vnni) forms the same products with vpdpbusd, |q| times a with q's sign
+// (vpsignb has no zmm form: a is negated under the mask of q's sign bits), into int32 directly.
 // Each block's int32 sum (|sum| <= 32 * 127 * 127) is exact in fp32; the row accumulates
 // f += float(sum) * d block by block, and y = f * scale[c] + bias[c].
 #include <frt_kern/util.h>
@@ -100,7 +102,48 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
 
 namespace {
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+template <int R>
+void tile_blocks_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                     const float* bias, float* tile) {
+  const int64_t kq = div_up(w->k, 4);
+  const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
+  const int8_t* a[R];
+  const float* d[R];
+  __m512 f[R];  // the fp32 sums: with 32 registers they stay in registers
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.a + (r0 + r) * q.lda;
+    d[r] = q.d + (r0 + r) * q.ldd;
+    f[r] = _mm512_setzero_ps();
+  }
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t t0 = 0, b = 0; t0 < kq; t0 += kQuadsPerBlock, ++b) {
+    const int64_t t1 = std::min(kq, t0 + kQuadsPerBlock);
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = zero;
+    for (int64_t t = t0; t < t1; ++t) {
+      const __m512i wv = _mm512_loadu_si512(wp + t * 64);
+      const __m512i mag = _mm512_abs_epi8(wv);
+      const __mmask64 neg = _mm512_movepi8_mask(wv);
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, a[r] + 4 * t, 4);
+        const __m512i av = _mm512_set1_epi32(quad);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], mag, _mm512_mask_sub_epi8(av, neg, zero, av));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      f[r] =
+          _mm512_add_ps(f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(d[r][b])));
+  }
+  alignas(64) float bb[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, bb);
+  const __m512 sc = _mm512_loadu_ps(static_cast<const float*>(w->scales) + p * FRT_PANEL);
+  const __m512 bv = _mm512_load_ps(bb);
+  for (int r = 0; r < R; ++r)
+    _mm512_storeu_ps(tile + r * FRT_PANEL, _mm512_add_ps(_mm512_mul_ps(f[r], sc), bv));
+}
+#elif defined(__AVX2__)
 template <int R>
 void tile_blocks_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                       const float* bias, float* tile) {
@@ -185,7 +228,10 @@ void tile_blocks_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, 
 
 void gemm_tile_blocks(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                       int64_t rows, const float* bias, float* tile) {
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  with_tile_rows(rows,
+                 [&](auto r) { tile_blocks_zmm<decltype(r)::value>(w, p, q, r0, bias, tile); });
+#elif defined(__AVX2__)
   with_tile_rows(rows,
                  [&](auto r) { tile_blocks_avx2<decltype(r)::value>(w, p, q, r0, bias, tile); });
 #else

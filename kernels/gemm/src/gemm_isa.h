@@ -1,5 +1,7 @@
 // Helpers the per-ISA halves of flashrt/gemm share (gemm_kernels.cpp, gemm_blocks.cpp): reading
-// an activation element or eight, a panel's bias, and the tile's row-count dispatch.
+// an activation element or eight, a panel's bias, and the tile's row-count dispatch. The tiles
+// come in three builds: zmm with vpdpbusd where FRT_ZMM is set (the avx512vnni variant), AVX2
+// elsewhere the flags allow it, the scalar reference otherwise.
 #pragma once
 
 #include <frt_kern/util.h>
@@ -8,7 +10,9 @@
 
 #include "gemm_op.h"
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)  // the avx512vnni variant (and its test-only emulation)
+#include <frt_kern/zmm.h>
+#elif defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
