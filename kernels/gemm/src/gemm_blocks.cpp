@@ -29,7 +29,32 @@ constexpr int64_t kQuadsPerBlock = kGemmActBlock / 4;
 
 }  // namespace
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+namespace {
+
+// One block of n <= 32 inputs, the partial last one included (masked): the same amax, scale and
+// rounding as the scalar loop, so every path writes the same bytes.
+inline void quantize_block_zmm(const void* x, int32_t dt, int64_t i0, int64_t n, int8_t* a,
+                               float* d) {
+  const __m512 v[2] = {gemm_load16(x, dt, i0, n),
+                       n > 16 ? gemm_load16(x, dt, i0 + 16, n - 16) : _mm512_setzero_ps()};
+  alignas(64) float m[16];
+  _mm512_store_ps(m, _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+  float amax = 0;
+  for (float e : m) amax = std::max(amax, e);
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  *d = amax / 127.0f;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int h = 0; h < 2 && 16 * h < n; ++h)
+    gemm_store16_bytes(
+        a + i0 + 16 * h,
+        _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[h], vinv)), lo), hi),
+        n - 16 * h);
+}
+
+}  // namespace
+#elif defined(__AVX2__)
 namespace {
 
 // One full block of 32: the same amax, scale and rounding as the scalar loop (cvtps rounds to
@@ -66,7 +91,13 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
   const int64_t blocks = div_up(k, kGemmActBlock);
   bool finite = true;
   int64_t i = 0;
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;  // |x| == inf or NaN (unordered); lanes past k load as 0
+  for (; i < k; i = std::min(i + 16, k))
+    bad |= _mm512_cmp_ps_mask(_mm512_abs_ps(gemm_load16(x, dt, i, k - i)), inf, _CMP_NLT_UQ);
+  finite = bad == 0;
+#elif defined(__AVX2__)
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 bad = _mm256_setzero_ps();
@@ -83,7 +114,10 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kGemmActBlock, i1 = std::min(k, i0 + kGemmActBlock);
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+    quantize_block_zmm(x, dt, i0, i1 - i0, a, d + b);
+    continue;
+#elif defined(__AVX2__)
     if (i1 - i0 == kGemmActBlock) {
       quantize_block_avx2(x, dt, i0, a, d + b);
       continue;

@@ -42,7 +42,22 @@ void quantize_row(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale
   float lo = 0, hi = 0;
   bool nan = false;
   int64_t i = 0;
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  // Masked past k: the lanes left out are 0, and 0 is inside [lo, hi] from the start.
+  __m512 vlo = _mm512_setzero_ps(), vhi = vlo;
+  __mmask16 vnan = 0;
+  for (; i < k; i = std::min(i + 16, k)) {
+    const __m512 v = gemm_load16(x, dt, i, k - i);
+    vlo = _mm512_min_ps(vlo, v);
+    vhi = _mm512_max_ps(vhi, v);
+    vnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  }
+  alignas(64) float l[16], h[16];
+  _mm512_store_ps(l, vlo);
+  _mm512_store_ps(h, vhi);
+  for (int j = 0; j < 16; ++j) lo = std::min(lo, l[j]), hi = std::max(hi, h[j]);
+  nan = vnan != 0;
+#elif defined(__AVX2__)
   __m256 vlo = _mm256_setzero_ps(), vhi = vlo, vnan = vlo;
   for (; i + 8 <= k; i += 8) {
     const __m256 v = gemm_load8(x, dt, i);
@@ -74,7 +89,16 @@ void quantize_row(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale
   *scale = s;
   *zero = z;
   i = 0;
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i vz = _mm512_set1_epi32(z), top = _mm512_set1_epi32(127);
+  for (; i < k; i = std::min(i + 16, k)) {  // quantize_one's steps, sixteen at a time
+    const __m512i v =
+        _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(gemm_load16(x, dt, i, k - i), vinv)), vz);
+    gemm_store16_bytes(u + i, _mm512_min_epi32(_mm512_max_epi32(v, _mm512_setzero_si512()), top),
+                       k - i);
+  }
+#elif defined(__AVX2__)
   const __m256 vinv = _mm256_set1_ps(inv);
   const __m256i vz = _mm256_set1_epi32(z);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);

@@ -73,6 +73,12 @@ inline __m256i maskz_loadu_epi16_256(__mmask16 k, const void* p) {
     if ((k >> i) & 1) v[i] = static_cast<const uint16_t*>(p)[i];
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
 }
+inline void mask_storeu_epi8_128(void* p, __mmask16 k, __m128i v) {
+  alignas(16) uint8_t s[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(s), v);
+  for (int i = 0; i < 16; ++i)
+    if ((k >> i) & 1) static_cast<uint8_t*>(p)[i] = s[i];
+}
 inline void mask_storeu_ps(void* p, __mmask16 k, __m512 v) {
   alignas(64) float s[16];
   _mm512_store_ps(s, v);
@@ -92,4 +98,5 @@ inline void mask_storeu_ps(void* p, __mmask16 k, __m512 v) {
 #define _mm512_cvtph_ps(v) ::frt::kern::simde_gaps::cvtph_ps(v)
 #define _mm512_maskz_loadu_ps(k, p) ::frt::kern::simde_gaps::maskz_loadu_ps(k, p)
 #define _mm256_maskz_loadu_epi16(k, p) ::frt::kern::simde_gaps::maskz_loadu_epi16_256(k, p)
+#define _mm_mask_storeu_epi8(p, k, v) ::frt::kern::simde_gaps::mask_storeu_epi8_128(p, k, v)
 #define _mm512_mask_storeu_ps(p, k, v) ::frt::kern::simde_gaps::mask_storeu_ps(p, k, v)
