@@ -10,8 +10,9 @@
 // lane-wise op done on the two 256-bit halves with the AVX2 instruction of the same definition
 // (same rounding, same out-of-range result), or a masked memory access done element by element,
 // which touches exactly the elements the mask selects, as the hardware does. Missing in SIMDe
-// 0.7.4: the int32 <-> fp32 conversions, the byte and word widenings to int32, cvtph, every
-// masked load and store.
+// 0.7.4 and used here: the int32 <-> fp32 conversions, the byte and word widenings to int32,
+// cvtph, masked loads and stores (every one of them). SIMDe has vpdpbusd, abs_epi8,
+// movepi8_mask, the masked byte subtract and the saturating narrowings.
 #pragma once
 
 #if !defined(FRT_ZMM_SIMDE)
@@ -79,12 +80,6 @@ inline void mask_storeu_epi8_128(void* p, __mmask16 k, __m128i v) {
   for (int i = 0; i < 16; ++i)
     if ((k >> i) & 1) static_cast<uint8_t*>(p)[i] = s[i];
 }
-inline void mask_storeu_ps(void* p, __mmask16 k, __m512 v) {
-  alignas(64) float s[16];
-  _mm512_store_ps(s, v);
-  for (int i = 0; i < 16; ++i)
-    if ((k >> i) & 1) static_cast<float*>(p)[i] = s[i];
-}
 
 }  // namespace frt::kern::simde_gaps
 
@@ -99,4 +94,3 @@ inline void mask_storeu_ps(void* p, __mmask16 k, __m512 v) {
 #define _mm512_maskz_loadu_ps(k, p) ::frt::kern::simde_gaps::maskz_loadu_ps(k, p)
 #define _mm256_maskz_loadu_epi16(k, p) ::frt::kern::simde_gaps::maskz_loadu_epi16_256(k, p)
 #define _mm_mask_storeu_epi8(p, k, v) ::frt::kern::simde_gaps::mask_storeu_epi8_128(p, k, v)
-#define _mm512_mask_storeu_ps(p, k, v) ::frt::kern::simde_gaps::mask_storeu_ps(p, k, v)
