@@ -7,7 +7,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
-debian_packages=(g++ libgtest-dev nlohmann-json3-dev libyaml-cpp-dev clang-format)
+debian_packages=(g++ libgtest-dev nlohmann-json3-dev libyaml-cpp-dev clang-format
+  libsimde-dev)  # SIMDe: the test-only emulated avx512vnni variant (kernels/CMakeLists.txt)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

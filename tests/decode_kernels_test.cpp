@@ -12,21 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_util.h"
+
 namespace frt {
 namespace {
 
 const frt_kernel_table* open_decode(const std::string& isa, std::string* skip) {
-  for (const std::string& f : tier_features(isa))
-    if (!detect_cpu().has(f)) {
-      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
-      return nullptr;
-    }
-  const std::string path = std::string(FRT_TEST_KERNEL_ROOT) +
-                           "/flashrt/decode/build/cpu-x86_64-linux-" + isa + "/libfrt_decode.so";
-  std::string why;
-  const frt_kernel_table* t = open_variant_library(path, &why);
-  if (t == nullptr) ADD_FAILURE() << path << ": " << why;
-  return t;
+  return ktest::open_variant("decode", isa, skip);
 }
 
 std::vector<float> randn(int64_t n, std::mt19937_64& rng, float sd = 1.0f) {
@@ -210,8 +202,7 @@ TEST_P(DecodeKernels, ListsItsPrimitivesAndAnswersPlanTimeQuestions) {
   EXPECT_NE(find_op(*t_, OpKind::rmsnorm)->run(&a, 1, 0, 1, &err), FRT_OK);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, DecodeKernels,
-                         ::testing::Values("generic", "avx2", "avx512vnni"));
+INSTANTIATE_TEST_SUITE_P(Variants, DecodeKernels, ::testing::ValuesIn(ktest::kIsas));
 
 }  // namespace
 }  // namespace frt

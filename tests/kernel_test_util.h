@@ -15,17 +15,34 @@
 
 namespace frt::ktest {
 
-inline const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni"};
+// The shipped variants, then "avx512vnni-simde": the avx512vnni sources built on AVX2 through
+// SIMDe, test only (Note [Emulated zmm variant], kernels/common/include/frt_kern/zmm_simde.h).
+inline const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni", "avx512vnni-simde"};
+
+inline constexpr const char* kEmulatedSuffix = "-simde";
+
+inline bool emulated(const std::string& isa) { return isa.ends_with(kEmulatedSuffix); }
 
 inline std::string library(const std::string& pkg, const std::string& isa) {
-  return std::string(FRT_TEST_KERNEL_ROOT) + "/flashrt/" + pkg + "/build/cpu-x86_64-linux-" + isa +
-         "/libfrt_" + pkg + ".so";
+#if defined(FRT_TEST_EMULATED_KERNEL_ROOT)
+  const std::string root = emulated(isa) ? FRT_TEST_EMULATED_KERNEL_ROOT : FRT_TEST_KERNEL_ROOT;
+#else
+  const std::string root = FRT_TEST_KERNEL_ROOT;
+#endif
+  return root + "/flashrt/" + pkg + "/build/cpu-x86_64-linux-" + isa + "/libfrt_" + pkg + ".so";
 }
 
-// The variant's table, or nullptr (and a skip reason) when this CPU cannot run it.
+// The variant's table, or nullptr (and a skip reason) when this CPU cannot run it or this build
+// has no emulated variant. The emulated one needs what its flags target: the avx2 tier.
 inline const frt_kernel_table* open_variant(const std::string& pkg, const std::string& isa,
                                             std::string* skip) {
-  for (const std::string& f : tier_features(isa))
+#if !defined(FRT_TEST_EMULATED_KERNEL_ROOT)
+  if (emulated(isa)) {
+    *skip = "the " + isa + " variant was not built (SIMDe's simde/x86/avx512.h not found)";
+    return nullptr;
+  }
+#endif
+  for (const std::string& f : tier_features(emulated(isa) ? "avx2" : isa))
     if (!detect_cpu().has(f)) {
       *skip = "this CPU lacks " + f + " for the " + isa + " variant";
       return nullptr;

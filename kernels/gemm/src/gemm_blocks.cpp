@@ -9,6 +9,8 @@
 // (the scheme llama.cpp's Q8 activation blocks use). The weights are the same symmetric int8 per
 // channel. vpmaddubsw needs one unsigned operand: it multiplies |q| by a carrying q's sign
 // (vpsignb), and since |q|, |a| <= 127 a pair sums to at most 32258: no int16 saturation.
+// The zmm tile (avx512vnni) forms the same products with vpdpbusd, |q| times a with q's sign
+// (vpsignb has no zmm form: a is negated under the mask of q's sign bits), into int32 directly.
 // Each block's int32 sum (|sum| <= 32 * 127 * 127) is exact in fp32; the row accumulates
 // f += float(sum) * d block by block, and y = f * scale[c] + bias[c].
 #include <frt_kern/util.h>
@@ -27,7 +29,32 @@ constexpr int64_t kQuadsPerBlock = kGemmActBlock / 4;
 
 }  // namespace
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+namespace {
+
+// One block of n <= 32 inputs, the partial last one included (masked): the same amax, scale and
+// rounding as the scalar loop, so every path writes the same bytes.
+inline void quantize_block_zmm(const void* x, int32_t dt, int64_t i0, int64_t n, int8_t* a,
+                               float* d) {
+  const __m512 v[2] = {gemm_load16(x, dt, i0, n),
+                       n > 16 ? gemm_load16(x, dt, i0 + 16, n - 16) : _mm512_setzero_ps()};
+  alignas(64) float m[16];
+  _mm512_store_ps(m, _mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+  float amax = 0;
+  for (float e : m) amax = std::max(amax, e);
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  *d = amax / 127.0f;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int h = 0; h < 2 && 16 * h < n; ++h)
+    gemm_store16_bytes(
+        a + i0 + 16 * h,
+        _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v[h], vinv)), lo), hi),
+        n - 16 * h);
+}
+
+}  // namespace
+#elif defined(__AVX2__)
 namespace {
 
 // One full block of 32: the same amax, scale and rounding as the scalar loop (cvtps rounds to
@@ -64,7 +91,13 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
   const int64_t blocks = div_up(k, kGemmActBlock);
   bool finite = true;
   int64_t i = 0;
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  const __m512 inf = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;  // |x| == inf or NaN (unordered); lanes past k load as 0
+  for (; i < k; i = std::min(i + 16, k))
+    bad |= _mm512_cmp_ps_mask(_mm512_abs_ps(gemm_load16(x, dt, i, k - i)), inf, _CMP_NLT_UQ);
+  finite = bad == 0;
+#elif defined(__AVX2__)
   const __m256 inf = _mm256_set1_ps(std::numeric_limits<float>::infinity());
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 bad = _mm256_setzero_ps();
@@ -81,7 +114,10 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t i0 = b * kGemmActBlock, i1 = std::min(k, i0 + kGemmActBlock);
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+    quantize_block_zmm(x, dt, i0, i1 - i0, a, d + b);
+    continue;
+#elif defined(__AVX2__)
     if (i1 - i0 == kGemmActBlock) {
       quantize_block_avx2(x, dt, i0, a, d + b);
       continue;
@@ -100,7 +136,48 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
 
 namespace {
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+template <int R>
+void tile_blocks_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                     const float* bias, float* tile) {
+  const int64_t kq = div_up(w->k, 4);
+  const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
+  const int8_t* a[R];
+  const float* d[R];
+  __m512 f[R];  // the fp32 sums: with 32 registers they stay in registers
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.a + (r0 + r) * q.lda;
+    d[r] = q.d + (r0 + r) * q.ldd;
+    f[r] = _mm512_setzero_ps();
+  }
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t t0 = 0, b = 0; t0 < kq; t0 += kQuadsPerBlock, ++b) {
+    const int64_t t1 = std::min(kq, t0 + kQuadsPerBlock);
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = zero;
+    for (int64_t t = t0; t < t1; ++t) {
+      const __m512i wv = _mm512_loadu_si512(wp + t * 64);
+      const __m512i mag = _mm512_abs_epi8(wv);
+      const __mmask64 neg = _mm512_movepi8_mask(wv);
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, a[r] + 4 * t, 4);
+        const __m512i av = _mm512_set1_epi32(quad);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], mag, _mm512_mask_sub_epi8(av, neg, zero, av));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      f[r] =
+          _mm512_add_ps(f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(d[r][b])));
+  }
+  alignas(64) float bb[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, bb);
+  const __m512 sc = _mm512_loadu_ps(static_cast<const float*>(w->scales) + p * FRT_PANEL);
+  const __m512 bv = _mm512_load_ps(bb);
+  for (int r = 0; r < R; ++r)
+    _mm512_storeu_ps(tile + r * FRT_PANEL, _mm512_add_ps(_mm512_mul_ps(f[r], sc), bv));
+}
+#elif defined(__AVX2__)
 template <int R>
 void tile_blocks_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                       const float* bias, float* tile) {
@@ -185,7 +262,10 @@ void tile_blocks_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, 
 
 void gemm_tile_blocks(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                       int64_t rows, const float* bias, float* tile) {
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  with_tile_rows(rows,
+                 [&](auto r) { tile_blocks_zmm<decltype(r)::value>(w, p, q, r0, bias, tile); });
+#elif defined(__AVX2__)
   with_tile_rows(rows,
                  [&](auto r) { tile_blocks_avx2<decltype(r)::value>(w, p, q, r0, bias, tile); });
 #else

@@ -1,5 +1,7 @@
 // Helpers the per-ISA halves of flashrt/gemm share (gemm_kernels.cpp, gemm_blocks.cpp): reading
-// an activation element or eight, a panel's bias, and the tile's row-count dispatch.
+// an activation element or eight, a panel's bias, and the tile's row-count dispatch. The tiles
+// come in three builds: zmm with vpdpbusd where FRT_ZMM is set (the avx512vnni variant), AVX2
+// elsewhere the flags allow it, the scalar reference otherwise.
 #pragma once
 
 #include <frt_kern/util.h>
@@ -8,7 +10,9 @@
 
 #include "gemm_op.h"
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)  // the avx512vnni variant (and its test-only emulation)
+#include <frt_kern/zmm.h>
+#elif defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -25,6 +29,26 @@ inline __m256 gemm_load8(const void* x, int32_t dt, int64_t i) {
   const __m128i h =
       _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(x) + i));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+#if defined(FRT_ZMM)
+// The first n lanes of sixteen (all for n >= 16).
+inline __mmask16 gemm_lanes(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// Elements i .. i + min(n, 16) of x as fp32; the loads touch only those, other lanes are 0.
+inline __m512 gemm_load16(const void* x, int32_t dt, int64_t i, int64_t n) {
+  const __mmask16 m = gemm_lanes(n);
+  if (dt == FRT_F32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + i);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Sixteen int32 already within int8 range as bytes, the first min(n, 16) stored.
+inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
+  _mm_mask_storeu_epi8(p, gemm_lanes(n), _mm512_cvtsepi32_epi8(v));
 }
 #endif
 

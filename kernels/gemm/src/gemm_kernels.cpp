@@ -1,14 +1,17 @@
 // The per-ISA halves of flashrt/gemm: row quantization and the 4-row x FRT_PANEL integer tile.
-// Built once per variant: the AVX2 path where the variant's flags allow it (avx2, and avx512vnni,
-// which has no zmm tile of its own yet), the scalar reference elsewhere. Both compute the same
-// integers and, built without FMA contraction (kernels/CMakeLists.txt), the same fp32 bits.
+// Built once per variant: a zmm tile with vpdpbusd in avx512vnni (FRT_ZMM), the AVX2 path where
+// the flags allow it (the avx512vnni variant keeps its row quantization), the scalar reference
+// elsewhere. All compute the same integers and, built without FMA contraction
+// (kernels/CMakeLists.txt) and with one epilogue order, the same fp32 bits.
 //
 // Note [W8A8 rows]: activations are quantized per row, asymmetric, to seven bits (u in 0..127;
 // frt_kernel_abi.h, FRT_W_INT8_GEMM). vpmaddubsw multiplies u8 by s8 and adds neighbouring
 // pairs in int16 with saturation: with eight-bit u (up to 255) a pair reaches 2 * 255 * 127 and
 // saturates, with seven bits 2 * 127 * 127 = 32258 fits, so the int16 step is exact. (fbgemm's
-// "reduce_range" makes the same choice on CPUs without VNNI.) The zero point z is removed after
-// the integer product: sum_i (u_i - z) q_ci = sum_i u_i q_ci - z * colsum_c.
+// "reduce_range" makes the same choice on CPUs without VNNI.) vpdpbusd (the zmm tile) multiplies
+// u8 by s8 into int32 with no int16 step: the same sums. One zmm holds a whole quad of the panel
+// (16 columns x 4 k, 64 bytes), so a row's quad is one instruction. The zero point z is removed
+// after the integer product: sum_i (u_i - z) q_ci = sum_i u_i q_ci - z * colsum_c.
 #include <frt_kern/util.h>
 
 #include <algorithm>
@@ -39,7 +42,22 @@ void quantize_row(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale
   float lo = 0, hi = 0;
   bool nan = false;
   int64_t i = 0;
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  // Masked past k: the lanes left out are 0, and 0 is inside [lo, hi] from the start.
+  __m512 vlo = _mm512_setzero_ps(), vhi = vlo;
+  __mmask16 vnan = 0;
+  for (; i < k; i = std::min(i + 16, k)) {
+    const __m512 v = gemm_load16(x, dt, i, k - i);
+    vlo = _mm512_min_ps(vlo, v);
+    vhi = _mm512_max_ps(vhi, v);
+    vnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  }
+  alignas(64) float l[16], h[16];
+  _mm512_store_ps(l, vlo);
+  _mm512_store_ps(h, vhi);
+  for (int j = 0; j < 16; ++j) lo = std::min(lo, l[j]), hi = std::max(hi, h[j]);
+  nan = vnan != 0;
+#elif defined(__AVX2__)
   __m256 vlo = _mm256_setzero_ps(), vhi = vlo, vnan = vlo;
   for (; i + 8 <= k; i += 8) {
     const __m256 v = gemm_load8(x, dt, i);
@@ -71,7 +89,16 @@ void quantize_row(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale
   *scale = s;
   *zero = z;
   i = 0;
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  const __m512 vinv = _mm512_set1_ps(inv);
+  const __m512i vz = _mm512_set1_epi32(z), top = _mm512_set1_epi32(127);
+  for (; i < k; i = std::min(i + 16, k)) {  // quantize_one's steps, sixteen at a time
+    const __m512i v =
+        _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(gemm_load16(x, dt, i, k - i), vinv)), vz);
+    gemm_store16_bytes(u + i, _mm512_min_epi32(_mm512_max_epi32(v, _mm512_setzero_si512()), top),
+                       k - i);
+  }
+#elif defined(__AVX2__)
   const __m256 vinv = _mm256_set1_ps(inv);
   const __m256i vz = _mm256_set1_epi32(z);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -95,7 +122,41 @@ inline float finish(int32_t acc, int32_t z, int32_t colsum, float sx, float sc, 
   return static_cast<float>(acc - z * colsum) * (sx * sc) + b;
 }
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+template <int R>
+void tile_zmm(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0,
+              const float* bias, float* tile) {
+  const int64_t kq = div_up(w->k, 4);
+  const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
+  const uint8_t* a[R];
+  __m512i acc[R];
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.u + (r0 + r) * q.lda;
+    acc[r] = _mm512_setzero_si512();
+  }
+  for (int64_t t = 0; t < kq; ++t) {
+    const __m512i wv = _mm512_loadu_si512(wp + t * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, a[r] + 4 * t, 4);
+      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(quad), wv);
+    }
+  }
+  alignas(64) float b[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, b);
+  const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
+  const float* cs = static_cast<const float*>(w->mins) + p * FRT_PANEL;  // column sums
+  const __m512i colsum = _mm512_cvtps_epi32(_mm512_loadu_ps(cs));
+  const __m512 scale = _mm512_loadu_ps(sc), bv = _mm512_load_ps(b);
+  for (int r = 0; r < R; ++r) {  // finish()'s order: float(acc - z * colsum) * (sx * sc) + b
+    const __m512i i =
+        _mm512_sub_epi32(acc[r], _mm512_mullo_epi32(_mm512_set1_epi32(q.zero[r0 + r]), colsum));
+    const __m512 f =
+        _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(_mm512_set1_ps(q.scale[r0 + r]), scale));
+    _mm512_storeu_ps(tile + r * FRT_PANEL, _mm512_add_ps(f, bv));
+  }
+}
+#elif defined(__AVX2__)
 template <int R>
 void tile_avx2(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0,
                const float* bias, float* tile) {
@@ -165,7 +226,9 @@ void tile_ref(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t
 
 void gemm_tile(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0, int64_t rows,
                const float* bias, float* tile) {
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  with_tile_rows(rows, [&](auto r) { tile_zmm<decltype(r)::value>(w, p, q, r0, bias, tile); });
+#elif defined(__AVX2__)
   with_tile_rows(rows, [&](auto r) { tile_avx2<decltype(r)::value>(w, p, q, r0, bias, tile); });
 #else
   tile_ref(w, p, q, r0, rows, bias, tile);

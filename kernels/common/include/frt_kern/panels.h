@@ -6,6 +6,7 @@
 #include <flashrt/abi/frt_kernel_abi.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace frt::kern {
 
@@ -30,6 +31,28 @@ struct PanelTable {
 
 extern const PanelTable kPanels;
 
+// Rows [0, m) in blocks: block(MR, r) runs rows [r, r + MR) with MR = 4, 3 or 2 a compile-time
+// constant (std::integral_constant); one(r) runs the single row left over. The per-ISA panels
+// re-read the panel from L1/L2 for each block, so DRAM sees every weight byte once per call.
+template <typename Block, typename One>
+void in_fours(int64_t m, Block block, One one) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) block(std::integral_constant<int, 4>{}, r);
+  switch (m - r) {
+    case 3:
+      block(std::integral_constant<int, 3>{}, r);
+      break;
+    case 2:
+      block(std::integral_constant<int, 2>{}, r);
+      break;
+    case 1:
+      one(r);
+      break;
+    default:
+      break;
+  }
+}
+
 void int8_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                     float* out);
 void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
@@ -50,5 +73,13 @@ void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int
                       float* out);
 void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                      const float* xsum, int64_t m, float* out);
+float dot_f32_avx512(const float* x, const float* w, int64_t n);
+float dot_bf16_avx512(const float* x, const uint16_t* w, int64_t n);
+void int8_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                       int64_t m, float* out);
+void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                        int64_t m, float* out);
+void int4_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                       const float* xsum, int64_t m, float* out);
 
 }  // namespace frt::kern

@@ -8,8 +8,6 @@
 #include <frt_kern/panels.h>
 #include <immintrin.h>
 
-#include <type_traits>
-
 namespace frt::kern {
 namespace {
 
@@ -248,29 +246,7 @@ void int4_rows(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const f
 }  // namespace
 
 // Rows go in blocks of four (int8) or two (int4); the panel is re-read from L1/L2 for each
-// block, so DRAM still sees every weight byte once per call. block(MR, r) runs rows [r, r + MR)
-// with MR a compile-time constant; one(r) the single-row kernel.
-namespace {
-template <typename Block, typename One>
-void in_fours(int64_t m, Block block, One one) {
-  int64_t r = 0;
-  for (; r + 4 <= m; r += 4) block(std::integral_constant<int, 4>{}, r);
-  switch (m - r) {
-    case 3:
-      block(std::integral_constant<int, 3>{}, r);
-      break;
-    case 2:
-      block(std::integral_constant<int, 2>{}, r);
-      break;
-    case 1:
-      one(r);
-      break;
-    default:
-      break;
-  }
-}
-}  // namespace
-
+// block, so DRAM still sees every weight byte once per call.
 void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                      float* out) {
   const int64_t k = w->k;

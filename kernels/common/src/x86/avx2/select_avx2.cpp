@@ -1,4 +1,4 @@
-// The avx2 (and, until it has zmm panels of its own, avx512vnni) variant's panel table.
+// The avx2 variant's panel table.
 #include <frt_kern/panels.h>
 
 namespace frt::kern {
