@@ -1,6 +1,6 @@
 // flashrt/gemm's linear over int4 weights (FRT_W_INT4_GEMM) with activations per block of 32:
-// the w4a8 decode form. Built per variant like gemm_blocks.cpp; both paths compute the same
-// integers and, without FMA contraction, the same fp32 bits.
+// the w4a8 decode form. Built per variant like gemm_blocks.cpp (zmm with vpdpbusd, AVX2, scalar);
+// every path computes the same integers and, without FMA contraction, the same fp32 bits.
 //
 // Note [W4A8]: the weights are nibbles q in [0, 15] (W = (q - 8) * s, or q * s + min), in groups
 // of 32 inputs that coincide with the activation blocks (Note [W8A8 blocks]: a in [-127, 127],
@@ -25,7 +25,64 @@ namespace {
 constexpr int64_t kQuads = kGemmActBlock / 4;  // quads per block
 constexpr int64_t kHalf = FRT_PANEL / 2;
 
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+// One zmm holds a quad of all 16 columns: the 32 bytes broadcast to both halves, the upper half
+// shifted by a nibble, masked to 0..15 (32-bit lane c = column c), and vpdpbusd sums
+// nibble x activation straight into int32. The epilogue is the AVX2 tile's, lane for lane.
+template <int R, bool Mins>
+void tile_int4_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                   const float* bias, float* tile) {
+  const int64_t blocks = w->k / kGemmActBlock;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 4) * 32;
+  const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
+  const uint16_t* mp =
+      Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
+  const int8_t* a[R];
+  const float* d[R];
+  const int32_t* sa[R];
+  __m512 f[R];
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.a + (r0 + r) * q.lda;
+    d[r] = q.d + (r0 + r) * q.ldd;
+    sa[r] = q.sum + (r0 + r) * q.ldd;
+    f[r] = _mm512_setzero_ps();
+  }
+  const __m512i low = _mm512_set1_epi8(0x0f), shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    const uint8_t* wb = wp + b * kQuads * 32;
+    for (int64_t t = 0; t < kQuads; ++t) {
+      const __m512i v =
+          _mm512_broadcast_i64x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb + t * 32)));
+      const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, a[r] + b * kGemmActBlock + 4 * t, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], nib, _mm512_set1_epi32(quad));
+      }
+    }
+    const __m512 s =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + b * FRT_PANEL)));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (Mins)
+      m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + b * FRT_PANEL)));
+    for (int r = 0; r < R; ++r) {
+      __m512i i = acc[r];
+      if constexpr (!Mins) i = _mm512_sub_epi32(i, _mm512_set1_epi32(8 * sa[r][b]));
+      f[r] = _mm512_add_ps(
+          f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(s, _mm512_set1_ps(d[r][b]))));
+      if constexpr (Mins)
+        f[r] = _mm512_add_ps(
+            f[r], _mm512_mul_ps(m, _mm512_set1_ps(d[r][b] * static_cast<float>(sa[r][b]))));
+    }
+  }
+  alignas(64) float bb[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, bb);
+  const __m512 bv = _mm512_load_ps(bb);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(tile + r * FRT_PANEL, _mm512_add_ps(f[r], bv));
+}
+#elif defined(__AVX2__)
 template <int R, bool Mins>
 void tile_int4_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                     const float* bias, float* tile) {
@@ -143,7 +200,14 @@ void block_sums(const int8_t* a, int64_t k, int32_t* sum) {
 
 void gemm_tile_int4(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                     int64_t rows, const float* bias, float* tile) {
-#if defined(__AVX2__)
+#if defined(FRT_ZMM)
+  with_tile_rows(rows, [&](auto r) {
+    if (w->mins != nullptr)
+      tile_int4_zmm<decltype(r)::value, true>(w, p, q, r0, bias, tile);
+    else
+      tile_int4_zmm<decltype(r)::value, false>(w, p, q, r0, bias, tile);
+  });
+#elif defined(__AVX2__)
   with_tile_rows(rows, [&](auto r) {
     if (w->mins != nullptr)
       tile_int4_avx2<decltype(r)::value, true>(w, p, q, r0, bias, tile);
