@@ -296,6 +296,34 @@ TEST_P(GemmKernel, RefusesFormsOutsideItsContract) {
   EXPECT_NE(form_refusal(*t, d).find("provides no"), std::string::npos);
 }
 
+// The decode forms' common check: the variant on 2 and 1 threads and the generic variant write
+// the same bits, and each output is within `tol` (relative to the sum of |terms|) of the float64
+// product of the block-quantized activations (quantized_blocks) and the weights `wd`.
+void expect_blocks_bitwise_and_near(const frt_kernel_table& t, const frt_kernel_table& generic,
+                                    ThreadPool& pool, const PackedLinear& packed,
+                                    const std::vector<double>& wd, const float* bias, Input& x,
+                                    const Case& c, double tol) {
+  Output y(DType::f32, c.m, c.n), y1(DType::f32, c.m, c.n), g(DType::f32, c.m, c.n);
+  run_linear(t, pool, packed, bias, x.view(), y.view());
+  run_linear(t, pool, packed, bias, x.view(), y1.view(), 1);
+  run_linear(generic, pool, packed, bias, x.view(), g.view(), 2);
+  ASSERT_EQ(0, std::memcmp(y.f32.data(), y1.f32.data(), y.f32.size() * 4));
+  ASSERT_EQ(0, std::memcmp(y.f32.data(), g.f32.data(), y.f32.size() * 4));
+  for (int64_t r = 0; r < c.m; ++r) {
+    const std::vector<double> xq = quantized_blocks(x.value.data() + r * c.k, c.k);
+    for (int64_t col = 0; col < c.n; ++col) {
+      double want = bias != nullptr ? bias[col] : 0.0, mag = std::fabs(want);
+      for (int64_t i = 0; i < c.k; ++i) {
+        want += xq[i] * wd[col * c.k + i];
+        mag += std::fabs(xq[i] * wd[col * c.k + i]);
+      }
+      ASSERT_NEAR(y.at(r, col), want, tol * mag + 1e-6)
+          << "m" << c.m << " k" << c.k << " n" << c.n << " [" << r << "," << col << "]";
+      ASSERT_TRUE(y.gap_untouched(r, c.n)) << "wrote past n";
+    }
+  }
+}
+
 // The decode form: activations per block of 32 (the pack's group), against float64 for every
 // shape (partial last blocks included), dtype and bias, and bitwise across threads and variants.
 TEST_P(GemmKernel, ActivationBlocksMatchFloat64AndAgreeBitwise) {
@@ -325,25 +353,8 @@ TEST_P(GemmKernel, ActivationBlocksMatchFloat64AndAgreeBitwise) {
           x.f32[0] = 40.0f;
         else
           x.bf16[0] = 0x4220;  // 40.0 in bf16
-        Output y(DType::f32, c.m, c.n), y1(DType::f32, c.m, c.n), g(DType::f32, c.m, c.n);
-        const float* b = with_bias ? bias.data() : nullptr;
-        run_linear(*t, pool, packed, b, x.view(), y.view());
-        run_linear(*t, pool, packed, b, x.view(), y1.view(), 1);
-        run_linear(*generic, pool, packed, b, x.view(), g.view(), 2);
-        ASSERT_EQ(0, std::memcmp(y.f32.data(), y1.f32.data(), y.f32.size() * 4));
-        ASSERT_EQ(0, std::memcmp(y.f32.data(), g.f32.data(), y.f32.size() * 4));
-        for (int64_t r = 0; r < c.m; ++r) {
-          const std::vector<double> xq = quantized_blocks(x.value.data() + r * c.k, c.k);
-          for (int64_t col = 0; col < c.n; ++col) {
-            double want = with_bias ? bias[col] : 0.0, mag = std::fabs(want);
-            for (int64_t i = 0; i < c.k; ++i) {
-              want += xq[i] * wd[col * c.k + i];
-              mag += std::fabs(xq[i] * wd[col * c.k + i]);
-            }
-            ASSERT_NEAR(y.at(r, col), want, 2e-6 * mag + 1e-6)
-                << "m" << c.m << " k" << c.k << " n" << c.n << " [" << r << "," << col << "]";
-          }
-        }
+        expect_blocks_bitwise_and_near(*t, *generic, pool, packed, wd,
+                                       with_bias ? bias.data() : nullptr, x, c, 2e-6);
       }
 }
 
@@ -439,27 +450,9 @@ TEST_P(GemmKernel, Int4BlocksMatchFloat64AndAgreeBitwise) {
           std::vector<float> bias(c.n);
           for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
           Input x(xd, c.m, c.k, rng, 0.3f);  // a shift: block sums far from zero
-          Output y(DType::f32, c.m, c.n), y1(DType::f32, c.m, c.n), g(DType::f32, c.m, c.n);
-          const float* b = with_bias ? bias.data() : nullptr;
-          run_linear(*t, pool, packed, b, x.view(), y.view());
-          run_linear(*t, pool, packed, b, x.view(), y1.view(), 1);
-          run_linear(*generic, pool, packed, b, x.view(), g.view(), 2);
-          ASSERT_EQ(0, std::memcmp(y.f32.data(), y1.f32.data(), y.f32.size() * 4));
-          ASSERT_EQ(0, std::memcmp(y.f32.data(), g.f32.data(), y.f32.size() * 4));
-          for (int64_t r = 0; r < c.m; ++r) {
-            const std::vector<double> xq = quantized_blocks(x.value.data() + r * c.k, c.k);
-            for (int64_t col = 0; col < c.n; ++col) {
-              double want = with_bias ? bias[col] : 0.0, mag = std::fabs(want);
-              for (int64_t i = 0; i < c.k; ++i) {
-                want += xq[i] * wd[col * c.k + i];
-                mag += std::fabs(xq[i] * wd[col * c.k + i]);
-              }
-              ASSERT_NEAR(y.at(r, col), want, 4e-6 * mag + 1e-6)
-                  << "m" << c.m << " k" << c.k << " n" << c.n << " sym " << symmetric << " [" << r
-                  << "," << col << "]";
-              ASSERT_TRUE(y.gap_untouched(r, c.n)) << "wrote past n";
-            }
-          }
+          SCOPED_TRACE(symmetric ? "symmetric" : "with mins");
+          expect_blocks_bitwise_and_near(*t, *generic, pool, packed, wd,
+                                         with_bias ? bias.data() : nullptr, x, c, 4e-6);
         }
 }
 
