@@ -499,6 +499,24 @@ TEST_P(GemmKernel, Int4RefusesWidthsTheGroupDoesNotDivideAndNonFiniteRowsStayInT
   d.n = 96;
   d.act = FRT_ACT_GELU;
   EXPECT_NE(form_refusal(*t, d).find("takes int8_gemm"), std::string::npos) << form_refusal(*t, d);
+  // Call time: a weight claiming f32 scales (the kernel reads f16 only) is refused, not read.
+  frt_packed_weight f32_scales = packed.view();
+  f32_scales.scale_dtype = FRT_F32;
+  frt_linear_args a{};
+  a.x_dtype = a.y_dtype = FRT_F32;
+  a.m = 3;
+  a.w = &f32_scales;
+  a.x = x.f32.data();
+  a.ldx = x.ld;
+  a.y = y.f32.data();
+  a.ldy = y.ld;
+  const frt_op* linear = nullptr;
+  for (int32_t i = 0; i < t->n_ops; ++i)
+    if (t->ops[i].kind == FRT_OP_LINEAR) linear = &t->ops[i];
+  ASSERT_NE(linear, nullptr);
+  frt_error err{};
+  EXPECT_NE(linear->supports(&a, &err), FRT_REASON_OK);
+  EXPECT_NE(std::string(err.message).find("f16 scales"), std::string::npos) << err.message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kIsas));

@@ -79,6 +79,19 @@ TEST(Pack, AdoptedPartsOutOfRangeOrIncompleteAreRefusedByName) {
   EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
   parts.group = 48;
   EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  // The GEMM's layouts are packed from host weights, never adopted as a checkpoint's parts.
+  parts.group = 32;
+  s[5] = 0.5f;
+  for (WeightFormat gemm : {WeightFormat::int8_gemm, WeightFormat::int4_gemm}) {
+    parts.format = gemm;
+    try {
+      PackedLinear::from_quantized(parts);
+      FAIL() << "adopted as " << name_of(gemm);
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("not " + std::string(name_of(gemm))), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Pack, HalfScalesAreRoundedBeforeTheWeightsAreQuantisedAgainstThem) {
