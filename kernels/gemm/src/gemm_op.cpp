@@ -12,11 +12,11 @@ namespace {
 int64_t block_stride(int64_t k) { return div_up(div_up(k, kGemmActBlock), 16) * 16; }
 }  // namespace
 
-int32_t gemm_check_form(int32_t wformat, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
-                        frt_error* err) {
-  if (wformat != FRT_W_INT8_GEMM)
-    return fail(err, FRT_REASON_FORMAT, "gemm: weight format %d; takes int8_gemm (%d) only",
-                wformat, FRT_W_INT8_GEMM);
+namespace {
+
+// What every layout of this package shares: 1..kGemmMaxK wide, f32/bf16 activations.
+int32_t check_widths_and_dtypes(int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
+                                frt_error* err) {
   if (n <= 0 || k <= 0 || k > kGemmMaxK)
     return fail(err, FRT_REASON_SHAPE, "gemm: weight %lldx%lld outside 1..%lld wide",
                 static_cast<long long>(n), static_cast<long long>(k),
@@ -25,6 +25,16 @@ int32_t gemm_check_form(int32_t wformat, int64_t n, int64_t k, int32_t x_dtype, 
     return fail(err, FRT_REASON_DTYPE, "gemm: activations %s -> %s; supported: f32, bf16",
                 dtype_name(x_dtype), dtype_name(y_dtype));
   return ok(err);
+}
+
+}  // namespace
+
+int32_t gemm_check_form(int32_t wformat, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
+                        frt_error* err) {
+  if (wformat != FRT_W_INT8_GEMM)
+    return fail(err, FRT_REASON_FORMAT, "gemm: weight format %d; takes int8_gemm (%d) only",
+                wformat, FRT_W_INT8_GEMM);
+  return check_widths_and_dtypes(n, k, x_dtype, y_dtype, err);
 }
 
 namespace {
@@ -64,7 +74,7 @@ int32_t check_int4_form(int32_t group, int64_t n, int64_t k, int32_t x_dtype, in
     return fail(err, FRT_REASON_SHAPE,
                 "gemm: int4_gemm weight %lldx%lld in groups of %d; takes groups of %d dividing k",
                 static_cast<long long>(n), static_cast<long long>(k), group, kGemmActBlock);
-  return gemm_check_form(FRT_W_INT8_GEMM, n, k, x_dtype, y_dtype, err);  // widths and dtypes
+  return check_widths_and_dtypes(n, k, x_dtype, y_dtype, err);
 }
 
 int32_t refuse_format(int32_t wformat, frt_error* err) {
