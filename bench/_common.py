@@ -23,10 +23,25 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_family_model() -> str:
+    """"family F model M" from /proc/cpuinfo: the part when a hypervisor blanks the model name
+    (family 25 model 1 is Zen 3 Milan, model 17 Zen 4 Genoa, whose AVX-512 a guest may not see)."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+
+
 def machine() -> dict[str, Any]:
     """The machine a result came from: CPU model, the ISA tier the kernel path loads, threads."""
     cpu = S._core.cpu()
-    return {"cpu": cpu_model(), "tier": cpu.tier, "cores": os.cpu_count(),
+    return {"cpu": cpu_model(), "cpu_id": cpu_family_model(), "tier": cpu.tier,
+            "cores": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "parallel": S.PARALLEL_BACKEND}
 

@@ -50,7 +50,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--arms", default=None,
+                    help="comma-separated arm names to run (default: all); the JSON keeps the "
+                         "other arms' rows from its last run")
     args = ap.parse_args()
+    chosen = None if args.arms is None else set(args.arms.split(","))
     tok, model = smollm2.load()
     ids = tok(smollm2.english_text(), return_tensors="pt").input_ids[:, : args.tokens]
     host_nll, host_top = smollm2.host_score(model, ids)
@@ -76,6 +80,8 @@ def main() -> None:
         if name.endswith("_decode"):
             arms.append((name, scheme(name)))
     for name, attach in arms:
+        if chosen is not None and name not in chosen:
+            continue
         rows.append(score_arm(name, model, ids, host_top, attach))
         print(f"  {name}: done", flush=True)
     host_ppl = rows[0]["ppl_attached"]
@@ -91,7 +97,11 @@ def main() -> None:
     if args.json:
         out = Path(args.json)
         # Forms measured once and no longer shipped (cited by the kernels' Notes) stay on file.
-        earlier = json.loads(out.read_text()).get("earlier_forms", []) if out.exists() else []
+        last = json.loads(out.read_text()) if out.exists() else {}
+        earlier = last.get("earlier_forms", [])
+        # Rows of arms not run this time stay, if the catalog still lists the arm.
+        ran, listed = {r["arm"] for r in rows}, {name for name, _ in arms}
+        rows += [r for r in last.get("rows", []) if r["arm"] not in ran and r["arm"] in listed]
         write_result(out, {"bench": "accuracy", "machine": machine(),
                            "model": smollm2.GGUF_FILE, "text": smollm2.TEXT_SOURCE,
                            "topics": list(smollm2.TEXT_TOPICS), "tokens": ids.shape[1],

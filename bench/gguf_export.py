@@ -1,7 +1,7 @@
 """Writes a Qwen3-shaped transformers model as a GGUF file llama.cpp loads (for the decode
 benchmark's llama.cpp peer), with the `gguf` package: the same weights, quantized to Q8_0 or
 Q4_0 by gguf's own quantizers (norms stay F32; the tied embedding/head stays Q8_0 in both, as
-w4a16_decode keeps its head at int8).
+the w4a16 schemes keep their head at int8).
 
 The random-weight hosts have no tokenizer, so the file carries a placeholder vocabulary (one
 token per id, one placeholder merge): the benchmark feeds token ids and never text.

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from _common import cpu_model, write_result
+from _common import cpu_family_model, cpu_model, write_result
 from flashrt_structures import impls, ops
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
@@ -197,6 +197,7 @@ def main() -> int:
     result = {
         "machine": {
             "cpu": cpu_model(),
+            "cpu_id": cpu_family_model(),
             "cores": os.cpu_count(),
             "tier": report["cpu"]["tier"],
             "kernel_threads": report["threads"],
@@ -220,6 +221,10 @@ def main() -> int:
         bandwidth = max(samples)
         for row in bench_shape(k, n, args.rounds, args.budget):
             row["frac_of_bandwidth"] = row["gbps"] / bandwidth
+            # Against the sample taken just before this shape, too: the drift is slow enough
+            # that the adjacent sample is what the shape's rounds could read.
+            row["adjacent_bandwidth_gbps"] = samples[-1]
+            row["frac_of_adjacent_bandwidth"] = row["gbps"] / samples[-1]
             result["rows"].append(row)
             print(f"{row['format']:<18}{row['M']:>3}{row['K']:>6}{row['N']:>8}"
                   f"{row['seconds'] * 1e6:>10.1f}{row['gbps']:>8.1f}"

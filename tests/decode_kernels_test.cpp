@@ -98,8 +98,15 @@ TEST_P(DecodeKernels, RotaryMatchesFloat64) {
 }
 
 TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64) {
-  for (int64_t positions : {1, 2, 37}) {
-    const int64_t heads = 8, kv = 2, d = 48, stride = 40;
+  // head_dim 48 and 20 take the 8-wide and scalar tails, 128 the 64-wide blocks; 1 KV head
+  // with 3 threads splits query heads instead of groups.
+  struct Shape {
+    int64_t heads, kv, d, positions;
+  };
+  for (const Shape& sh : {Shape{8, 2, 48, 1}, Shape{8, 2, 48, 2}, Shape{8, 2, 48, 37},
+                          Shape{16, 8, 128, 133}, Shape{4, 1, 20, 6}, Shape{6, 6, 72, 5}}) {
+    const int64_t heads = sh.heads, kv = sh.kv, d = sh.d, positions = sh.positions;
+    const int64_t stride = positions + 3;
     std::vector<float> q = randn(heads * d, rng_), k = randn(positions * kv * d, rng_),
                        v = randn(positions * kv * d, rng_);
     std::vector<float> out(heads * d, std::nanf("")), scores(heads * stride);
@@ -107,6 +114,13 @@ TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64) {
     frt_attention_args a{heads,    kv,    d,          positions,     q.data(), k.data(),
                          v.data(), scale, out.data(), scores.data(), stride};
     run3(*t_, OpKind::attention, a);
+    // One thread computes the same bits as three (Note [Grouped attention]).
+    std::vector<float> alone(heads * d, std::nanf(""));
+    frt_attention_args one = a;
+    one.out = alone.data();
+    frt_error err{};
+    ASSERT_EQ(run_op(*t_, OpKind::attention, &one, 0, 1, &err), FRT_OK) << err.message;
+    EXPECT_EQ(std::memcmp(alone.data(), out.data(), out.size() * sizeof(float)), 0);
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t g = h / (heads / kv);
       std::vector<double> p(positions);
@@ -121,7 +135,8 @@ TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64) {
       for (int64_t i = 0; i < d; ++i) {
         double want = 0;
         for (int64_t t = 0; t < positions; ++t) want += p[t] / total * v[(t * kv + g) * d + i];
-        ASSERT_NEAR(out[h * d + i], want, 2e-5) << positions << " " << h << " " << i;
+        ASSERT_NEAR(out[h * d + i], want, 2e-5) << heads << "/" << kv << " d=" << d << " positions "
+                                                << positions << " " << h << " " << i;
       }
     }
   }

@@ -99,7 +99,8 @@ def test_explain_prints_every_seat_keep_and_refusal_with_counts():
     text = S.explain(plan)
     assert text.startswith("flashrt plan: scheme w4a16_decode, 11 seams found")
     assert "kept at host:" in text and "below the 65536" in text
-    assert "int4 g32 symmetric" in text and "int8 per-channel" in text  # head stays int8
+    # The default w4 scheme: the offset int4 grid, the head at Q8_0-class int8.
+    assert "int4 g32 asymmetric f16 scales" in text and "int8 g32 f16 scales" in text
 
 
 def test_scheme_none_keeps_everything_at_host_and_outputs_are_the_hosts():

@@ -87,13 +87,16 @@ def test_one_bound_encoder_ffn_is_certified_against_the_module():
     assert y.shape == (3, 256)
 
 
-def test_w4_keeps_the_fused_seat_and_an_odd_width_steps_aside_to_int8():
+@pytest.mark.parametrize("scheme,impl,form", [
+    ("w4a16_decode", "ffn_w4g32a16", "int4 g32 asymmetric f16 scales"),
+    ("w4a16_sym_decode", "ffn_w4a16", "int4 g32 symmetric")])
+def test_w4_keeps_the_fused_seat_and_an_odd_width_steps_aside_to_int8(scheme, impl, form):
     model = phi(1)
     x = hosts.ids(8)
-    plan = S.auto_swaps(model, lambda: model(x), scheme="w4a16_decode", min_seat_weights=0)
+    plan = S.auto_swaps(model, lambda: model(x), scheme=scheme, min_seat_weights=0)
     ffn = [sp for sp in plan.seams if sp.seam.structure == "encoder_ffn"]
-    assert [sp.impl for sp in ffn] == ["ffn_w4a16"]
-    assert ffn[0].form.describe() == "int4 g32 symmetric"
+    assert [sp.impl for sp in ffn] == [impl]
+    assert ffn[0].form.describe() == form
 
 
 def test_an_activation_outside_the_boundary_is_refused_and_projections_stay_linear():

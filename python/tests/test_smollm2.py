@@ -98,3 +98,29 @@ def test_adopted_perplexity_equals_the_hosts_on_real_text(real):
     assert round(smollm2.perplexity(loop_nll), 4) == pytest.approx(round(host_ppl, 4), abs=2e-4)
     assert sum(a == b for a, b in zip(top, host_top)) / len(top) >= 0.99
     assert sum(a == b for a, b in zip(loop_top, host_top)) / len(top) >= 0.99
+
+
+def test_the_default_w4_scheme_requantises_the_files_own_grids_exactly(real):
+    """w4a16_decode's offset grid search finds Q4_1's blocks in the dequantised host (and int8 g32
+    the Q8_0 head), so requantising costs nothing here; the symmetric grid cannot hold them."""
+    from flashrt_structures import ops
+
+    tok, model = real
+    layer = model.model.layers[3]
+    for lin in (layer.self_attn.q_proj, layer.mlp.down_proj):
+        assert ops.pack_int4(lin.weight, 32, False, "f16").stats.max_abs_err == 0.0
+        assert ops.pack_int4(lin.weight, 32, True, "f16").stats.rel_err > 0.05
+    assert ops.pack_int8(model.lm_head.weight, 32, "f16").stats.max_abs_err == 0.0
+    ids = smollm2.chat_ids(tok, PROMPTS[1])
+    with torch.no_grad():
+        want = model.generate(ids, max_new_tokens=16, do_sample=False)
+    plan = S.auto_swaps(model, lambda: model(ids[:, :1]), scheme="w4a16_decode")
+    assert len(plan.seams) == 151 and not plan.notes["refused"], S.explain(plan)
+    handle = plan.attach(model)
+    try:
+        with torch.no_grad():
+            got = model.generate(ids, max_new_tokens=16, do_sample=False)
+        assert handle.summary()["fallbacks"] == 0
+    finally:
+        handle.detach()
+    assert torch.equal(got, want), (tok.decode(got[0]), tok.decode(want[0]))

@@ -42,8 +42,9 @@ std::string ffn_refusal(const frt_kernel_table& table, const FfnOperands& f, con
 void run_ffn(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f,
              const TensorView& x, const TensorView& y, int threads = 0);
 
-// Streams `bytes` of memory on `threads` threads `repeats` times and returns the best read rate
-// in GB/s (1e9 bytes/s): the floor every decode kernel is measured against.
+// Streams `bytes` of memory on `threads` threads of the process team (at most its size) `repeats`
+// times and returns the best read rate in GB/s (1e9 bytes/s): the floor every decode kernel is
+// measured against.
 double measure_read_bandwidth(int64_t bytes, int threads, int repeats);
 
 }  // namespace frt

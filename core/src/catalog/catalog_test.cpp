@@ -311,7 +311,12 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(p.forms.at("int8_act").format, WeightFormat::int8_gemm);
   EXPECT_EQ(p.forms.at("int8_act").rows_min, 0);
   EXPECT_EQ(p.schemes.at("w8a8_decode").formats.at("lm_head"), "int8_act");
-  EXPECT_EQ(p.schemes.at("w4a16_decode").formats.at("lm_head"), "int8");
+  EXPECT_EQ(p.schemes.at("w4a16_sym_decode").formats.at("lm_head"), "int8");
+  EXPECT_EQ(p.schemes.at("w4a16_sym_decode").indivisible, "int8");
+  // The default w4 scheme takes the offset grid with a Q8_0-class head (by measured accuracy).
+  EXPECT_EQ(p.schemes.at("w4a16_decode").formats.at("decoder_ffn"), "int4_g32_asym");
+  EXPECT_EQ(p.forms.at("int4_g32_asym").describe(), "int4 g32 asymmetric f16 scales");
+  EXPECT_EQ(p.schemes.at("w4a16_decode").formats.at("lm_head"), "int8_g32");
   EXPECT_EQ(p.schemes.at("w4a16_decode").indivisible, "int8");
   EXPECT_TRUE(p.schemes.at("none").formats.empty());
 

@@ -230,10 +230,10 @@ TEST(Plan, W4KeepsTheHeadAtInt8AndFallsBackToInt8ForOddWidths) {
   b.call_fresh("odd");
   PlanOptions o;
   o.structures = kDecoderStructures;
-  o.scheme = "w4a16_decode";
+  o.scheme = "w4a16_sym_decode";
   o.min_seat_weights = 0;
   const Plan p = plan(b.g, catalog(), o, hub());
-  EXPECT_EQ(p.scheme.name, "w4a16_decode");
+  EXPECT_EQ(p.scheme.name, "w4a16_sym_decode");
   // 4 attention projections, the ffn, the head and the odd projection.
   EXPECT_EQ(p.seats.size(), 7u) << explain(p);
   for (const SeatPlan& s : p.seats) {

@@ -3,6 +3,7 @@
 #include <flashrt/pack.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -92,6 +93,94 @@ TEST(Pack, AdoptedPartsOutOfRangeOrIncompleteAreRefusedByName) {
           << e.what();
     }
   }
+}
+
+// The plain grids of earlier packs, for comparison: min-max with 0 in the range (a whole zero
+// point) and max|w| / 7 about level 8. Returns the squared error of the whole matrix.
+double plain_int4_error(const std::vector<float>& w, int64_t k, bool symmetric) {
+  double err = 0;
+  for (size_t g = 0; g < w.size(); g += 32) {
+    float lo = 0, hi = 0;
+    for (size_t i = g; i < g + 32; ++i) lo = std::min(lo, w[i]), hi = std::max(hi, w[i]);
+    const float scale = symmetric ? std::max(-lo, hi) / 7.0f : (hi - lo) / 15.0f;
+    const float zero = symmetric ? 8.0f : std::nearbyint(-lo / scale);
+    for (size_t i = g; i < g + 32; ++i) {
+      const float q = std::clamp(std::nearbyint(w[i] / scale) + zero, 0.0f, 15.0f);
+      const double d = w[i] - (q - zero) * scale;
+      err += d * d;
+    }
+  }
+  (void)k;
+  return err;
+}
+
+// Note [int4 grids]: the searched grid is never worse than the plain one, and on weights
+// of the usual shape (bell-shaped, no zero in many groups' middle) clearly better.
+TEST(Pack, Int4GridsSearchedBeatThePlainGridsOnGaussianWeights) {
+  const int64_t n = 64, k = 256;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 0.02f);
+  std::vector<float> w(n * k);
+  for (float& v : w) v = dist(rng);
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
+  for (bool symmetric : {true, false}) {
+    const PackedLinear p = PackedLinear::int4(v, 32, symmetric, DType::f32);
+    const double searched = p.stats().rms_err * p.stats().rms_err * static_cast<double>(n * k);
+    const double plain = plain_int4_error(w, k, symmetric);
+    EXPECT_LT(searched, 0.9 * plain) << (symmetric ? "symmetric" : "asymmetric");
+    // f16 scales round the grid, but the search scores the grid as stored.
+    const PackedLinear h = PackedLinear::int4(v, 32, symmetric, DType::f16);
+    EXPECT_LT(h.stats().rel_err, 1.01 * p.stats().rel_err + 1e-6);
+  }
+}
+
+// A matrix that already lies on 16-level grids comes back bit-exactly: Q4_1's (min-max, the
+// group's extremes at levels 0 and 15) through the offset form, Q4_0's (the largest magnitude
+// at level 0, a negative half scale when it is positive) through the symmetric one.
+TEST(Pack, Int4WeightsAlreadyOnAGridComeBackExactly) {
+  const int64_t n = 21, k = 96, groups = k / 32;
+  std::mt19937 rng(5);
+  for (bool symmetric : {false, true}) {
+    std::vector<float> w(n * k);
+    for (int64_t g = 0; g < n * groups; ++g) {
+      const float d = std::ldexp(static_cast<float>(1 + rng() % 1000), -16);
+      const float m = -std::ldexp(static_cast<float>(rng() % 1000), -13);
+      const float sign = rng() % 2 ? 1.0f : -1.0f;
+      for (int i = 0; i < 32; ++i) {
+        int q = static_cast<int>(rng() % 16);
+        if (i == 3) q = 0;
+        if (i == 17) q = symmetric ? 1 + static_cast<int>(rng() % 15) : 15;
+        // Symmetric: W = d' (q - 8) with d' = -sign d, so level 0 holds the largest magnitude.
+        w[g * 32 + i] =
+            symmetric ? (-sign * d) * static_cast<float>(q - 8) : static_cast<float>(q) * d + m;
+      }
+    }
+    const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
+    const PackedLinear p = PackedLinear::int4(v, 32, symmetric, DType::f16);
+    EXPECT_EQ(p.stats().max_abs_err, 0.0) << (symmetric ? "symmetric" : "asymmetric");
+  }
+}
+
+// A group whose scale f16 cannot hold is refused by name, never stored as infinity (which would
+// dequantise to NaN); f32 scales hold it.
+TEST(Pack, HalfScalesPastTheirRangeAreRefusedNotStoredAsInfinity) {
+  const int64_t n = 3, k = 64;
+  std::vector<float> w(n * k, 0.25f);
+  w[1 * k + 40] = 1e7f;
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
+  for (bool symmetric : {true, false}) {
+    try {
+      PackedLinear::int4(v, 32, symmetric, DType::f16);
+      FAIL() << "an int4 scale past 65504 was stored";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("group 1 of row 1 needs a scale past f16's range"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(PackedLinear::int4(v, 32, symmetric, DType::f32).stats().rel_err, 0.1);
+  }
+  EXPECT_THROW(PackedLinear::int8(v, 32, DType::f16), InvalidArgument);
+  EXPECT_LT(PackedLinear::int8(v, 32, DType::f32).stats().rel_err, 0.01);
 }
 
 TEST(Pack, HalfScalesAreRoundedBeforeTheWeightsAreQuantisedAgainstThem) {

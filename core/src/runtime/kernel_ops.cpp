@@ -23,15 +23,20 @@ namespace {
 volatile uint64_t g_bandwidth_sink = 0;
 
 // Note [Read probe]: the probe must read as well as the best kernel does, or "fraction of
-// bandwidth" exceeds 1. Plain loads measured ~22-28 GB/s where the int8 kernel, prefetching 2 KiB
-// ahead, streamed ~27-31 GB/s; so the probe prefetches the same distance and keeps four
-// independent 128-bit sums (SSE2: the x86-64 baseline, no ISA flags in the core).
-uint64_t sum_words(const uint64_t* p, int64_t n) {
+// bandwidth" exceeds 1. It keeps four independent 128-bit sums (SSE2: the x86-64 baseline, no
+// ISA flags in the core), and reads both with a software prefetch 2 KiB ahead and without one,
+// alternating repeats: which is faster depends on the CPU. An earlier machine of this kind
+// favoured the prefetch (plain loads ~22-28 GB/s, prefetched ~27-31); an AMD family 25 model 17
+// guest (Zen 4) reads 27.1 GB/s plain on one thread where the prefetched loads read 22.7 (32.5
+// and 30.4 on two). It runs on the team the kernels run on (process_parallel(): torch's OpenMP team
+// inside a torch process), so it reads with the threads the kernels have (Note [One team per
+// process]).
+uint64_t sum_words(const uint64_t* p, int64_t n, bool prefetch) {
 #if defined(__x86_64__)
   __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    _mm_prefetch(reinterpret_cast<const char*>(p + i) + 2048, _MM_HINT_T0);
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + i) + 2048, _MM_HINT_T0);
     s0 = _mm_add_epi64(s0, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
     s1 = _mm_add_epi64(s1, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + 2)));
     s2 = _mm_add_epi64(s2, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i + 4)));
@@ -42,6 +47,7 @@ uint64_t sum_words(const uint64_t* p, int64_t n) {
                   _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3)));
   uint64_t total = lanes[0] + lanes[1];
 #else
+  (void)prefetch;
   uint64_t total = 0;
   int64_t i = 0;
 #endif
@@ -51,11 +57,13 @@ uint64_t sum_words(const uint64_t* p, int64_t n) {
 
 int32_t abi_dtype(DType dt) { return dt == DType::f32 ? FRT_F32 : FRT_BF16; }
 
-// The op's own per-call checks: "" or its reason with the form appended.
-template <typename Args>
-std::string op_refusal(const frt_op& op, const Args& a, const std::string& form) {
+// The op's own per-call checks: "" or its reason with the form appended. The form is named
+// only on a refusal: these checks run on every seated call, and building the words each time
+// cost microseconds per call (a decode step makes ~200 calls).
+template <typename Args, typename Form>
+std::string op_refusal(const frt_op& op, const Args& a, Form form) {
   frt_error err{};
-  if (op.supports(&a, &err) != FRT_REASON_OK) return std::string(err.message) + " (" + form + ")";
+  if (op.supports(&a, &err) != FRT_REASON_OK) return std::string(err.message) + " (" + form() + ")";
   return "";
 }
 
@@ -67,6 +75,9 @@ std::string not_owned(const frt_kernel_table& table, OpKind kind) {
 // matrix whose inner dimension is contiguous. A strided row is fine; anything else would need a
 // hidden copy, which a seat never makes (DESIGN §6).
 std::string matrix_refusal(const char* what, const TensorView& t, int64_t cols) {
+  if (t.data != nullptr && t.rank == 2 && t.shape[1] == cols && t.strides[1] == 1 &&
+      (t.shape[0] <= 1 || t.strides[0] >= cols))
+    return "";  // the common case, without a stream
   std::ostringstream s;
   if (t.data == nullptr) {
     s << what << ": no data";
@@ -167,9 +178,10 @@ std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
   for (const std::string& r :
        {matrix_refusal("input", x, w.k()), matrix_refusal("output", y, w.n()), rows_refusal(x, y)})
     if (!r.empty()) return r;
-  return op_refusal(*op, linear_args(w, nullptr, x, y),
-                    w.form() + " " + std::to_string(w.n()) + "x" + std::to_string(w.k()) +
-                        ", input " + x.describe());
+  return op_refusal(*op, linear_args(w, nullptr, x, y), [&] {
+    return w.form() + " " + std::to_string(w.n()) + "x" + std::to_string(w.k()) + ", input " +
+           x.describe();
+  });
 }
 
 void run_linear(const frt_kernel_table& table, Parallel& pool, const PackedLinear& w,
@@ -186,7 +198,8 @@ std::string ffn_refusal(const frt_kernel_table& table, const FfnOperands& f, con
   for (const std::string& r : {matrix_refusal("input", x, f.up->k()),
                                matrix_refusal("output", y, f.down->n()), rows_refusal(x, y)})
     if (!r.empty()) return r;
-  return op_refusal(*op, ffn_args(f, x, y), f.up->form() + ", input " + x.describe());
+  return op_refusal(*op, ffn_args(f, x, y),
+                    [&] { return f.up->form() + ", input " + x.describe(); });
 }
 
 void run_ffn(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f,
@@ -202,7 +215,8 @@ double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {
   const int64_t words = bytes / 8;
   std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);
   for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
-  ThreadPool pool(threads);
+  Parallel& pool = process_parallel();
+  threads = std::min(threads, pool.size());
   std::atomic<uint64_t> sink{0};
   double best = 0;
   for (int rep = 0; rep < repeats; ++rep) {
@@ -210,7 +224,8 @@ double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {
     pool.run(threads, [&](int ith) {
       const int64_t per = words / threads, begin = ith * per;
       const int64_t end = ith == threads - 1 ? words : begin + per;
-      sink.fetch_add(sum_words(buf.get() + begin, end - begin), std::memory_order_relaxed);
+      sink.fetch_add(sum_words(buf.get() + begin, end - begin, rep % 2 == 0),
+                     std::memory_order_relaxed);
     });
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
