@@ -37,10 +37,41 @@ def cpu_family_model() -> str:
     return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
 
 
+def cpu_flags_tier() -> str:
+    """The best tier /proc/cpuinfo's flags reach, whatever FRT_CPU_CAP says (the tier a result
+    ran at may be capped below it, to read two tiers side by side on one machine)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        return "avx512vnni"
+    return "avx2" if {"avx2", "fma", "f16c"} <= flags else "generic"
+
+
+def current_tier() -> str:
+    return S._core.cpu().tier
+
+
+def result_path(given: Path | None, name: str) -> Path:
+    """Where a result goes: the --json path when given, else bench/results/<tier>/<name>.json,
+    so the same benchmark run at two tiers lands side by side."""
+    if given is not None:
+        return given
+    return Path(__file__).resolve().parent / "results" / current_tier() / f"{name}.json"
+
+
 def machine() -> dict[str, Any]:
-    """The machine a result came from: CPU model, the ISA tier the kernel path loads, threads."""
+    """The machine a result came from: CPU model, the ISA tier the kernel path loads (and the
+    one the CPU reaches, when FRT_CPU_CAP holds it below), threads."""
     cpu = S._core.cpu()
     return {"cpu": cpu_model(), "cpu_id": cpu_family_model(), "tier": cpu.tier,
+            "cpu_flags_tier": cpu_flags_tier(), "tier_cap": os.environ.get("FRT_CPU_CAP"),
             "cores": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "parallel": S.PARALLEL_BACKEND}

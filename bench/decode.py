@@ -19,8 +19,9 @@ sample taken just before each of its rounds ("adjacent", median over rounds).
 Peers (torchao int8 weight-only; llama.cpp Q8_0/Q4_0 through llama-cpp-python) are optional:
 they are measured when importable and reported as not installed otherwise.
 
-    .venv/bin/python bench/decode.py --json bench/results/decode.json
-    .venv/bin/python bench/decode.py --model smollm2 --json bench/results/decode_smollm2.json
+    .venv/bin/python bench/decode.py                  # writes bench/results/<tier>/decode.json
+    FRT_CPU_CAP=avx2 .venv/bin/python bench/decode.py # the AVX2 tier on an AVX-512 machine
+    .venv/bin/python bench/decode.py --model smollm2  # bench/results/<tier>/decode_smollm2.json
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ import statistics
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 import flashrt_structures as S
 from flashrt_structures import ops
 
-from _common import machine, write_result
+from _common import machine, result_path, write_result
 
 PROMPT, NEW = 128, 128
 
@@ -120,7 +122,8 @@ def smollm2_main(args) -> int:
         peers["llama_cpp"] = f"llama-cpp-python {llama_cpp.__version__} on the same GGUF file"
     except ImportError as e:
         peers["llama_cpp"] = f"not measured: {e} (optional peer: pip install llama-cpp-python)"
-    arms = {n: fn for n, fn in arms.items() if want(n)}
+    want = arm_filter(args.arms)
+    arms = {n: fn for n, fn in arms.items() if want(n) or n == "host_generate"}
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth = []
     for _ in range(args.rounds):
@@ -161,7 +164,7 @@ def smollm2_main(args) -> int:
         print(f"{r['arm']:<20}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.1f}{vs}")
     print(f"decode_loop weight bytes/token {loop.weight_bytes / 1e6:.1f} MB: floor {floor:.0f} "
           f"tok/s at {bw:.1f} GB/s; agreement {agreement}")
-    write_result(args.json, {"bench": "decode_smollm2", "machine": machine(),
+    write_result(result_path(args.json, "decode_smollm2"), {"bench": "decode_smollm2", "machine": machine(),
                              "read_bandwidth_gbps": bw, "read_bandwidth_samples": bandwidth,
                              "model": path.name, "prompts": SMOL_PROMPTS, "new_tokens": SMOL_NEW,
                              "rounds": args.rounds, "rows": rows, "agreement": agreement,
@@ -175,11 +178,23 @@ def loop_gen(loop, prompt, new):
     return loop.timing["prefill_s"], loop.timing["decode_s"], out[0, prompt.shape[1]:].tolist()
 
 
+def arm_filter(arms: str) -> Callable[[str], bool]:
+    """--arms: 'all', or a comma list; the host always runs (the others are judged against it),
+    and attached_w8 needs loop_w8's plan."""
+    wanted = None if arms == "all" else set(arms.split(",")) | {"host"}
+
+    def want(arm: str) -> bool:
+        return wanted is None or arm in wanted or (arm == "loop_w8" and "attached_w8" in wanted)
+
+    return want
+
+
 def main() -> int:
     from door import qwen3_06b  # the same host as the door benchmark
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--json", type=Path, default=None,
+                        help="default bench/results/<tier>/decode.json (decode_smollm2.json)")
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", choices=["qwen3-shaped", "smollm2"], default="qwen3-shaped")
@@ -199,11 +214,7 @@ def main() -> int:
                     "loop_w4_sym": "w4a16_sym_decode",
                     "loop_w8a8": "w8a8_decode", "loop_w4a8": "w4a8_decode",
                     "loop_w4a8_asym": "w4a8_asym_decode"}
-    wanted = None if args.arms == "all" else set(args.arms.split(",")) | {"host"}
-
-    def want(arm: str) -> bool:
-        return wanted is None or arm in wanted or (arm == "loop_w8" and "attached_w8" in wanted)
-
+    want = arm_filter(args.arms)
     plans = {s: S.auto_swaps(model, lambda: model(step), scheme=s)
              for a, s in loop_schemes.items() if want(a) or s == "w8a16_decode"}
     loops = {"loop_none": S.decode_loop(model, max_len)} if want("loop_none") else {}
@@ -267,7 +278,8 @@ def main() -> int:
         peers["torchao"] = "int8 weight-only (quantize_, Int8WeightOnlyConfig), eager"
     except ImportError:
         peers["torchao"] = "not installed (optional peer: pip install torchao)"
-    arms = {n: fn for n, fn in arms.items() if want(n)}
+    want = arm_filter(args.arms)
+    arms = {n: fn for n, fn in arms.items() if want(n) or n == "host_generate"}
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth, adjacent = [], {n: [] for n in arms}
     for _ in range(args.rounds):
@@ -333,7 +345,7 @@ def main() -> int:
               "read_bandwidth_gbps": bw, "read_bandwidth_samples": bandwidth,
               "layers": args.layers, "prompt": PROMPT, "new_tokens": NEW, "rounds": args.rounds,
               "rows": rows, "peers": peers}
-    write_result(args.json, result)
+    write_result(result_path(args.json, "decode"), result)
     return 0
 
 

@@ -5,7 +5,8 @@ round, and the figure is the median of the rounds. Weights are cycled through en
 exceed the last-level cache, as in a decode step where every layer's weights stream from DRAM;
 gbps counts the bytes each arm must read (weights, plus scales and zeros for the packed forms).
 
-    .venv/bin/python bench/kernels.py --json bench/results/kernels.json
+    .venv/bin/python bench/kernels.py            # writes bench/results/<tier>/kernels.json
+    FRT_CPU_CAP=avx2 .venv/bin/python bench/kernels.py   # the AVX2 tier on an AVX-512 machine
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from _common import cpu_family_model, cpu_model, write_result
+from _common import (cpu_family_model, cpu_flags_tier, cpu_model, machine, result_path,
+                     write_result)
 from flashrt_structures import impls, ops
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
@@ -181,13 +183,95 @@ def bench_threading(bandwidth: float) -> list[dict]:
     return out
 
 
+def bench_in_cache() -> list[dict]:
+    """Each packed form at M=1 on a weight that stays in L2 (4096x256, called over and over): the
+    rate the kernel computes at when memory does not bound it. Where this ceiling is below the
+    DRAM read bandwidth, the form is bound by its instructions, not by bytes."""
+    k, n = 4096, 256
+    w = torch.randn(n, k) * 0.05
+    x, y = torch.randn(1, k), torch.empty(1, n)
+    out = []
+    for name, pack in PACKERS.items():
+        packed = pack(w)
+        for _ in range(50):
+            ops.linear(x, packed, out=y)  # warm the caches
+        samples: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(7):
+            for t in (1, 2):
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    ops.linear(x, packed, out=y, threads=t)
+                samples[t].append((time.perf_counter() - t0) / 200)
+        med = {t: statistics.median(v) for t, v in samples.items()}
+        out.append({"case": "in_cache", "format": name, "M": 1, "K": k, "N": n,
+                    "bytes": packed.nbytes,
+                    "gbps_1_thread": packed.nbytes / med[1] / 1e9,
+                    "gbps_2_threads": packed.nbytes / med[2] / 1e9})
+    return out
+
+
+def bench_huge_pages(working_set: int) -> dict:
+    """int8 M=1 on 4096x12288, cycling through copies that fill `working_set` bytes, its weights
+    packed in 2 MiB pages (the default) and in 4 KiB pages (FRT_HUGE_PAGES=0, read at each
+    allocation), arms alternated round by round; and the read probe on each kind of memory
+    (Note [Weights in huge pages])."""
+    k, n = 4096, 12288
+    w = torch.randn(n, k) * 0.05
+    packed: dict[str, list] = {}
+    probe: dict[str, list[float]] = {"huge": [], "small": []}
+    previous = os.environ.get("FRT_HUGE_PAGES")
+    try:
+        for kind, flag in (("huge", "1"), ("small", "0")):
+            os.environ["FRT_HUGE_PAGES"] = flag
+            first = ops.pack_int8(w)
+            copies = max(1, -(-working_set // first.nbytes))
+            packed[kind] = [first] + [ops.pack_int8(w) for _ in range(copies - 1)]
+        x, y = torch.randn(1, k), torch.empty(1, n)
+        samples: dict[str, list[float]] = {"huge": [], "small": []}
+        for _ in range(9):
+            for kind in ("huge", "small"):
+                calls = 2 * len(packed[kind])
+                t0 = time.perf_counter()
+                for i in range(calls):
+                    ops.linear(x, packed[kind][i % len(packed[kind])], out=y)
+                samples[kind].append((time.perf_counter() - t0) / calls)
+        for _ in range(3):
+            for kind, flag in (("huge", "1"), ("small", "0")):
+                os.environ["FRT_HUGE_PAGES"] = flag
+                probe[kind].append(ops.read_bandwidth_gbps(1 << 30, repeats=2))
+    finally:
+        if previous is None:
+            os.environ.pop("FRT_HUGE_PAGES", None)
+        else:
+            os.environ["FRT_HUGE_PAGES"] = previous
+    nbytes = packed["huge"][0].nbytes
+    med = {kind: statistics.median(v) for kind, v in samples.items()}
+    return {"format": "int8", "M": 1, "K": k, "N": n,
+            "working_set_bytes": nbytes * len(packed["huge"]),
+            "gbps_huge_pages": nbytes / med["huge"] / 1e9,
+            "gbps_small_pages": nbytes / med["small"] / 1e9,
+            "speedup_huge_over_small": med["small"] / med["huge"],
+            "probe_gbps_huge_pages": probe["huge"], "probe_gbps_small_pages": probe["small"]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", type=Path, required=True, help="where to write the results")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="where to write the results (default bench/results/<tier>/kernels.json)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per (shape, M)")
     parser.add_argument("--shapes", default="all", help="'all' or e.g. 1024x2048,4096x12288")
+    parser.add_argument("--huge-pages-only", action="store_true",
+                        help="only the huge-page pairing (default bench/results/<tier>/huge_pages.json)")
     args = parser.parse_args()
+    if args.huge_pages_only:
+        pairs = [bench_huge_pages(CACHE_BYTES), bench_huge_pages(600 * 2**20)]
+        for h in pairs:
+            print(f"int8 M=1 4096x12288 over {h['working_set_bytes'] / 2**20:.0f} MiB: 2 MiB pages "
+                  f"{h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages {h['gbps_small_pages']:.1f} "
+                  f"({h['speedup_huge_over_small']:.2f}x)")
+        write_result(result_path(args.json, "huge_pages"), {"machine": machine(), "pairs": pairs})
+        return 0
 
     shapes = SHAPES
     if args.shapes != "all":
@@ -200,6 +284,8 @@ def main() -> int:
             "cpu_id": cpu_family_model(),
             "cores": os.cpu_count(),
             "tier": report["cpu"]["tier"],
+            "cpu_flags_tier": cpu_flags_tier(),
+            "tier_cap": os.environ.get("FRT_CPU_CAP"),
             "kernel_threads": report["threads"],
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
@@ -235,6 +321,9 @@ def main() -> int:
     for row in result["rows"]:
         row["frac_of_bandwidth"] = row["gbps"] / bandwidth
     result["threading"] = bench_threading(bandwidth)
+    result["in_cache"] = bench_in_cache()
+    # Three times the L3 (as the shapes above), and a Qwen3-0.6B int8 decode step's weights.
+    result["huge_pages"] = [bench_huge_pages(CACHE_BYTES), bench_huge_pages(600 * 2**20)]
     s = result["threading"][-1]
     print(f"threads, 4096x12288 (read bandwidth {s['read_bandwidth_gbps_1_thread']:.1f} GB/s on "
           f"1 thread, {bandwidth:.1f} on 2):")
@@ -242,7 +331,17 @@ def main() -> int:
     for r in result["threading"][:-1]:
         print(f"{r['format']:<18}{r['M']:>3}{r['gbps_1_thread']:>15.1f}{r['gbps_2_threads']:>16.1f}")
     print(f"int8 M=1 next to a torch op: {s['interleave_overhead_seconds'] * 1e6:+.1f} us per pair")
-    write_result(args.json, result)
+    for h in result["huge_pages"]:
+        print(f"int8 M=1 4096x12288 over {h['working_set_bytes'] / 2**20:.0f} MiB of copies: "
+              f"2 MiB pages {h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages "
+              f"{h['gbps_small_pages']:.1f} ({h['speedup_huge_over_small']:.2f}x); read probe "
+              f"{max(h['probe_gbps_huge_pages']):.1f} vs {max(h['probe_gbps_small_pages']):.1f} GB/s")
+    print("in cache (4096x256, M=1): the compute ceiling beside the read bandwidth")
+    print(f"{'format':<18}{'1 thread GB/s':>15}{'2 threads GB/s':>16}{'of bw':>7}")
+    for r in result["in_cache"]:
+        print(f"{r['format']:<18}{r['gbps_1_thread']:>15.1f}{r['gbps_2_threads']:>16.1f}"
+              f"{r['gbps_2_threads'] / bandwidth:>7.0%}")
+    write_result(result_path(args.json, "kernels"), result)
     return 0
 
 

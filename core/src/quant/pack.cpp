@@ -11,18 +11,12 @@
 #include <sstream>
 #include <utility>
 
+#include "quant/weight_memory.h"
+
 namespace frt {
 namespace {
 
 constexpr int64_t kPanel = FRT_PANEL;
-
-void* aligned_zeroed(int64_t bytes) {
-  const size_t size = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, size);
-  if (p == nullptr) throw std::bad_alloc();
-  std::memset(p, 0, size);
-  return p;
-}
 
 float load_element(const TensorView& w, int64_t row, int64_t col) {
   return w.element(row * w.strides[0] + col * w.strides[1]);
@@ -237,10 +231,10 @@ struct PackAccess {
     PackedLinear p;
     p.qbytes_ = panels * (format == WeightFormat::int4_group ? k / 2 : k) * kPanel;
     p.scale_count_ = panels * (format == WeightFormat::int8_channel ? 1 : k / group) * kPanel;
-    p.qdata_.reset(aligned_zeroed(p.qbytes_));
-    p.scales_.reset(aligned_zeroed(p.scale_count_ * scale_bytes(scale_dtype)));
+    p.qdata_.reset(alloc_weight_memory(p.qbytes_));
+    p.scales_.reset(alloc_weight_memory(p.scale_count_ * scale_bytes(scale_dtype)));
     if (format == WeightFormat::int4_group)
-      p.mins_.reset(aligned_zeroed(p.scale_count_ * scale_bytes(scale_dtype)));
+      p.mins_.reset(alloc_weight_memory(p.scale_count_ * scale_bytes(scale_dtype)));
     p.view_ = {static_cast<int32_t>(format),
                group,
                scale_dtype == DType::f16 ? FRT_F16 : FRT_F32,

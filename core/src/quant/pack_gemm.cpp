@@ -10,6 +10,8 @@
 #include <new>
 #include <string>
 
+#include "quant/weight_memory.h"
+
 namespace frt {
 
 struct GemmPackAccess {
@@ -71,13 +73,8 @@ struct GemmPackAccess {
   }
 
  private:
-  static void* zeroed(int64_t bytes) {
-    const size_t size = static_cast<size_t>((bytes + 63) / 64 * 64 + 64);
-    void* ptr = std::aligned_alloc(64, size);
-    if (ptr == nullptr) throw std::bad_alloc();
-    std::memset(ptr, 0, size);
-    return ptr;
-  }
+  // With 64 zeroed bytes of slack past the end, as this layout has always had.
+  static void* zeroed(int64_t bytes) { return alloc_weight_memory(bytes + 64); }
 };
 
 PackedLinear PackedLinear::int8_gemm(const TensorView& weight, int act_block) {

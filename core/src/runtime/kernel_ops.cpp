@@ -1,6 +1,7 @@
 #include <flashrt/errors.h>
 #include <flashrt/kernel_ops.h>
 
+#include "quant/weight_memory.h"
 #include "runtime/run_on_threads.h"
 
 #if defined(__x86_64__)
@@ -213,7 +214,11 @@ double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {
   if (bytes < (1 << 20) || threads < 1 || repeats < 1)
     throw InvalidArgument("measure_read_bandwidth: need >= 1 MiB, >= 1 thread, >= 1 repeat");
   const int64_t words = bytes / 8;
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);
+  // The memory packed weights get (Note [Weights in huge pages]): the probe reads what they read.
+  struct Free {
+    void operator()(uint64_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint64_t[], Free> buf(static_cast<uint64_t*>(alloc_weight_memory(words * 8)));
   for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
   Parallel& pool = process_parallel();
   threads = std::min(threads, pool.size());
