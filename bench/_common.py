@@ -54,6 +54,16 @@ def cpu_flags_tier() -> str:
     return "avx2" if {"avx2", "fma", "f16c"} <= flags else "generic"
 
 
+def transparent_huge_pages() -> str:
+    """The system's THP mode ("always", "madvise" or "never"): packed weights are advised into
+    huge pages, which only "madvise" and "always" grant (Note [Weights in huge pages])."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "unknown"
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else text.strip()
+
+
 def current_tier() -> str:
     return S._core.cpu().tier
 
@@ -72,6 +82,8 @@ def machine() -> dict[str, Any]:
     cpu = S._core.cpu()
     return {"cpu": cpu_model(), "cpu_id": cpu_family_model(), "tier": cpu.tier,
             "cpu_flags_tier": cpu_flags_tier(), "tier_cap": os.environ.get("FRT_CPU_CAP"),
+            "transparent_huge_pages": transparent_huge_pages(),
+            "huge_pages_env": os.environ.get("FRT_HUGE_PAGES"),
             "cores": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "parallel": S.PARALLEL_BACKEND}

@@ -123,7 +123,9 @@ def smollm2_main(args) -> int:
     except ImportError as e:
         peers["llama_cpp"] = f"not measured: {e} (optional peer: pip install llama-cpp-python)"
     want = arm_filter(args.arms)
-    arms = {n: fn for n, fn in arms.items() if want(n) or n == "host_generate"}
+    # The host and the loop always run: the other arms are judged against them.
+    arms = {n: fn for n, fn in arms.items()
+            if want(n) or n in ("host_generate", "loop_adopted_q4_1")}
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth = []
     for _ in range(args.rounds):
@@ -279,7 +281,9 @@ def main() -> int:
     except ImportError:
         peers["torchao"] = "not installed (optional peer: pip install torchao)"
     want = arm_filter(args.arms)
-    arms = {n: fn for n, fn in arms.items() if want(n) or n == "host_generate"}
+    # The host and the loop always run: the other arms are judged against them.
+    arms = {n: fn for n, fn in arms.items()
+            if want(n) or n in ("host_generate", "loop_adopted_q4_1")}
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth, adjacent = [], {n: [] for n in arms}
     for _ in range(args.rounds):

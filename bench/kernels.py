@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from _common import (cpu_family_model, cpu_flags_tier, cpu_model, machine, result_path,
-                     write_result)
+                     transparent_huge_pages, write_result)
 from flashrt_structures import impls, ops
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
@@ -286,6 +286,8 @@ def main() -> int:
             "tier": report["cpu"]["tier"],
             "cpu_flags_tier": cpu_flags_tier(),
             "tier_cap": os.environ.get("FRT_CPU_CAP"),
+            "transparent_huge_pages": transparent_huge_pages(),
+            "huge_pages_env": os.environ.get("FRT_HUGE_PAGES"),
             "kernel_threads": report["threads"],
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
