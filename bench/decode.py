@@ -280,10 +280,7 @@ def main() -> int:
         peers["torchao"] = "int8 weight-only (quantize_, Int8WeightOnlyConfig), eager"
     except ImportError:
         peers["torchao"] = "not installed (optional peer: pip install torchao)"
-    want = arm_filter(args.arms)
-    # The host and the loop always run: the other arms are judged against them.
-    arms = {n: fn for n, fn in arms.items()
-            if want(n) or n in ("host_generate", "loop_adopted_q4_1")}
+    arms = {n: fn for n, fn in arms.items() if want(n)}
     samples: dict[str, list] = {n: [] for n in arms}
     bandwidth, adjacent = [], {n: [] for n in arms}
     for _ in range(args.rounds):

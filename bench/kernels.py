@@ -21,8 +21,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from _common import (cpu_family_model, cpu_flags_tier, cpu_model, machine, result_path,
-                     transparent_huge_pages, write_result)
+from _common import machine, result_path, write_result
 from flashrt_structures import impls, ops
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
@@ -254,6 +253,19 @@ def bench_huge_pages(working_set: int) -> dict:
             "probe_gbps_huge_pages": probe["huge"], "probe_gbps_small_pages": probe["small"]}
 
 
+def huge_page_pairs() -> list[dict]:
+    # Three times the L3 (as the shapes), and a Qwen3-0.6B int8 decode step's weights.
+    return [bench_huge_pages(CACHE_BYTES), bench_huge_pages(600 * 2**20)]
+
+
+def print_huge_pages(pairs: list[dict]) -> None:
+    for h in pairs:
+        print(f"int8 M=1 4096x12288 over {h['working_set_bytes'] / 2**20:.0f} MiB of copies: "
+              f"2 MiB pages {h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages "
+              f"{h['gbps_small_pages']:.1f} ({h['speedup_huge_over_small']:.2f}x); read probe "
+              f"{max(h['probe_gbps_huge_pages']):.1f} vs {max(h['probe_gbps_small_pages']):.1f} GB/s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=None,
@@ -265,11 +277,8 @@ def main() -> int:
                         help="only the huge-page pairing (default bench/results/<tier>/huge_pages.json)")
     args = parser.parse_args()
     if args.huge_pages_only:
-        pairs = [bench_huge_pages(CACHE_BYTES), bench_huge_pages(600 * 2**20)]
-        for h in pairs:
-            print(f"int8 M=1 4096x12288 over {h['working_set_bytes'] / 2**20:.0f} MiB: 2 MiB pages "
-                  f"{h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages {h['gbps_small_pages']:.1f} "
-                  f"({h['speedup_huge_over_small']:.2f}x)")
+        pairs = huge_page_pairs()
+        print_huge_pages(pairs)
         write_result(result_path(args.json, "huge_pages"), {"machine": machine(), "pairs": pairs})
         return 0
 
@@ -279,20 +288,9 @@ def main() -> int:
     bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=5)
     report = impls.kernels_report()
     result = {
-        "machine": {
-            "cpu": cpu_model(),
-            "cpu_id": cpu_family_model(),
-            "cores": os.cpu_count(),
-            "tier": report["cpu"]["tier"],
-            "cpu_flags_tier": cpu_flags_tier(),
-            "tier_cap": os.environ.get("FRT_CPU_CAP"),
-            "transparent_huge_pages": transparent_huge_pages(),
-            "huge_pages_env": os.environ.get("FRT_HUGE_PAGES"),
-            "kernel_threads": report["threads"],
-            "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(),
-            "variants": {p["repo"]: p["chosen"] for p in report["packages"]},
-        },
+        # The shared machine record, plus what the kernel path chose here.
+        "machine": {**machine(), "kernel_threads": report["threads"],
+                    "variants": {p["repo"]: p["chosen"] for p in report["packages"]}},
         "read_bandwidth_gbps": bandwidth,
         "int4_group": INT4_GROUP,
         "rows": [],
@@ -324,8 +322,7 @@ def main() -> int:
         row["frac_of_bandwidth"] = row["gbps"] / bandwidth
     result["threading"] = bench_threading(bandwidth)
     result["in_cache"] = bench_in_cache()
-    # Three times the L3 (as the shapes above), and a Qwen3-0.6B int8 decode step's weights.
-    result["huge_pages"] = [bench_huge_pages(CACHE_BYTES), bench_huge_pages(600 * 2**20)]
+    result["huge_pages"] = huge_page_pairs()
     s = result["threading"][-1]
     print(f"threads, 4096x12288 (read bandwidth {s['read_bandwidth_gbps_1_thread']:.1f} GB/s on "
           f"1 thread, {bandwidth:.1f} on 2):")
@@ -333,11 +330,7 @@ def main() -> int:
     for r in result["threading"][:-1]:
         print(f"{r['format']:<18}{r['M']:>3}{r['gbps_1_thread']:>15.1f}{r['gbps_2_threads']:>16.1f}")
     print(f"int8 M=1 next to a torch op: {s['interleave_overhead_seconds'] * 1e6:+.1f} us per pair")
-    for h in result["huge_pages"]:
-        print(f"int8 M=1 4096x12288 over {h['working_set_bytes'] / 2**20:.0f} MiB of copies: "
-              f"2 MiB pages {h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages "
-              f"{h['gbps_small_pages']:.1f} ({h['speedup_huge_over_small']:.2f}x); read probe "
-              f"{max(h['probe_gbps_huge_pages']):.1f} vs {max(h['probe_gbps_small_pages']):.1f} GB/s")
+    print_huge_pages(result["huge_pages"])
     print("in cache (4096x256, M=1): the compute ceiling beside the read bandwidth")
     print(f"{'format':<18}{'1 thread GB/s':>15}{'2 threads GB/s':>16}{'of bw':>7}")
     for r in result["in_cache"]:
