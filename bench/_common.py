@@ -1,16 +1,90 @@
-"""What every benchmark shares: the machine it ran on, and writing its JSON result."""
+"""What every benchmark shares: the machine it ran on, the read bandwidth a figure is held
+against, and writing its JSON result."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import statistics
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 import flashrt_structures as S
+from flashrt_structures import ops
+
+# Note [Bracketed bandwidth]: this guest's read bandwidth is not one number. Its two vCPUs
+# together usually stream ~35 GB/s (one alone ~33), and for seconds at a time ~65; a probe taken
+# a minute before a figure, or the best of a run, says little about the bandwidth the figure had.
+# So a rate is measured between two probes, the one just before and the one just after, and held
+# against their mean; a result is the median of many such brackets, each short (a probe reads
+# 256 MiB, ~8 ms; an arm runs ~50 ms). Brackets whose two probes disagree by more than 20% (the
+# bandwidth moved during the arm) are kept in the JSON but left out of the median.
+PROBE_BYTES = 1 << 28
+STEADY = 0.2
+
+
+def probe(threads: int = 2) -> float:
+    return ops.read_bandwidth_gbps(PROBE_BYTES, threads=threads, repeats=1)
+
+
+@dataclass
+class Bracket:
+    gbps: float    # the arm's rate (its bytes over its seconds)
+    before: float  # read bandwidth just before and just after it, GB/s
+    after: float
+
+    @property
+    def bandwidth(self) -> float:
+        return (self.before + self.after) / 2
+
+    @property
+    def fraction(self) -> float:
+        return self.gbps / self.bandwidth
+
+    @property
+    def steady(self) -> bool:
+        return abs(self.before - self.after) <= STEADY * self.bandwidth
+
+
+def bracket(run: Callable[[], float], nbytes: float, threads: int = 2) -> Bracket:
+    """run() does the work and returns its seconds; nbytes is what it must read."""
+    before = probe(threads)
+    secs = run()
+    after = probe(threads)
+    return Bracket(nbytes / secs / 1e9, before, after)
+
+
+def timed(fn: Callable[[], object], seconds: float = 0.05) -> Callable[[], float]:
+    """A run() for bracket(): fn repeated for about `seconds`, returning seconds per call."""
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-6)
+    calls = max(1, int(seconds / once))
+
+    def run() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - t0) / calls
+    return run
+
+
+def summarize(brackets: list[Bracket]) -> dict[str, Any]:
+    """The median fraction of the bracketing bandwidth over the steady brackets, its quartiles,
+    and the median rate and bandwidth, with every bracket kept."""
+    steady = [b for b in brackets if b.steady] or brackets
+    fr = sorted(b.fraction for b in steady)
+    q = statistics.quantiles(fr, n=4) if len(fr) >= 2 else [fr[0]] * 3
+    return {"frac_of_bandwidth": statistics.median(fr), "frac_quartiles": [q[0], q[2]],
+            "gbps": statistics.median(b.gbps for b in steady),
+            "bandwidth_gbps": statistics.median(b.bandwidth for b in steady),
+            "brackets": len(brackets), "steady_brackets": len(steady),
+            "samples": [[b.gbps, b.before, b.after] for b in brackets]}
 
 
 def cpu_model() -> str:

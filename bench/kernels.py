@@ -4,14 +4,19 @@ Paired in one process: for every shape and row count the arms run alternately, r
 round, and the figure is the median of the rounds. Weights are cycled through enough copies to
 exceed the last-level cache, as in a decode step where every layer's weights stream from DRAM;
 gbps counts the bytes each arm must read (weights, plus scales and zeros for the packed forms).
+The goal figures ("floor": M=1 on 4096x12288 and 1024x151936, 2 threads and 1) hold each run
+against the read bandwidth probed just before and just after it (Note [Bracketed bandwidth] in
+_common.py).
 
     .venv/bin/python bench/kernels.py            # writes bench/results/<tier>/kernels.json
+    .venv/bin/python bench/kernels.py --floor-only   # only the bracketed goal figures
     FRT_CPU_CAP=avx2 .venv/bin/python bench/kernels.py   # the AVX2 tier on an AVX-512 machine
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -21,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from _common import machine, result_path, write_result
+from _common import bracket, machine, result_path, summarize, timed, write_result
 from flashrt_structures import impls, ops
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
@@ -115,6 +120,54 @@ def bench_shape(k: int, n: int, rounds: int, budget_s: float) -> list[dict]:
                 }
             )
     return rows
+
+
+FLOOR_SHAPES = [(4096, 12288), (1024, 151936)]  # K x N: the issue's goal shapes
+
+
+def bench_floor(rounds: int) -> list[dict]:
+    """Every packed form at M = 1 on the goal shapes, on 2 threads and on 1, each run held
+    against the read bandwidth taken just before and just after it (Note [Bracketed bandwidth]
+    in _common.py), forms and thread counts alternated round by round."""
+    out = []
+    for k, n in FLOOR_SHAPES:
+        w = torch.randn(n, k, generator=torch.Generator().manual_seed(k + n)) * 0.05
+        packed = {}
+        for name, pack in PACKERS.items():
+            first = pack(w)
+            packed[name] = [first] + [pack(w) for _ in range(copies_for(first.nbytes) - 1)]
+        del w
+        x, y = torch.randn(1, k), torch.empty(1, n)
+        got: dict[tuple[str, int], list] = {(f, t): [] for f in PACKERS for t in (2, 1)}
+        for _ in range(rounds):
+            for name, copies in packed.items():
+                for t in (2, 1):
+                    state = {"i": 0}
+
+                    def call(copies=copies, t=t, state=state):
+                        ops.linear(x, copies[state["i"] % len(copies)], out=y, threads=t)
+                        state["i"] += 1
+                    got[(name, t)].append(bracket(timed(call), copies[0].nbytes, threads=t))
+        for (name, t), brackets in got.items():
+            out.append({"format": name, "M": 1, "K": k, "N": n, "threads": t,
+                        "bytes": packed[name][0].nbytes, **summarize(brackets)})
+        del packed
+    return out
+
+
+def print_floor(rows: list[dict]) -> None:
+    print("M=1 against the bracketing read bandwidth (median of steady brackets, quartiles):")
+    print(f"{'format':<18}{'K x N':>12}{'2 threads GB/s':>16}{'of bw':>7}{'quartiles':>13}"
+          f"{'1 thread GB/s':>15}{'of bw':>7}")
+    by = {(r["format"], r["K"], r["N"], r["threads"]): r for r in rows}
+    for (name, k, n, t), r in by.items():
+        if t != 2:
+            continue
+        one = by[(name, k, n, 1)]
+        q = r["frac_quartiles"]
+        print(f"{name:<18}{f'{k}x{n}':>12}{r['gbps']:>9.1f} of {r['bandwidth_gbps']:>4.1f}"
+              f"{r['frac_of_bandwidth']:>7.0%}{f'{q[0]:.0%}-{q[1]:.0%}':>13}"
+              f"{one['gbps']:>8.1f} of {one['bandwidth_gbps']:>4.1f}{one['frac_of_bandwidth']:>7.0%}")
 
 
 def bench_threading(bandwidth: float) -> list[dict]:
@@ -275,11 +328,23 @@ def main() -> int:
     parser.add_argument("--shapes", default="all", help="'all' or e.g. 1024x2048,4096x12288")
     parser.add_argument("--huge-pages-only", action="store_true",
                         help="only the huge-page pairing (default bench/results/<tier>/huge_pages.json)")
+    parser.add_argument("--floor-only", action="store_true",
+                        help="only the bracketed M=1 goal shapes (key 'floor' of kernels.json)")
+    parser.add_argument("--floor-rounds", type=int, default=9)
     args = parser.parse_args()
     if args.huge_pages_only:
         pairs = huge_page_pairs()
         print_huge_pages(pairs)
         write_result(result_path(args.json, "huge_pages"), {"machine": machine(), "pairs": pairs})
+        return 0
+
+    if args.floor_only:
+        path = result_path(args.json, "kernels")
+        result = json.loads(path.read_text()) if path.exists() else {}
+        result["machine"] = machine()
+        result["floor"] = bench_floor(args.floor_rounds)
+        print_floor(result["floor"])
+        write_result(path, result)
         return 0
 
     shapes = SHAPES
@@ -320,6 +385,7 @@ def main() -> int:
     result["read_bandwidth_samples"] = samples
     for row in result["rows"]:
         row["frac_of_bandwidth"] = row["gbps"] / bandwidth
+    result["floor"] = bench_floor(args.floor_rounds)
     result["threading"] = bench_threading(bandwidth)
     result["in_cache"] = bench_in_cache()
     result["huge_pages"] = huge_page_pairs()
@@ -331,6 +397,7 @@ def main() -> int:
         print(f"{r['format']:<18}{r['M']:>3}{r['gbps_1_thread']:>15.1f}{r['gbps_2_threads']:>16.1f}")
     print(f"int8 M=1 next to a torch op: {s['interleave_overhead_seconds'] * 1e6:+.1f} us per pair")
     print_huge_pages(result["huge_pages"])
+    print_floor(result["floor"])
     print("in cache (4096x256, M=1): the compute ceiling beside the read bandwidth")
     print(f"{'format':<18}{'1 thread GB/s':>15}{'2 threads GB/s':>16}{'of bw':>7}")
     for r in result["in_cache"]:

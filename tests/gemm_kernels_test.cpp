@@ -407,8 +407,8 @@ std::vector<double> dequant_int4_gemm(const frt_packed_weight& w) {
   for (int64_t c = 0; c < w.n; ++c) {
     const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
     for (int64_t i = 0; i < w.k; ++i) {
-      const uint8_t byte = q[(p * (w.k / 4) + i / 4) * 32 + (j % 8) * 4 + i % 4];
-      const int nib = j < 8 ? (byte & 0x0f) : (byte >> 4);
+      const uint8_t byte = q[((p * (w.k / 8) + i / 8) * FRT_PANEL + j) * 4 + i % 4];
+      const int nib = i % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
       const int64_t at = (p * (w.k / 32) + i / 32) * FRT_PANEL + j;
       const double s = frt_f16_to_f32(sc[at]);
       out[c * w.k + i] = mn == nullptr ? (nib - 8) * s : nib * s + frt_f16_to_f32(mn[at]);

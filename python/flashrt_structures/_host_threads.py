@@ -39,8 +39,9 @@ def install() -> str:
     lib = ctypes.CDLL(str(path))  # already loaded by torch: the same handle, no second runtime
     try:
         addr = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-                for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_max_threads")]
+                for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads",
+                             "omp_get_max_threads")]
     except AttributeError:
         return _core.parallel_backend()
-    _core.use_host_openmp(addr[0], addr[1], addr[2], str(path))
+    _core.use_host_openmp(addr[0], addr[1], addr[2], addr[3], str(path))
     return _core.parallel_backend()

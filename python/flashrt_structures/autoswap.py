@@ -58,8 +58,15 @@ def auto_swaps(model: nn.Module, forward: Forward | Iterable[Forward], *,
                min_seat_weights: int | None = None) -> AutoPlan:
     """Observes one real forward (or several), plans in the core, builds the seat modules.
     structures: catalog names to look for (default: every structure in the catalog)."""
-    forwards = normalise_forwards(forward)
-    graph = observe(model, forwards)
+    graph = observe(model, normalise_forwards(forward))
+    return plan_observed(model, graph, structures=structures, scheme=scheme,
+                         min_seat_weights=min_seat_weights)
+
+
+def plan_observed(model: nn.Module, graph: _core.HostGraph, *,
+                  structures: Iterable[str] | None = None, scheme: str = "auto",
+                  min_seat_weights: int | None = None) -> AutoPlan:
+    """auto_swaps over a host already observed (one observation, several schemes' plans)."""
     options = _core.PlanOptions()
     options.structures = list(structures or [])
     options.scheme = scheme

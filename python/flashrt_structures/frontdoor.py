@@ -3,7 +3,9 @@
 Steps: prove the measurement (the unmodified host twice, bit-identical), plan, then per unit (one
 structure family) attach, score parity by output kind against the host, time host and unit
 alternately, and keep the unit only if its ledger is clean and its median speedup reaches
-min_speedup; finally re-check the union. When nothing wins the host is left untouched."""
+min_speedup; finally re-check the union. When nothing wins the host is left untouched. With
+scheme="auto" each unit is measured under every scheme the catalog's gated_auto lists and the
+fastest that passes is kept (Note [Gated auto] in core/src/gates/gates.cpp)."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import torch
 from torch import nn
 
 from . import _core, catalog, swap
-from .autoswap import auto_swaps
-from .observe import Forward, normalise_forwards
+from .autoswap import plan_observed
+from .observe import Forward, normalise_forwards, observe
 
 log = logging.getLogger("flashrt")
 
@@ -95,12 +97,46 @@ class FrontDoorResult:
             self.handle.detach()
 
 
+def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: Forward,
+                  want: torch.Tensor, kind: _core.OutputKind, rounds: int, iters: int,
+                  min_speedup: float | None, floors: dict[str, float]) -> dict[str, Any]:
+    """One unit (a structure's seats) attached alone: parity against the host, then host and
+    unit timed alternately; the core's verdict on it."""
+    handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
+    try:
+        with torch.no_grad():
+            got, _ = output_tensor(score())
+        metrics = parity(got, want, kind)
+        fallbacks = handle.summary()["fallbacks"]
+        host_t, arm_t = [], []
+        for _ in range(rounds):
+            handle.detach()
+            host_t.append(_time(score, iters))
+            handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
+            arm_t.append(_time(score, iters))
+    finally:
+        handle.detach()
+    gate = catalog.load(unit).gate
+    verdict = _core.judge_unit(catalog.shipped().band(kind), gate,
+                               {k: v for k, v in metrics.items() if k != "band"}, fallbacks,
+                               host_t, arm_t, min_speedup, floors)
+    return {"seats": len(swaps), "parity": metrics, "speedup": verdict.latency.median_ratio,
+            "ratios": list(verdict.latency.ratios), "decision": verdict.text,
+            "min_speedup": min_speedup if min_speedup is not None else gate.min_speedup,
+            "verdict": verdict}
+
+
 def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
            structures: Iterable[str] | None = None, scheme: str = "auto",
            output: Forward | None = None, floors: dict[str, float] | None = None,
            min_speedup: float | None = None, rounds: int = 5, iters: int = 3,
            on_guard_fail: str = "fallback") -> FrontDoorResult:
-    """min_speedup: None takes each unit's structure's own (catalog gates.latency)."""
+    """min_speedup: None takes each unit's structure's own (catalog gates.latency).
+
+    scheme="auto" measures every scheme of the catalog's gated_auto list on this host and, per
+    unit, keeps the fastest whose verdict is activated and whose parity is in the pass band
+    (Note [Gated auto] in core/src/gates/gates.cpp); units[unit]["candidates"] holds each one's
+    figures. A named scheme is measured alone, its units kept when their verdict is activated."""
     forwards = normalise_forwards(forward)
     score = output or forwards[-1]
     if model.training:
@@ -112,55 +148,69 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     if not torch.equal(want, output_tensor(again)[0]):
         raise ValueError("flashrt: the unmodified host is not bit-identical across two runs of "
                          "the scored forward; a parity gate would measure noise")
-    plan = auto_swaps(model, forwards, structures=structures, scheme=scheme)
-    notes = dict(plan.notes)
+    floors = dict(floors or {})
+    gated = list(catalog.shipped().schemes.gated_auto) if scheme == "auto" else []
+    graph = observe(model, forwards)
+    plans = {c: plan_observed(model, graph, structures=structures, scheme=c)
+             for c in (gated or [scheme])}
+    first = plans[next(iter(plans))]
+    notes = dict(first.notes)
     refused = list(notes["refused"])
-    families: dict[str, dict[str, Any]] = {}
-    for path, seat in plan.swaps.items():
-        families.setdefault(seat.seat.form.structure, {})[path] = seat
+    # unit -> candidate scheme -> its swaps
+    families: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, plan in plans.items():
+        for path, seat in plan.swaps.items():
+            families.setdefault(seat.seat.form.structure, {}).setdefault(name, {})[path] = seat
 
     units: dict[str, dict[str, Any]] = {}
     winners: dict[str, Any] = {}
-    for unit, swaps in families.items():
-        handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
-        try:
-            with torch.no_grad():
-                got, _ = output_tensor(score())
-            metrics = parity(got, want, kind)
-            fallbacks = handle.summary()["fallbacks"]
-            host_t, arm_t = [], []
-            for _ in range(rounds):
-                handle.detach()
-                host_t.append(_time(score, iters))
-                handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={},
-                                     log_line=False)
-                arm_t.append(_time(score, iters))
-        finally:
-            handle.detach()
-        gate = catalog.load(unit).gate
-        verdict = _core.judge_unit(catalog.shipped().band(kind), gate,
-                                   {k: v for k, v in metrics.items() if k != "band"}, fallbacks,
-                                   host_t, arm_t, min_speedup, dict(floors or {}))
-        decision = verdict.text
-        units[unit] = {"seats": len(swaps), "parity": metrics,
-                       "speedup": verdict.latency.median_ratio,
-                       "ratios": list(verdict.latency.ratios), "decision": decision,
-                       "min_speedup": min_speedup if min_speedup is not None
-                       else gate.min_speedup}
-        if verdict.decision == _core.UnitDecision.activated:
-            winners.update(swaps)
+    chosen_scheme: dict[str, str] = {}
+    for unit, by_scheme in families.items():
+        tried = {name: _measure_unit(model, swaps, unit, score, want, kind, rounds, iters,
+                                     min_speedup, floors)
+                 for name, swaps in by_scheme.items()}
+        names = list(tried)
+        if gated:
+            pick = _core.pick_candidate([tried[n]["verdict"] for n in names])
+            best = names[pick] if pick >= 0 else None
         else:
-            refused.extend((path, f"{unit} unit {decision}") for path in swaps)
+            only = names[0]
+            ok = tried[only]["verdict"].decision == _core.UnitDecision.activated
+            best = only if ok else None
+        shown = dict(tried[best if best is not None else names[0]])
+        if gated:
+            shown["candidates"] = {n: {k: v for k, v in t.items() if k != "verdict"}
+                                   for n, t in tried.items()}
+            if best is None:
+                shown["decision"] = "refused: no candidate passed (" + "; ".join(
+                    f"{n}: {t['decision']}, parity {t['parity']['band']}"
+                    for n, t in tried.items()) + ")"
+        shown.pop("verdict")
+        shown["scheme"] = best if best is not None else names[0]
+        units[unit] = shown
+        if best is not None:
+            overlap = set(by_scheme[best]) & set(winners)
+            if overlap:  # another unit's winner already holds these modules
+                refused.extend((p, f"{unit} unit: module also seated by another unit")
+                               for p in sorted(overlap))
+                continue
+            winners.update(by_scheme[best])
+            chosen_scheme[unit] = best
+        else:
+            refused.extend((path, f"{unit} unit {shown['decision']}")
+                           for path in by_scheme[names[0]])
 
     handle = None
     if winners:
+        if gated:
+            notes["scheme"] = {**notes["scheme"], "name": "auto", "chosen": chosen_scheme}
         handle = swap.attach(model, winners, on_guard_fail=on_guard_fail,
                              notes={**notes, "refused": refused})
         with torch.no_grad():
             got, _ = output_tensor(score())
         union = parity(got, want, kind)
         shortfall = _core.floors_shortfall({k: v for k, v in union.items() if k != "band"},
-                                           dict(floors or {}))
+                                           floors)
         units["union"] = {"seats": len(winners), "parity": union, "decision":
                           "activated" if not shortfall else f"refused: {shortfall}"}
         if shortfall:
@@ -171,6 +221,6 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
                     "the model is untouched)", len(refused))
     notes["refused"] = refused
     receipt = {"scheme": notes["scheme"], "output_kind": kind.name, "units": units,
-               "floors": dict(floors or {}), "min_speedup": min_speedup, "rounds": rounds,
+               "floors": floors, "min_speedup": min_speedup, "rounds": rounds,
                "torch": torch.__version__}
     return FrontDoorResult(handle, units, notes, receipt)

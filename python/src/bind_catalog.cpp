@@ -94,6 +94,7 @@ void bind_catalog(nb::module_& m) {
       .def_ro("forms", &SchemePolicy::forms)
       .def_ro("schemes", &SchemePolicy::schemes)
       .def_ro("auto_order", &SchemePolicy::auto_order)
+      .def_ro("gated_auto", &SchemePolicy::gated_auto)
       .def_ro("min_seat_weights", &SchemePolicy::min_seat_weights);
 
   nb::class_<Rung>(m, "Rung")

@@ -59,16 +59,18 @@ void bind_ops(nb::module_& m) {
   // The door passes the addresses of the host's libgomp entry points (found with ctypes).
   m.def(
       "use_host_openmp",
-      [](uintptr_t parallel, uintptr_t thread_num, uintptr_t max_threads,
+      [](uintptr_t parallel, uintptr_t thread_num, uintptr_t num_threads, uintptr_t max_threads,
          const std::string& library) {
         OpenMpRuntime rt;
         rt.parallel = reinterpret_cast<decltype(rt.parallel)>(parallel);
         rt.thread_num = reinterpret_cast<decltype(rt.thread_num)>(thread_num);
+        rt.num_threads = reinterpret_cast<decltype(rt.num_threads)>(num_threads);
         rt.max_threads = reinterpret_cast<decltype(rt.max_threads)>(max_threads);
         rt.library = library;
         use_host_openmp(rt);
       },
-      nb::arg("parallel"), nb::arg("thread_num"), nb::arg("max_threads"), nb::arg("library"));
+      nb::arg("parallel"), nb::arg("thread_num"), nb::arg("num_threads"), nb::arg("max_threads"),
+      nb::arg("library"));
   m.def("use_own_threads", &use_own_threads);
 
   m.def(

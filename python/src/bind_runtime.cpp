@@ -155,6 +155,7 @@ void bind_gates(nb::module_& m) {
   m.def("latency_verdict", &latency_verdict, nb::arg("host_seconds"), nb::arg("arm_seconds"),
         nb::arg("min_speedup"));
   m.def("floors_shortfall", &floors_shortfall, nb::arg("metrics"), nb::arg("floors"));
+  m.def("pick_candidate", &pick_candidate, nb::arg("verdicts"));
 }
 
 }  // namespace frt::py

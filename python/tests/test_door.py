@@ -439,11 +439,58 @@ def test_gated_attach_reports_units_and_refuses_the_whole_host_when_nothing_pass
     result = S.attach(model, lambda: model(x), floors={"top1_agreement": 1.01}, rounds=2)
     assert not result.active and not S.attached(model)
     assert set(result.units) == {"linear_proj", "decoder_ffn", "lm_head"}
-    assert all(u["decision"].startswith("refused: top1_agreement") for u in result.units.values())
+    # auto measured every candidate scheme; each was refused by the floor
+    for u in result.units.values():
+        assert u["decision"].startswith("refused: no candidate passed")
+        assert u["candidates"] and all(c["decision"].startswith("refused: top1_agreement")
+                                       for c in u["candidates"].values())
     assert dict(model.named_modules()).keys() == originals.keys()
     assert all(m is originals[n] for n, m in model.named_modules())
     with torch.no_grad():
         assert torch.equal(model(x).logits, want)
+
+
+def test_gated_auto_keeps_per_unit_the_fastest_candidate_that_passes():
+    """Note [Gated auto]: every gated_auto scheme is measured per unit; the kept one is the
+    fastest whose verdict is activated and whose parity is in the pass band, whatever this
+    machine's speeds make that; a unit without such a candidate stays with the host."""
+    model = hosts.qwen3()
+    x = hosts.ids(1)
+    with torch.no_grad():
+        want = model(x).logits
+    result = S.attach(model, lambda: model(x), rounds=3, min_speedup=1.0)
+    try:
+        listed = set(S.catalog.shipped().schemes.gated_auto)
+        chosen = result.notes["scheme"].get("chosen", {})
+        for unit, u in result.units.items():
+            if unit == "union":
+                continue
+            assert set(u["candidates"]) <= listed and len(u["candidates"]) >= 2
+            passing = {n: c["speedup"] for n, c in u["candidates"].items()
+                       if c["decision"] == "activated" and c["parity"]["band"] == "pass"}
+            if passing:
+                assert chosen[unit] == max(passing, key=passing.get) == u["scheme"]
+            else:
+                assert unit not in chosen and u["decision"].startswith("refused: no candidate")
+        if result.active:
+            assert any(isinstance(m, SeatModule) for m in model.modules())
+            assert result.summary()["clean"]
+    finally:
+        result.detach()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)
+
+
+def test_gated_attach_of_a_named_scheme_measures_that_scheme_alone():
+    model = hosts.qwen3(1)
+    x = hosts.ids(1)
+    result = S.attach(model, lambda: model(x), scheme="w8a16_decode", rounds=1,
+                      min_speedup=0.0)
+    try:
+        assert result.units and all("candidates" not in u for u in result.units.values())
+        assert all(u["scheme"] == "w8a16_decode" for n, u in result.units.items() if n != "union")
+    finally:
+        result.detach()
 
 
 def test_gated_attach_with_a_floor_on_an_unmeasured_metric_is_an_error():
@@ -513,8 +560,13 @@ def test_with_every_kernel_package_unavailable_everything_is_refused_and_outputs
 
 def test_every_seat_reports_the_packed_bytes_it_streams():
     model = hosts.qwen3(1)
-    plan = all_seats(model)
+    plan = all_seats(model, scheme="w8a16_channel_decode")
     ffn = plan.swaps["model.layers.0.mlp"].seat
     # gate and up: 768 x 256 int8 + 768 scales; down: 256 x 768 int8 + 256 scales (fp32)
     assert ffn.nbytes == 2 * (768 * 256 + 768 * 4) + (256 * 768 + 256 * 4)
     assert plan.swaps["lm_head"].seat.nbytes == hosts.VOCAB * 256 + hosts.VOCAB * 4
+    # the default w8 scheme: a half-precision scale per 64 inputs
+    grouped = all_seats(model).swaps
+    assert grouped["model.layers.0.mlp"].seat.nbytes == (
+        2 * (768 * 256 + 768 * 256 // 64 * 2) + (256 * 768 + 256 * 768 // 64 * 2))
+    assert grouped["lm_head"].seat.nbytes == hosts.VOCAB * 256 + hosts.VOCAB * 256 // 64 * 2

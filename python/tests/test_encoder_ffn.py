@@ -48,12 +48,12 @@ def test_every_mlp_is_one_encoder_ffn_seat_with_its_biases(make, act):
     plan = S.auto_swaps(model, lambda: model(x), scheme="w8a16_decode", min_seat_weights=0)
     ffn = [sp for sp in plan.seams if sp.seam.structure == "encoder_ffn"]
     assert sorted(sp.site for sp in ffn) == sorted(mlp_paths(model))
-    assert all(sp.op == S._core.OpKind.ffn and sp.impl == "ffn_w8a16" for sp in ffn)
+    assert all(sp.op == S._core.OpKind.ffn and sp.impl == "ffn_w8g64a16" for sp in ffn)
     assert {sp.activation for sp in ffn} == {act}
     assert all({"up", "up_bias", "down", "down_bias"} <= set(sp.slots) for sp in ffn)
     assert not any("encoder_ffn" in why for _, why in plan.notes["refused"])
     text = S.explain(plan)
-    assert "encoder_ffn up [1024x256], down [256x1024] -> ffn_w8a16" in text
+    assert "encoder_ffn up [1024x256], down [256x1024] -> ffn_w8g64a16" in text
 
 
 @pytest.mark.parametrize("make", [phi, neox])

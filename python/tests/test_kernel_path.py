@@ -184,9 +184,14 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
         "text = S.explain(plan)\n"
         "out = S.decode_loop(m, max_len=32).generate(x, max_new_tokens=3)\n"
         "gated = S.attach(m, lambda: m(x), rounds=1, iters=1)\n"
+        "linear_seats = sum(c['seats'] for u in gated.units.values()\n"
+        "                   for n, c in u.get('candidates', {}).items() if n == 'w8a16_decode')\n"
         "print(json.dumps({'swaps': sorted(plan.swaps), 'explain': text,\n"
         "  'unavailable': impls.unavailable_report(), 'generated': out.shape[1],\n"
-        "  'gated_scheme': gated.notes['scheme']['name'], 'gated_active': gated.active}))\n"
+        "  'gated_scheme': gated.notes['scheme']['name'],\n"
+        "  'gated_units': sorted(u for u in gated.units if u != 'union'),\n"
+        "  'w8a16_seats': linear_seats}))\n"
+        "gated.detach()\n"
     )
     env = dict(os.environ, LOCAL_KERNELS=f"flashrt/linear={pkg}")
     env.pop("FLASHRT_KERNEL_PATH", None)
@@ -201,8 +206,12 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
     row = next(e for e in out["unavailable"] if e["repo"] == "flashrt/linear")
     assert row["error"] == "corrupt metadata" and "\\xff" in row["detail"]
     assert out["generated"] == 3 + 3  # decode_loop runs on flashrt/decode
-    # The gated door: auto needs flashrt/linear, so it resolves to 'none' and seats nothing.
-    assert out["gated_scheme"] == "none" and out["gated_active"] is False
+    # The gated door's auto measures every gated_auto candidate: under w8a16_decode only the
+    # feed-forward (flashrt/ffn) has a seat to measure, its projections and head being refused
+    # for flashrt/linear, while the flashrt/gemm candidates reach the projections too.
+    assert out["gated_scheme"] == "auto"
+    assert out["w8a16_seats"] == 1
+    assert {"linear_proj", "lm_head", "decoder_ffn"} <= set(out["gated_units"])
 
 
 def test_an_error_message_with_bytes_that_are_not_utf8_keeps_its_class(tmp_path):

@@ -42,14 +42,19 @@ def run_arms(model, *, multiprocess: bool, schemes: list[str]) -> dict[str, Any]
     return out
 
 
+# Weights on the int8 per-channel grid (conftest.on_int8_grid) pack without loss per channel;
+# the default w8 scheme's group scales would round them.
+W8_EXACT = "w8a16_channel_decode"
+
+
 @pytest.fixture(scope="module")
 def qwen3_inproc(qwen3_dir):
-    return run_arms(qwen3_dir, multiprocess=False, schemes=["none", "w8a16_decode"])
+    return run_arms(qwen3_dir, multiprocess=False, schemes=["none", W8_EXACT])
 
 
 @pytest.fixture(scope="module")
 def llama_mp(llama_dir):
-    return run_arms(llama_dir, multiprocess=True, schemes=["none", "w8a16_decode"])
+    return run_arms(llama_dir, multiprocess=True, schemes=["none", W8_EXACT])
 
 
 ARMS = ["qwen3_inproc", "llama_mp"]
@@ -79,7 +84,7 @@ def test_scheme_none_same_greedy_tokens_as_plain(arms, request):
 @pytest.mark.parametrize("arms", ARMS)
 def test_w8_seats_every_projection_and_the_head(arms, request):
     res = request.getfixturevalue(arms)
-    arm = res["w8a16_decode"]
+    arm = res[W8_EXACT]
     assert arm["attached"] is True
     (rep,) = arm["report"]
     sites = {s["site"] for s in rep["seats_report"]}
@@ -95,7 +100,7 @@ def test_w8_seats_every_projection_and_the_head(arms, request):
 @pytest.mark.parametrize("arms", ARMS)
 def test_w8_greedy_tokens_and_first_step_logits(arms, request):
     res = request.getfixturevalue(arms)
-    arm, plain = res["w8a16_decode"], res["plain"]
+    arm, plain = res[W8_EXACT], res["plain"]
     for c in ("c1", "c8"):
         tokens, logits = arm[c]
         want_tokens, want_logits = plain[c]
@@ -108,7 +113,7 @@ def test_w8_greedy_tokens_and_first_step_logits(arms, request):
 def test_w8_seats_run_at_concurrency_1_and_8(arms, request):
     """Decode steps run the seats (rows = running sequences); prefill chunks of 18..40 tokens go
     to vLLM's own path as band dispatches; nothing falls back."""
-    arm = request.getfixturevalue(arms)["w8a16_decode"]
+    arm = request.getfixturevalue(arms)[W8_EXACT]
     (after_c1,) = arm["after_c1"]
     (after_c8,) = arm["report"]
     s1, s8 = after_c1["summary"], after_c8["summary"]

@@ -140,6 +140,9 @@ struct SchemePolicy {
   std::map<std::string, WeightForm> forms;
   std::map<std::string, SchemeSpec> schemes;
   std::vector<std::string> auto_order;  // "auto" = the first usable scheme in this order
+  // "auto" in the gated door: the schemes it measures on the host, per unit (Note [Gated auto]
+  // in gates.cpp). Empty: the gated door resolves auto as the build-only doors do.
+  std::vector<std::string> gated_auto;
   // Seams with fewer weights stay with the host: below it a seat cannot pay for its call.
   int64_t min_seat_weights = 0;
 };

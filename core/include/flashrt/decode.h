@@ -10,7 +10,10 @@
 #include <flashrt/tensor.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace frt {
@@ -78,6 +81,8 @@ class DecodeProgram {
   // Rows [0, m) of a block at positions pos0..pos0+m-1; logits for the last row.
   int64_t run_block(const int64_t* tokens, int64_t m, int64_t pos0);
   void project(const ProjWeights& p, const float* x, float* y, int64_t m);
+  void project_group(std::initializer_list<std::pair<const ProjWeights*, float*>> outs,
+                     const float* x, int64_t m);
   void ffn(const FfnWeights& f, const float* x, float* y, int64_t m);
   void norm_rows(const float* w, float* x, int64_t rows, int64_t width);
 
@@ -89,8 +94,13 @@ class DecodeProgram {
   const frt_kernel_table* ffn_;
   // Preallocated once for a block of kBlock rows (row-major [row][width]): no allocation per step.
   std::vector<float> h_, xn_, q_, k_, v_, attn_, o_, gate_, up_, mlp_out_, scores_, logits_;
-  std::vector<float> cos_, sin_;                       // [row][head_dim / 2]
-  std::vector<std::vector<float>> k_cache_, v_cache_;  // [layer][max_len][kv_heads][head_dim]
+  std::vector<float> cos_, sin_;  // [row][head_dim / 2]
+  // The KV cache, one buffer: [layer][K, V][kv_head][max_len][head_dim] (Note [KV cache layout]).
+  struct FreeCache {
+    void operator()(float* p) const;
+  };
+  std::unique_ptr<float[], FreeCache> cache_;
+  float* cache_at(int64_t layer, int64_t kv, int64_t head) const;
 };
 
 }  // namespace frt

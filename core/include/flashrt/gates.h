@@ -74,4 +74,9 @@ UnitVerdict judge_unit(const OutputBand& band, const GateSpec& gate,
                        std::optional<double> min_speedup_override,
                        const std::map<std::string, double>& floors);
 
+// Auto in the gated door (Note [Gated auto] in gates.cpp): of one unit's verdicts under each
+// candidate scheme, the index of the fastest whose decision is activated and whose parity is in
+// the pass band, or -1 when none is.
+int pick_candidate(const std::vector<UnitVerdict>& verdicts);
+
 }  // namespace frt

@@ -9,6 +9,7 @@
 #include <flashrt/types.h>
 
 #include <string>
+#include <vector>
 
 namespace frt {
 
@@ -24,6 +25,20 @@ std::string linear_refusal(const frt_kernel_table& table, const PackedLinear& w,
 // y = x W^T (+ bias). bias is fp32 [n] or nullptr. Throws Refused with linear_refusal()'s reason.
 void run_linear(const frt_kernel_table& table, Parallel& pool, const PackedLinear& w,
                 const float* bias, const TensorView& x, const TensorView& y, int threads = 0);
+
+// One linear of a group that run_linears runs together.
+struct LinearCall {
+  const frt_kernel_table* table = nullptr;
+  const PackedLinear* w = nullptr;
+  const float* bias = nullptr;
+  TensorView x, y;
+};
+// Several linears (typically reading one input: q, k and v; gate and up), each checked as
+// run_linear checks it, run phase by phase in lockstep: one parallel region per phase for the
+// whole group instead of one per phase and call, so a thread that finishes its share of one
+// weight goes on to the next without waiting (Note [Projection groups] in kernel_ops.cpp).
+// Throws Refused with the first call's reason; nothing runs then.
+void run_linears(Parallel& pool, const std::vector<LinearCall>& calls);
 
 // The weights of a fused feed-forward. gate set: y = down(act(gate(x)) * up(x)) (gated_ffn);
 // gate null: y = down(act(up(x) + up_bias)) + down_bias (ffn), biases fp32 or null.

@@ -18,9 +18,13 @@ class Parallel {
  public:
   virtual ~Parallel() = default;
   virtual int size() const = 0;
-  // Calls fn(ith) for ith in [0, nth) (nth clamped to size()), the caller's thread included,
-  // and returns when all have finished. fn must not throw.
-  virtual void run(int nth, const std::function<void(int)>& fn) = 0;
+  // Calls fn(ith, team) for ith in [0, team), the caller's thread included, and returns when
+  // all have finished. team is the number of threads that actually run: at most nth (clamped to
+  // size()), fewer when the threads are busy (a concurrent caller of a ThreadPool runs inline,
+  // team 1; an OpenMP runtime may give a smaller team). Work must be split by team, never by
+  // the nth asked for, or a share goes uncomputed. All team threads run concurrently. fn must
+  // not throw.
+  virtual void run(int nth, const std::function<void(int ith, int team)>& fn) = 0;
   virtual std::string describe() const = 0;
 };
 
@@ -28,6 +32,7 @@ class Parallel {
 struct OpenMpRuntime {
   void (*parallel)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) = nullptr;
   int (*thread_num)() = nullptr;
+  int (*num_threads)() = nullptr;  // the team's size, inside a region
   int (*max_threads)() = nullptr;
   std::string library;  // where they came from, for reports
 };
@@ -36,7 +41,7 @@ class OpenMpTeam : public Parallel {
  public:
   explicit OpenMpTeam(OpenMpRuntime rt);
   int size() const override;  // the host's current thread count (torch.set_num_threads)
-  void run(int nth, const std::function<void(int)>& fn) override;
+  void run(int nth, const std::function<void(int, int)>& fn) override;
   std::string describe() const override;
 
  private:
@@ -59,10 +64,10 @@ class ThreadPool : public Parallel {
 
   int size() const override { return static_cast<int>(workers_.size()) + 1; }
 
-  // Calls fn(ith) for ith in [0, nth) (nth clamped to size()) and returns when all have
-  // finished. A second thread calling while a job runs gets its job run inline on its own
-  // thread instead of waiting, so two callers never deadlock or interleave.
-  void run(int nth, const std::function<void(int)>& fn) override;
+  // Calls fn(ith, team) for ith in [0, team) and returns when all have finished. A second
+  // thread calling while a job runs gets its job run inline on its own thread (team 1) instead
+  // of waiting, so two callers never deadlock or interleave.
+  void run(int nth, const std::function<void(int, int)>& fn) override;
   std::string describe() const override;
 
   // The process pool: FRT_NUM_THREADS threads, else one per online CPU.
@@ -73,7 +78,7 @@ class ThreadPool : public Parallel {
 
   std::vector<std::thread> workers_;
   std::mutex run_mu_;
-  const std::function<void(int)>* job_ = nullptr;
+  const std::function<void(int, int)>* job_ = nullptr;
   int job_threads_ = 0;
   int spin_us_;
   std::atomic<uint64_t> generation_{0};

@@ -295,6 +295,8 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
 
   const SchemePolicy& p = c.schemes();
   EXPECT_EQ(p.auto_order, (std::vector<std::string>{"w8a16_decode", "none"}));
+  EXPECT_EQ(p.gated_auto.front(), "w8a16_decode");
+  for (const std::string& name : p.gated_auto) EXPECT_TRUE(p.schemes.count(name)) << name;
   EXPECT_EQ(p.min_seat_weights, 65536);
   EXPECT_EQ(p.forms.at("int4_g32").format, WeightFormat::int4_group);
   EXPECT_EQ(p.forms.at("int4_g32").group, 32);
@@ -745,6 +747,17 @@ TEST_F(CatalogFiles, AutoListsAnUnknownScheme) {
                       "auto[0]", "'w9' is not a scheme");
 }
 
+TEST_F(CatalogFiles, GatedAutoListsAnUnknownOrARepeatedScheme) {
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, "auto: [w8, none]", "auto: [w8, none]\ngated_auto: [w8, w9]"),
+      "gated_auto[1]", "'w9' is not a scheme");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, "auto: [w8, none]", "auto: [w8, none]\ngated_auto: [w8, none, w8]"),
+      "gated_auto[2]", "duplicate entry 'w8'");
+}
+
 TEST_F(CatalogFiles, GateBandsOutOfOrder) {
   expect_policy_error("gates.yaml",
                       replaced(kGates, "pass: 0.95, warn: 0.85", "pass: 0.85, warn: 0.95"),
@@ -856,7 +869,7 @@ TEST_F(CatalogFiles, ANewStructureInTheCatalogIsPlannedWithoutPlannerChanges) {
   KernelHub hub(config);
   PlanOptions o;
   o.structures = {"proj_pair", "linear_proj"};
-  o.scheme = "w8a16_decode";
+  o.scheme = "w8a16_channel_decode";
   const Plan p = plan(g, catalog, o, hub);
   // proj_pair claims its two projections first (priority 20 over linear_proj's 0).
   EXPECT_EQ(p.seams_found, 2) << explain(p);

@@ -91,7 +91,7 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
 void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
   const YamlFields f(escape_invalid_utf8(path.string()));
   const YAML::Node root = load_mapping(f, path);
-  f.check_keys(root, "", {"forms", "schemes", "auto", "keep_host"});
+  f.check_keys(root, "", {"forms", "schemes", "auto", "gated_auto", "keep_host"});
   const YAML::Node forms = f.require(root, "", "forms");
   f.expect_map(forms, "forms", /*allow_empty=*/false);
   for (const auto& kv : forms) {
@@ -135,6 +135,14 @@ void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
   // The last one must always be usable, or "auto" could resolve to nothing.
   if (!p.schemes.at(p.auto_order.back()).requires_packages.empty())
     f.fail("auto", "the last scheme must require no package, so auto always resolves");
+  if (const YAML::Node g = root["gated_auto"]) {  // string_list refuses a repeated entry
+    p.gated_auto = f.string_list(g, "gated_auto", /*allow_empty=*/true);
+    for (size_t i = 0; i < p.gated_auto.size(); ++i)
+      if (!p.schemes.count(p.gated_auto[i]))
+        f.fail("gated_auto[" + std::to_string(i) + "]",
+               "'" + p.gated_auto[i] + "' is not a scheme");
+  }
+
   if (const YAML::Node k = root["keep_host"]) {
     if (!k.IsMap()) f.fail("keep_host", "expected a mapping with min_seat_weights");
     f.check_keys(k, "keep_host", {"min_seat_weights"});

@@ -168,4 +168,23 @@ UnitVerdict judge_unit(const OutputBand& band, const GateSpec& gate,
   return v;
 }
 
+// Note [Gated auto]: "auto" asks the gated door for the best the machine offers. Integer
+// activation forms (w8a8, w4a8) stream fewer bytes or fewer instructions than the weight-only
+// ones and on a CPU with VNNI reach the bandwidth where the weight-only forms are bound by their
+// converts, but they are other numeric forms: whether one keeps a host's outputs is a fact of
+// that host. So the door measures every candidate the catalog lists (gated_auto) on the host,
+// unit by unit, and keeps the fastest whose verdict is activated (no fallbacks, the caller's
+// floors met, the structure's minimum speedup reached) and whose parity lies in the pass band:
+// a warn band, which an explicitly chosen scheme is allowed, is not good enough for auto.
+int pick_candidate(const std::vector<UnitVerdict>& verdicts) {
+  int best = -1;
+  for (size_t i = 0; i < verdicts.size(); ++i) {
+    const UnitVerdict& v = verdicts[i];
+    if (v.decision != UnitDecision::activated || v.band != ParityBand::pass) continue;
+    if (best < 0 || v.latency.median_ratio > verdicts[best].latency.median_ratio)
+      best = static_cast<int>(i);
+  }
+  return best;
+}
+
 }  // namespace frt

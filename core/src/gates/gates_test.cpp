@@ -152,5 +152,23 @@ TEST(Gates, JudgeUnitNeedsTheBandsMetricAndMeasuredFloors) {
                InvalidArgument);
 }
 
+// Note [Gated auto]: the fastest candidate that is activated and in the pass band; a faster one
+// in the warn band, or refused, is passed over; none such: -1.
+TEST(Gates, PickCandidateTakesTheFastestActivatedInThePassBand) {
+  const OutputBand& band = catalog().band(OutputKind::distribution);
+  auto verdict = [&](double top1, double speedup, int64_t fallbacks = 0) {
+    return judge_unit(band, gate(), {{"top1_agreement", top1}}, fallbacks, {speedup}, {1.0}, 1.0,
+                      {});
+  };
+  const UnitVerdict weight_only = verdict(0.99, 1.10), integer_acts = verdict(0.97, 1.40),
+                    fast_but_warn = verdict(0.90, 1.90), slow = verdict(0.99, 0.80),
+                    fell_back = verdict(0.99, 2.50, 1);
+  EXPECT_EQ(fast_but_warn.decision, UnitDecision::activated);  // an explicit choice would keep it
+  EXPECT_EQ(pick_candidate({weight_only, integer_acts, fast_but_warn}), 1);
+  EXPECT_EQ(pick_candidate({fell_back, slow, weight_only}), 2);
+  EXPECT_EQ(pick_candidate({fast_but_warn, slow, fell_back}), -1);
+  EXPECT_EQ(pick_candidate({}), -1);
+}
+
 }  // namespace
 }  // namespace frt

@@ -378,7 +378,7 @@ TEST(Plan, AMissingFfnPackageStepsDownTheLadderToProjections) {
   KernelHub only_linear(c);
   PlanOptions o;
   o.structures = kDecoderStructures;
-  o.scheme = "w8a16_decode";
+  o.scheme = "w8a16_channel_decode";
   o.min_seat_weights = 0;
   const Plan p = plan(decoder(1).g, catalog(), o, only_linear);
   std::vector<const SeatPlan*> ffn;
@@ -406,7 +406,7 @@ TEST(Plan, AMissingFfnPackageStepsDownTheLadderToProjections) {
 TEST(Plan, SeatsCarryTheirOpFormAndOperandTensors) {
   PlanOptions o;
   o.structures = kDecoderStructures;
-  o.scheme = "w8a16_decode";
+  o.scheme = "w8a16_channel_decode";
   const Plan p = plan(decoder(1).g, catalog(), o, hub());
   EXPECT_EQ(p.seams_found, 6);
   ASSERT_EQ(p.seats.size(), 6u) << explain(p);

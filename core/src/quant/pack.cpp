@@ -51,10 +51,10 @@ void for_each_row(int64_t n, Fn fn) {
   const int nth = static_cast<int>(std::min<int64_t>(pool.size(), n));
   std::exception_ptr error;
   std::mutex mu;
-  pool.run(nth, [&](int ith) {
+  pool.run(nth, [&](int ith, int team) {
     std::vector<float> row;
     try {
-      for (int64_t r = ith; r < n; r += nth) fn(r, row);
+      for (int64_t r = ith; r < n; r += team) fn(r, row);
     } catch (...) {
       std::lock_guard lock(mu);
       if (!error) error = std::current_exception();
@@ -445,10 +445,9 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
       const int64_t at = ((panel * ((k + 3) / 4) + i / 4) * kPanel + j) * 4 + i % 4;
       v = static_cast<const int8_t*>(view_.qdata)[at] * static_cast<const float*>(view_.scales)[r];
     } else if (view_.format == FRT_W_INT4_GEMM) {
-      const int64_t half = j / (kPanel / 2), col = j % (kPanel / 2);
       const uint8_t byte = static_cast<const uint8_t*>(
-          view_.qdata)[(panel * (k / 4) + i / 4) * 32 + col * 4 + i % 4];
-      const int nib = half == 0 ? (byte & 0x0f) : (byte >> 4);
+          view_.qdata)[((panel * (k / 8) + i / 8) * kPanel + j) * 4 + i % 4];
+      const int nib = i % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
       const int64_t at = (panel * (k / view_.group) + i / view_.group) * kPanel + j;
       const float s = read_scale(view_.scales, at, dt);
       v = view_.mins == nullptr ? static_cast<float>(nib - 8) * s

@@ -41,7 +41,7 @@ struct GemmPackAccess {
   }
 
   // Re-lays an int4 g32 pack (FRT_W_INT4_GROUP, f16) out as FRT_W_INT4_GEMM: the same nibbles,
-  // scales and mins, four inputs deep, columns c and c + 8 of a panel sharing a byte.
+  // scales and mins, eight inputs of a column in four bytes, inputs i and i + 4 sharing one.
   static PackedLinear from_int4(const PackedLinear& base) {
     PackedLinear p;
     const int64_t n = base.n(), k = base.k(), panels = (n + FRT_PANEL - 1) / FRT_PANEL;
@@ -56,14 +56,13 @@ struct GemmPackAccess {
     }
     const auto* src = static_cast<const uint8_t*>(base.view().qdata);  // [P][k/2][16]
     auto* q = static_cast<uint8_t*>(p.qdata_.get());
-    constexpr int64_t kHalf = FRT_PANEL / 2;
     for (int64_t pn = 0; pn < panels; ++pn)
       for (int64_t i = 0; i < k; ++i)
         for (int64_t j = 0; j < FRT_PANEL; ++j) {
           const uint8_t byte = src[(pn * (k / 2) + i / 2) * FRT_PANEL + j];
           const uint8_t nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-          q[(pn * (k / 4) + i / 4) * 32 + (j % kHalf) * 4 + i % 4] |=
-              static_cast<uint8_t>(nib << (j < kHalf ? 0 : 4));
+          q[((pn * (k / 8) + i / 8) * FRT_PANEL + j) * 4 + i % 4] |=
+              static_cast<uint8_t>(nib << (i % 8 < 4 ? 0 : 4));
         }
     p.symmetric_ = base.symmetric();
     p.view_ = {FRT_W_INT4_GEMM, 32,           FRT_F16, 0, n, k, p.qdata_.get(),

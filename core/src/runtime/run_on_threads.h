@@ -11,14 +11,15 @@
 
 namespace frt::detail {
 
-// call(ith, nth, err) -> frt_status, on nth threads; throws InvalidArgument("<what>: <message>").
+// call(ith, team, err) -> frt_status, on up to nth threads (team of them: Parallel::run);
+// throws InvalidArgument("<what>: <message>").
 template <typename Call>
 void run_on_threads(Parallel& par, int nth, const char* what, Call call) {
   std::mutex mu;
   std::string error;
-  par.run(nth, [&](int ith) {
+  par.run(nth, [&](int ith, int team) {
     frt_error err{};
-    if (call(ith, nth, &err) != FRT_OK) {
+    if (call(ith, team, &err) != FRT_OK) {
       std::lock_guard lock(mu);
       if (error.empty()) error = err.message[0] ? err.message : "unknown kernel error";
     }

@@ -54,16 +54,16 @@ void ThreadPool::worker_main(int ith) {
     seen = gen;
     if (stop_.load()) return;
     if (ith < job_threads_) {
-      (*job_)(ith);
+      (*job_)(ith, job_threads_);
       pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
 }
 
-void ThreadPool::run(int nth, const std::function<void(int)>& fn) {
+void ThreadPool::run(int nth, const std::function<void(int, int)>& fn) {
   std::unique_lock lock(run_mu_, std::try_to_lock);
   if (!lock.owns_lock() || nth <= 1 || workers_.empty()) {
-    fn(0);
+    fn(0, 1);
     return;
   }
   nth = nth > size() ? size() : nth;
@@ -72,7 +72,7 @@ void ThreadPool::run(int nth, const std::function<void(int)>& fn) {
   pending_.store(nth - 1, std::memory_order_relaxed);
   generation_.fetch_add(1, std::memory_order_release);
   if (sleepers_.load() > 0) generation_.notify_all();
-  fn(0);
+  fn(0, nth);
   while (pending_.load(std::memory_order_acquire) > 0) cpu_relax();
   job_ = nullptr;
 }
@@ -88,7 +88,8 @@ std::string ThreadPool::describe() const {
 // Running our phases as parallel regions of torch's own runtime uses exactly the threads that
 // are spinning, so there is nothing to fight.
 OpenMpTeam::OpenMpTeam(OpenMpRuntime rt) : rt_(std::move(rt)) {
-  if (rt_.parallel == nullptr || rt_.thread_num == nullptr || rt_.max_threads == nullptr)
+  if (rt_.parallel == nullptr || rt_.thread_num == nullptr || rt_.num_threads == nullptr ||
+      rt_.max_threads == nullptr)
     throw InvalidArgument("host OpenMP runtime '" + rt_.library + "' lacks an entry point");
 }
 
@@ -97,20 +98,23 @@ int OpenMpTeam::size() const {
   return n < 1 ? 1 : n;
 }
 
-void OpenMpTeam::run(int nth, const std::function<void(int)>& fn) {
+// The runtime may give a region fewer threads than asked (a region opened inside another, a
+// thread limit): each thread reads the team's real size, so the split covers every share.
+void OpenMpTeam::run(int nth, const std::function<void(int, int)>& fn) {
   nth = nth > size() ? size() : nth;
   if (nth <= 1) {
-    fn(0);
+    fn(0, 1);
     return;
   }
   struct Region {
-    const std::function<void(int)>* fn;
+    const std::function<void(int, int)>* fn;
     int (*thread_num)();
-  } region{&fn, rt_.thread_num};
+    int (*num_threads)();
+  } region{&fn, rt_.thread_num, rt_.num_threads};
   rt_.parallel(
       [](void* p) {
         auto* r = static_cast<Region*>(p);
-        (*r->fn)(r->thread_num());
+        (*r->fn)(r->thread_num(), r->num_threads());
       },
       &region, static_cast<unsigned>(nth), 0);
 }

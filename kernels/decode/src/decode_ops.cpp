@@ -9,6 +9,8 @@
 #include <cmath>
 
 #if defined(__AVX2__)
+#include <frt_kern/exp_avx2.h>
+#include <frt_kern/hsum.h>
 #include <immintrin.h>
 #endif
 
@@ -45,39 +47,141 @@ int32_t rotary_run(const frt_rotary_args* a, int32_t ith, int32_t nth, frt_error
 
 // Note [Grouped attention]: a decode row's attention reads every cached K and V row of a layer
 // and does a multiply-add per element for each query head of the row's group. The work is split
-// by KV head, so a group's query heads read each K and V row while it is in L1. Scores are
-// taken four positions at a time (four independent multiply-add chains, one horizontal sum per
-// score at the end: one chain of 16 dependent FMAs per score was latency-bound), and the
-// weighted V rows are summed in registers 64 outputs at a time. Per score and output the order
-// of additions is fixed by head_dim alone, so a split across threads changes no bit.
+// by KV head, and a KV head's query heads are taken two at a time: one pass over the K rows
+// forms both heads' scores, one pass over the V rows both heads' outputs, so DRAM sees each row
+// once per pair. Rows are read in position order (the cache holds a head's positions
+// contiguously, Note [KV cache layout] in core/src/decode/program.cpp) and prefetched
+// kAheadRows ahead: reading four rows a column chunk at a time, as an earlier version did, left
+// the hardware prefetchers behind (13 GB/s from DRAM on one thread, 40 from L2). In the zmm
+// path the pair's query vectors and output sums stay in registers (head_dim 64..128); the AVX2
+// path reads q from L1 and sums V in 64-wide passes. A score is two multiply-add chains (even
+// and odd column chunks) and one horizontal sum; per score and output the order of additions
+// is fixed by head_dim alone, so a split across threads changes no bit.
 namespace {
 
+constexpr int64_t kAheadRows = 16;
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(row + i);
+}
+
+// s[0..n) <- softmax(s): the max subtracted, exponentials, normalised by their sum. With AVX2 the
+// exponentials are exp_avx2.h's, eight at a time: one std::exp per score and query head was ~1
+// ms of a Qwen3-0.6B decode step (86K scores).
+void softmax(float* s, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) mx = s[t] > mx ? s[t] : mx;
+  float total = 0.0f;
+  int64_t t = 0;
 #if defined(__AVX2__)
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 sum = _mm256_setzero_ps();
+  for (; t + 8 <= n; t += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+    _mm256_storeu_ps(s + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  total = hsum(sum);
+#endif
+  for (; t < n; ++t) total += (s[t] = std::exp(s[t] - mx));
+  const float inv = 1.0f / total;
+  for (t = 0; t < n; ++t) s[t] *= inv;
+}
+
+// The query heads of one KV head a pass serves (NH = 1 or 2) and where their results go.
+struct HeadPair {
+  const float* q[2];
+  float* s[2];    // scores, then probabilities, [positions]
+  float* out[2];  // [head_dim]
+};
+
+#if defined(FRT_ZMM)
+// head_dim = 16 * NC.
+template <int NH, int NC>
+void attend_zmm(const HeadPair& hp, const float* k, const float* v, int64_t ld, int64_t positions,
+                float scale) {
+  constexpr int64_t d = 16 * NC;
+  __m512 qv[NH][NC];
+  for (int g = 0; g < NH; ++g)
+    for (int c = 0; c < NC; ++c) qv[g][c] = _mm512_loadu_ps(hp.q[g] + 16 * c);
+  for (int64_t t = 0; t < positions; ++t) {
+    if (t + kAheadRows < positions) prefetch_row(k + (t + kAheadRows) * ld, d);
+    const float* row = k + t * ld;
+    __m512 even[NH], odd[NH];
+    for (int g = 0; g < NH; ++g) even[g] = odd[g] = _mm512_setzero_ps();
+    for (int c = 0; c < NC; ++c) {
+      const __m512 kc = _mm512_loadu_ps(row + 16 * c);
+      for (int g = 0; g < NH; ++g) {
+        if (c % 2 == 0)
+          even[g] = _mm512_fmadd_ps(qv[g][c], kc, even[g]);
+        else
+          odd[g] = _mm512_fmadd_ps(qv[g][c], kc, odd[g]);
+      }
+    }
+    for (int g = 0; g < NH; ++g) hp.s[g][t] = hsum(_mm512_add_ps(even[g], odd[g])) * scale;
+  }
+  for (int g = 0; g < NH; ++g) softmax(hp.s[g], positions);
+  __m512 acc[NH][NC];
+  for (int g = 0; g < NH; ++g)
+    for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < positions; ++t) {
+    if (t + kAheadRows < positions) prefetch_row(v + (t + kAheadRows) * ld, d);
+    const float* row = v + t * ld;
+    __m512 p[NH];
+    for (int g = 0; g < NH; ++g) p[g] = _mm512_set1_ps(hp.s[g][t]);
+    for (int c = 0; c < NC; ++c) {
+      const __m512 vc = _mm512_loadu_ps(row + 16 * c);
+      for (int g = 0; g < NH; ++g) acc[g][c] = _mm512_fmadd_ps(p[g], vc, acc[g][c]);
+    }
+  }
+  for (int g = 0; g < NH; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(hp.out[g] + 16 * c, acc[g][c]);
+}
+
+template <int NH>
+bool attend_zmm_any(const HeadPair& hp, const float* k, const float* v, int64_t ld, int64_t d,
+                    int64_t positions, float scale) {
+  switch (d) {
+    case 64:
+      return attend_zmm<NH, 4>(hp, k, v, ld, positions, scale), true;
+    case 80:
+      return attend_zmm<NH, 5>(hp, k, v, ld, positions, scale), true;
+    case 96:
+      return attend_zmm<NH, 6>(hp, k, v, ld, positions, scale), true;
+    case 128:
+      return attend_zmm<NH, 8>(hp, k, v, ld, positions, scale), true;
+    default:
+      return false;
+  }
 }
 #endif
 
-// s[j] = scale * dot(q, k + j * ldk) for j < count (count <= 4).
-void scores(const float* q, const float* k, int64_t ldk, int64_t count, int64_t d, float scale,
-            float* s) {
+// s[g] = scale * q[g] . row over d for the NH heads of a pass, the row's chunks loaded once: two
+// chains of 8-wide chunks per head, then the scalar tail.
+template <int NH>
+inline void scores_at(const HeadPair& hp, const float* row, int64_t d, float scale, int64_t t) {
+  float sum[NH] = {};
   int64_t i = 0;
-  float tail[4] = {0, 0, 0, 0};
 #if defined(__AVX2__)
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                   _mm256_setzero_ps()};
-  for (; i + 8 <= d; i += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + i);
-    for (int64_t j = 0; j < count; ++j)
-      acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + j * ldk + i), acc[j]);
+  __m256 even[NH], odd[NH];
+  for (int g = 0; g < NH; ++g) even[g] = odd[g] = _mm256_setzero_ps();
+  for (; i + 16 <= d; i += 16) {
+    const __m256 k0 = _mm256_loadu_ps(row + i), k1 = _mm256_loadu_ps(row + i + 8);
+    for (int g = 0; g < NH; ++g) {
+      even[g] = _mm256_fmadd_ps(_mm256_loadu_ps(hp.q[g] + i), k0, even[g]);
+      odd[g] = _mm256_fmadd_ps(_mm256_loadu_ps(hp.q[g] + i + 8), k1, odd[g]);
+    }
   }
-  for (int64_t j = 0; j < count; ++j) tail[j] = hsum(acc[j]);
+  if (i + 8 <= d) {
+    const __m256 k0 = _mm256_loadu_ps(row + i);
+    for (int g = 0; g < NH; ++g)
+      even[g] = _mm256_fmadd_ps(_mm256_loadu_ps(hp.q[g] + i), k0, even[g]);
+    i += 8;
+  }
+  for (int g = 0; g < NH; ++g) sum[g] = hsum(_mm256_add_ps(even[g], odd[g]));
 #endif
   for (; i < d; ++i)
-    for (int64_t j = 0; j < count; ++j) tail[j] += q[i] * k[j * ldk + i];
-  for (int64_t j = 0; j < count; ++j) s[j] = tail[j] * scale;
+    for (int g = 0; g < NH; ++g) sum[g] += hp.q[g][i] * row[i];
+  for (int g = 0; g < NH; ++g) hp.s[g][t] = sum[g] * scale;
 }
 
 // out[i] = sum_t p[t] * v[t * ldv + i] for i < d.
@@ -89,6 +193,7 @@ void weighted_rows(const float* p, const float* v, int64_t ldv, int64_t position
     __m256 acc[8];
     for (auto& a : acc) a = _mm256_setzero_ps();
     for (int64_t t = 0; t < positions; ++t) {
+      if (i == 0 && t + kAheadRows < positions) prefetch_row(v + (t + kAheadRows) * ldv, d);
       const __m256 pt = _mm256_set1_ps(p[t]);
       const float* row = v + t * ldv + i;
       for (int c = 0; c < 8; ++c)
@@ -110,25 +215,40 @@ void weighted_rows(const float* p, const float* v, int64_t ldv, int64_t position
   }
 }
 
-// Query heads [h0, h1) of KV head kvh: scores, softmax, weighted V rows.
-void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1) {
-  const int64_t d = a->head_dim, ld = a->kv_heads * d;
-  const float* k = a->k_cache + kvh * d;
-  for (int64_t t = 0; t < a->positions; t += 4) {
-    const int64_t count = a->positions - t < 4 ? a->positions - t : 4;
-    for (int64_t h = h0; h < h1; ++h)
-      scores(a->q + h * d, k + t * ld, ld, count, d, a->scale,
-             a->scores + h * a->scores_stride + t);
+// One pass of up to two query heads over a KV head's rows.
+void attend_pair(const HeadPair& hp, int nh, const float* k, const float* v, int64_t ld, int64_t d,
+                 int64_t positions, float scale) {
+#if defined(FRT_ZMM)
+  if (nh == 2 ? attend_zmm_any<2>(hp, k, v, ld, d, positions, scale)
+              : attend_zmm_any<1>(hp, k, v, ld, d, positions, scale))
+    return;
+#endif
+  for (int64_t t = 0; t < positions; ++t) {
+    if (t + kAheadRows < positions) prefetch_row(k + (t + kAheadRows) * ld, d);
+    if (nh == 2)
+      scores_at<2>(hp, k + t * ld, d, scale, t);
+    else
+      scores_at<1>(hp, k + t * ld, d, scale, t);
   }
-  for (int64_t h = h0; h < h1; ++h) {
-    float* s = a->scores + h * a->scores_stride;
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < a->positions; ++t) mx = s[t] > mx ? s[t] : mx;
-    float total = 0.0f;
-    for (int64_t t = 0; t < a->positions; ++t) total += (s[t] = std::exp(s[t] - mx));
-    const float inv = 1.0f / total;
-    for (int64_t t = 0; t < a->positions; ++t) s[t] *= inv;
-    weighted_rows(s, a->v_cache + kvh * d, ld, a->positions, d, a->out + h * d);
+  for (int g = 0; g < nh; ++g) {
+    softmax(hp.s[g], positions);
+    weighted_rows(hp.s[g], v, ld, positions, d, hp.out[g]);
+  }
+}
+
+// Query heads [h0, h1) of KV head kvh, two at a time.
+void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1) {
+  const int64_t d = a->head_dim;
+  for (int64_t h = h0; h < h1; h += 2) {
+    const int nh = h + 1 < h1 ? 2 : 1;
+    HeadPair hp{};
+    for (int g = 0; g < nh; ++g) {
+      hp.q[g] = a->q + (h + g) * d;
+      hp.s[g] = a->scores + (h + g) * a->scores_stride;
+      hp.out[g] = a->out + (h + g) * d;
+    }
+    attend_pair(hp, nh, a->k_cache + kvh * a->ld_head, a->v_cache + kvh * a->ld_head, a->ld_pos, d,
+                a->positions, a->scale);
   }
 }
 
@@ -136,7 +256,7 @@ void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1) {
 
 int32_t attention_run(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err) {
   if (a == nullptr || a->kv_heads < 1 || a->heads % a->kv_heads != 0 || a->positions < 1 ||
-      a->scores_stride < a->positions)
+      a->scores_stride < a->positions || a->ld_pos < a->head_dim || a->ld_head < a->head_dim)
     return fail(err, FRT_E_INVALID, "attention: bad arguments");
   const int64_t group = a->heads / a->kv_heads;
   if (a->kv_heads >= nth) {  // whole groups per thread

@@ -9,8 +9,8 @@
 // (the scheme llama.cpp's Q8 activation blocks use). The weights are the same symmetric int8 per
 // channel. vpmaddubsw needs one unsigned operand: it multiplies |q| by a carrying q's sign
 // (vpsignb), and since |q|, |a| <= 127 a pair sums to at most 32258: no int16 saturation.
-// The zmm tile (avx512vnni) forms the same products with vpdpbusd, |q| times a with q's sign
-// (vpsignb has no zmm form: a is negated under the mask of q's sign bits), into int32 directly.
+// The zmm tile (avx512vnni) forms the same sums with vpdpbusd, (q + 128) times a less 128 times
+// the block's sum of a, into int32 directly.
 // Each block's int32 sum (|sum| <= 32 * 127 * 127) is exact in fp32; the row accumulates
 // f += float(sum) * d block by block, and y = f * scale[c] + bias[c].
 #include <frt_kern/util.h>
@@ -137,6 +137,11 @@ void quantize_row_blocks(const void* x, int32_t dt, int64_t k, int8_t* a, float*
 namespace {
 
 #if defined(FRT_ZMM)
+// vpdpbusd multiplies unsigned by signed bytes and sums four products straight into int32, so
+// nothing saturates: the weight's bytes flipped by 0x80 are q + 128 in [1, 255], the activation
+// is the signed operand, and the block's sum is sum (q + 128) a - 128 sum a (exact in int32;
+// phase 0 wrote sum a per block). One xor per weight vector, shared by the tile's rows, where
+// the sign trick cost an abs, a mask and a masked negate per row.
 template <int R>
 void tile_blocks_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                      const float* bias, float* tile) {
@@ -144,31 +149,45 @@ void tile_blocks_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, 
   const int8_t* wp = static_cast<const int8_t*>(w->qdata) + p * kq * 4 * FRT_PANEL;
   const int8_t* a[R];
   const float* d[R];
+  const int32_t* sa[R];
   __m512 f[R];  // the fp32 sums: with 32 registers they stay in registers
   for (int r = 0; r < R; ++r) {
     a[r] = q.a + (r0 + r) * q.lda;
     d[r] = q.d + (r0 + r) * q.ldd;
+    sa[r] = q.sum + (r0 + r) * q.ldd;
     f[r] = _mm512_setzero_ps();
   }
-  const __m512i zero = _mm512_setzero_si512();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t t0 = 0, b = 0; t0 < kq; t0 += kQuadsPerBlock, ++b) {
     const int64_t t1 = std::min(kq, t0 + kQuadsPerBlock);
-    __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = zero;
-    for (int64_t t = t0; t < t1; ++t) {
-      const __m512i wv = _mm512_loadu_si512(wp + t * 64);
-      const __m512i mag = _mm512_abs_epi8(wv);
-      const __mmask64 neg = _mm512_movepi8_mask(wv);
+    // Two chains per row (even and odd quads): one row's eight vpdpbusd would wait on each other.
+    __m512i even[R], odd[R];
+    for (int r = 0; r < R; ++r) even[r] = odd[r] = _mm512_setzero_si512();
+    int64_t t = t0;
+    for (; t + 2 <= t1; t += 2) {
+      const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp + t * 64), flip);
+      const __m512i w1 = _mm512_xor_si512(_mm512_loadu_si512(wp + t * 64 + 64), flip);
       for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, a[r] + 4 * t, 4);
-        const __m512i av = _mm512_set1_epi32(quad);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], mag, _mm512_mask_sub_epi8(av, neg, zero, av));
+        int32_t q0, q1;
+        std::memcpy(&q0, a[r] + 4 * t, 4);
+        std::memcpy(&q1, a[r] + 4 * t + 4, 4);
+        even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(q0));
+        odd[r] = _mm512_dpbusd_epi32(odd[r], w1, _mm512_set1_epi32(q1));
       }
     }
-    for (int r = 0; r < R; ++r)
-      f[r] =
-          _mm512_add_ps(f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(d[r][b])));
+    if (t < t1) {
+      const __m512i w0 = _mm512_xor_si512(_mm512_loadu_si512(wp + t * 64), flip);
+      for (int r = 0; r < R; ++r) {
+        int32_t q0;
+        std::memcpy(&q0, a[r] + 4 * t, 4);
+        even[r] = _mm512_dpbusd_epi32(even[r], w0, _mm512_set1_epi32(q0));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i sum =
+          _mm512_sub_epi32(_mm512_add_epi32(even[r], odd[r]), _mm512_set1_epi32(128 * sa[r][b]));
+      f[r] = _mm512_add_ps(f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d[r][b])));
+    }
   }
   alignas(64) float bb[FRT_PANEL];
   gemm_panel_bias(w, p, bias, bb);

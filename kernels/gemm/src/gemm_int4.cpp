@@ -11,7 +11,12 @@
 //   symmetric: f += float(sum a q - 8 s_a) * (s * d)   (the subtraction is exact in int32)
 //   with mins: f += float(sum a q) * (s * d);  f += min * (d * float(s_a)).
 // Per 32 inputs a row streams 16 bytes of nibbles and 2 of scale (4 with a min): Q4_0's and
-// Q4_1's sizes.
+// Q4_1's sizes. A column's eight inputs 8o..8o+7 sit in four bytes, inputs i and i + 4 sharing a
+// byte (frt_kernel_abi.h): masking the low nibbles of a 64-byte load gives all sixteen columns'
+// inputs 8o..8o+3, shifting down the high ones 8o+4..8o+7, each against one broadcast
+// activation quad. The zmm tile spends a load, two masks, a shift and two vpdpbusd per 128
+// weights (the 3.1 layout, two columns to a byte, took a broadcast load, a variable shift, a mask
+// and an activation broadcast per 64); the AVX2 tile reads the two column halves as two ymm.
 #include <frt_kern/util.h>
 
 #include <algorithm>
@@ -22,18 +27,15 @@
 namespace frt::kern {
 namespace {
 
-constexpr int64_t kQuads = kGemmActBlock / 4;  // quads per block
+constexpr int64_t kOcts = kGemmActBlock / 8;  // octs (eight inputs) per block
 constexpr int64_t kHalf = FRT_PANEL / 2;
 
 #if defined(FRT_ZMM)
-// One zmm holds a quad of all 16 columns: the 32 bytes broadcast to both halves, the upper half
-// shifted by a nibble, masked to 0..15 (32-bit lane c = column c), and vpdpbusd sums
-// nibble x activation straight into int32. The epilogue is the AVX2 tile's, lane for lane.
 template <int R, bool Mins>
 void tile_int4_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                    const float* bias, float* tile) {
   const int64_t blocks = w->k / kGemmActBlock;
-  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 4) * 32;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
   const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
   const uint16_t* mp =
       Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
@@ -47,19 +49,26 @@ void tile_int4_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, in
     sa[r] = q.sum + (r0 + r) * q.ldd;
     f[r] = _mm512_setzero_ps();
   }
-  const __m512i low = _mm512_set1_epi8(0x0f), shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+  const __m512i low = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < blocks; ++b) {
-    __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-    const uint8_t* wb = wp + b * kQuads * 32;
-    for (int64_t t = 0; t < kQuads; ++t) {
-      const __m512i v =
-          _mm512_broadcast_i64x4(_mm256_load_si256(reinterpret_cast<const __m256i*>(wb + t * 32)));
-      const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+    __m512i lo[R], hi[R];  // inputs 8o..8o+3 and 8o+4..8o+7: two chains per row
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+    const uint8_t* wb = wp + b * kOcts * 64;
+    // The scales (and mins) are streams of their own: 8 blocks ahead is the weights' distance.
+    _mm_prefetch(reinterpret_cast<const char*>(sp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
+    if constexpr (Mins)
+      _mm_prefetch(reinterpret_cast<const char*>(mp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
+    for (int64_t o = 0; o < kOcts; ++o) {
+      _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(wb + o * 64);
+      const __m512i nl = _mm512_and_si512(v, low);
+      const __m512i nh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, a[r] + b * kGemmActBlock + 4 * t, 4);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], nib, _mm512_set1_epi32(quad));
+        int32_t q0, q1;
+        std::memcpy(&q0, a[r] + b * kGemmActBlock + 8 * o, 4);
+        std::memcpy(&q1, a[r] + b * kGemmActBlock + 8 * o + 4, 4);
+        lo[r] = _mm512_dpbusd_epi32(lo[r], nl, _mm512_set1_epi32(q0));
+        hi[r] = _mm512_dpbusd_epi32(hi[r], nh, _mm512_set1_epi32(q1));
       }
     }
     const __m512 s =
@@ -68,7 +77,7 @@ void tile_int4_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, in
     if constexpr (Mins)
       m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + b * FRT_PANEL)));
     for (int r = 0; r < R; ++r) {
-      __m512i i = acc[r];
+      __m512i i = _mm512_add_epi32(lo[r], hi[r]);
       if constexpr (!Mins) i = _mm512_sub_epi32(i, _mm512_set1_epi32(8 * sa[r][b]));
       f[r] = _mm512_add_ps(
           f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(s, _mm512_set1_ps(d[r][b]))));
@@ -87,7 +96,7 @@ template <int R, bool Mins>
 void tile_int4_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                     const float* bias, float* tile) {
   const int64_t blocks = w->k / kGemmActBlock;
-  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 4) * 32;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
   const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
   const uint16_t* mp =
       Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
@@ -102,19 +111,25 @@ void tile_int4_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, i
   }
   const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < blocks; ++b) {
-    __m256i acc[R][2];
+    __m256i acc[R][2];  // int16 pair sums per column half
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
-    const uint8_t* wb = wp + b * kQuads * 32;
-    for (int64_t t = 0; t < kQuads; ++t) {
-      const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + t * 32));
-      const __m256i lo = _mm256_and_si256(v, low);
-      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    const uint8_t* wb = wp + b * kOcts * 64;
+    for (int64_t o = 0; o < kOcts; ++o) {
+      __m256i nl[2], nh[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + o * 64 + 32 * h));
+        nl[h] = _mm256_and_si256(v, low);
+        nh[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
       for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, a[r] + b * kGemmActBlock + 4 * t, 4);
-        const __m256i av = _mm256_set1_epi32(quad);
-        acc[r][0] = _mm256_add_epi16(acc[r][0], _mm256_maddubs_epi16(lo, av));
-        acc[r][1] = _mm256_add_epi16(acc[r][1], _mm256_maddubs_epi16(hi, av));
+        int32_t q0, q1;
+        std::memcpy(&q0, a[r] + b * kGemmActBlock + 8 * o, 4);
+        std::memcpy(&q1, a[r] + b * kGemmActBlock + 8 * o + 4, 4);
+        const __m256i a0 = _mm256_set1_epi32(q0), a1 = _mm256_set1_epi32(q1);
+        for (int h = 0; h < 2; ++h)
+          acc[r][h] = _mm256_add_epi16(
+              acc[r][h],
+              _mm256_add_epi16(_mm256_maddubs_epi16(nl[h], a0), _mm256_maddubs_epi16(nh[h], a1)));
       }
     }
     const uint16_t* sb = sp + b * FRT_PANEL;
@@ -154,7 +169,7 @@ void tile_int4_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, i
 void tile_int4_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                    int64_t rows, const float* bias, float* tile) {
   const int64_t blocks = w->k / kGemmActBlock;
-  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 4) * 32;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
   const int64_t at0 = p * blocks * FRT_PANEL;
   float bb[FRT_PANEL];
   gemm_panel_bias(w, p, bias, bb);
@@ -165,12 +180,12 @@ void tile_int4_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q, in
     float f[FRT_PANEL] = {};
     for (int64_t b = 0; b < blocks; ++b) {
       int32_t acc[FRT_PANEL] = {};
-      for (int64_t t = b * kQuads; t < (b + 1) * kQuads; ++t)
+      for (int64_t o = b * kOcts; o < (b + 1) * kOcts; ++o)
         for (int64_t c = 0; c < FRT_PANEL; ++c)
           for (int64_t j = 0; j < 4; ++j) {
-            const uint8_t byte = wp[t * 32 + (c % kHalf) * 4 + j];
-            const int32_t nib = c < kHalf ? (byte & 0x0f) : (byte >> 4);
-            acc[c] += nib * static_cast<int32_t>(a[4 * t + j]);
+            const uint8_t byte = wp[(o * FRT_PANEL + c) * 4 + j];
+            acc[c] += (byte & 0x0f) * static_cast<int32_t>(a[8 * o + j]) +
+                      (byte >> 4) * static_cast<int32_t>(a[8 * o + 4 + j]);
           }
       for (int64_t c = 0; c < FRT_PANEL; ++c) {
         const int64_t at = at0 + b * FRT_PANEL + c;

@@ -131,9 +131,8 @@ int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
 }
 
 int64_t gemm_workspace(const frt_linear_args* a) {
-  if (a->w->group == kGemmActBlock)  // rows, block scales (and the int4 form's block sums)
-    return align64(a->m * gemm_row_stride(a->w->k)) +
-           (a->w->format == FRT_W_INT4_GEMM ? 2 : 1) * align64(a->m * block_stride(a->w->k) * 4);
+  if (a->w->group == kGemmActBlock)  // rows, block scales and block sums
+    return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * block_stride(a->w->k) * 4);
   return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * 4);
 }
 
@@ -176,12 +175,12 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
     const bool int4 = a->w->format == FRT_W_INT4_GEMM;
     const BlockRows q{reinterpret_cast<int8_t*>(base), lda,
                       reinterpret_cast<float*>(base + rows_bytes), ldd,
-                      int4 ? reinterpret_cast<int32_t*>(base + rows_bytes + scale_bytes) : nullptr};
+                      reinterpret_cast<int32_t*>(base + rows_bytes + scale_bytes)};
     return run_phases(
         a, phase, ith, nth, err,
         [&](int64_t r) {
           quantize_row_blocks(x_row(r), a->x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
-          if (int4) block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd);
+          block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd);
         },
         [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
           if (int4)

@@ -56,14 +56,15 @@ struct BlockRows {
   int64_t lda;
   float* d;  // [m][ldd] block scales
   int64_t ldd;
-  int32_t* sum;  // [m][ldd] sums of a per block (the int4 form's offsets), else nullptr
+  int32_t* sum;  // [m][ldd] sums of a per block (the int4 form's offsets, the zmm int8 flip's)
 };
 void quantize_row_blocks(const void* x, int32_t x_dtype, int64_t k, int8_t* a, float* d);
 void gemm_tile_blocks(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                       int64_t rows, const float* bias, float* tile);
+// The sums of a row's activation blocks (int4's offsets, the zmm int8 tile's flip; gemm_int4.cpp).
+void block_sums(const int8_t* a, int64_t k, int32_t* sum);
 // The int4 form (FRT_W_INT4_GEMM; Note [W4A8] in gemm_int4.cpp): the same activation blocks and
 // their sums, and the tile over nibbles.
-void block_sums(const int8_t* a, int64_t k, int32_t* sum);
 void gemm_tile_int4(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                     int64_t rows, const float* bias, float* tile);
 // Writes the valid columns of tile[rows][FRT_PANEL] (panel p) to rows r0.. of y in y_dtype.

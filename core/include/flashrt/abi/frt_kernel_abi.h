@@ -22,9 +22,13 @@ extern "C" {
  * of one wide table every package filled with nulls (1.x).
  * 3.0: group scales may be fp16, int4 groups carry a min (W = q*scale + min) instead of a zero
  * point, and int8 has a group form: the layouts GGUF's Q8_0/Q4_0/Q4_1 blocks map onto exactly.
- * 3.1: FRT_W_INT4_GEMM, int4 groups laid out for integer dot products (a format appended). */
-#define FRT_KERNEL_ABI_MAJOR 3
-#define FRT_KERNEL_ABI_MINOR 1
+ * 3.1: FRT_W_INT4_GEMM, int4 groups laid out for integer dot products (a format appended).
+ * 4.0: frt_attention_args carries the cache's strides, so a cache can hold each KV head's
+ * positions contiguously (a caller of 3.x passed a smaller struct: a major bump), and
+ * FRT_W_INT4_GEMM holds a column's two nibbles of a byte four inputs apart, so one 64-byte
+ * load is sixteen columns' worth of eight inputs (Note [W4A8]). */
+#define FRT_KERNEL_ABI_MAJOR 4
+#define FRT_KERNEL_ABI_MINOR 0
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -112,8 +116,9 @@ enum frt_op_kind {
  *   float(sum_i a_i q(c, i)) * d, accumulated block by block in fp32 (Note [W8A8 blocks]).
  * FRT_W_INT4_GEMM: int4 in groups of 32 inputs (group == 32, k % 32 == 0) for the same integer
  *   dot products, activations per block of 32 as in the decode form above; q in [0, 15]:
- *   qdata uint8 [P][k/4][32]: byte j of quad t holds W[16p + j/4][4t + j%4] in its low nibble and
- *   W[16p + 8 + j/4][4t + j%4] in its high nibble; scales f16 [P][k/32][FRT_PANEL]; mins f16
+ *   qdata uint8 [P][k/8][FRT_PANEL][4]: byte b of column j in oct o holds W[16p + j][8o + b] in
+ *   its low nibble and W[16p + j][8o + 4 + b] in its high nibble (4.0; 3.1 paired columns j and
+ *   j + 8 in a byte instead); scales f16 [P][k/32][FRT_PANEL]; mins f16
  *   [P][k/32][FRT_PANEL], W = q * scale + min, or NULL for a symmetric pack, W = (q - 8) * scale.
  *   With s_a = sum_i a_i over a block: y[c] = sum over blocks, in fp32, of
  *   float(sum_i a_i q - 8 s_a) * (scale * d)                 (symmetric), or
@@ -204,16 +209,20 @@ typedef struct frt_rotary_args {
 } frt_rotary_args;
 
 /* One query token against `positions` cached keys/values with grouped heads (heads % kv_heads
- * == 0; head h reads kv head h / (heads / kv_heads)); softmax in fp32. */
+ * == 0; head h reads kv head h / (heads / kv_heads)); softmax in fp32. The vector of position t,
+ * KV head j starts at cache + t * ld_pos + j * ld_head (floats; head_dim contiguous). */
 typedef struct frt_attention_args {
   int64_t heads, kv_heads, head_dim, positions;
   const float* q;       /* [heads][head_dim] */
-  const float* k_cache; /* [positions][kv_heads][head_dim] */
+  const float* k_cache; /* see ld_pos, ld_head */
   const float* v_cache; /* same layout */
   float scale;
   float* out;    /* [heads][head_dim] */
   float* scores; /* [heads][scores_stride], scores_stride >= positions */
   int64_t scores_stride;
+  int64_t ld_pos, ld_head; /* >= head_dim: [positions][kv_heads][head_dim] has ld_pos = kv_heads *
+                            * head_dim, ld_head = head_dim; [kv_heads][max_len][head_dim] has
+                            * ld_pos = head_dim, ld_head = max_len * head_dim */
 } frt_attention_args;
 
 /* y = x W^T (+ bias) with the host's own row-major weight W [n][k] (fp32 or bf16), x fp32. */

@@ -5,6 +5,7 @@
 // chain per ymm would cap it at one packed row per FMA latency (4 cycles on Zen 3, ~4 B/cycle per
 // core), below the DRAM rate of one core. So a single row gets four k per step into separate
 // accumulators; several rows are independent chains already.
+#include <frt_kern/hsum.h>
 #include <frt_kern/panels.h>
 #include <immintrin.h>
 
@@ -281,15 +282,6 @@ void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
     int4_rows<2>(q, w, s0, x + r * ldx, ldx, xsum + r * groups, out + r * FRT_PANEL);
   if (r < m) int4_row1(q, w, s0, x + r * ldx, xsum + r * groups, out + r * FRT_PANEL);
 }
-
-namespace {
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-}  // namespace
 
 // Four accumulators (Note [Accumulator chains]); the tail is scalar.
 float dot_f32_avx2(const float* x, const float* w, int64_t n) {

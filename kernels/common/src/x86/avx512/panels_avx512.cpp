@@ -5,6 +5,7 @@
 // per step into separate accumulators, a block of rows two per row; with 32 registers the
 // running results stay in registers and int4 takes rows in blocks of four as int8 does.
 // CPUs without AVX-512 test these through SIMDe (Note [Emulated zmm variant], zmm_simde.h).
+#include <frt_kern/hsum.h>
 #include <frt_kern/panels.h>
 #include <frt_kern/zmm.h>
 
@@ -205,15 +206,6 @@ void int4_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, in
 }
 
 namespace {
-
-inline float hsum(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // The first n < 16 lanes.
 inline __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
