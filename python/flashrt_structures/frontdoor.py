@@ -101,9 +101,11 @@ def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: For
                   want: torch.Tensor, kind: _core.OutputKind, rounds: int, iters: int,
                   min_speedup: float | None, floors: dict[str, float]) -> dict[str, Any]:
     """One unit (a structure's seats) attached alone: parity against the host, then host and
-    unit timed alternately; the core's verdict on it."""
-    handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
+    unit timed alternately; the core's verdict on it ("verdict": None when the unit could not be
+    measured, e.g. a seat that gave its region back mid-rounds: then "decision" says why)."""
+    handle = None
     try:
+        handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
         with torch.no_grad():
             got, _ = output_tensor(score())
         metrics = parity(got, want, kind)
@@ -114,8 +116,12 @@ def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: For
             host_t.append(_time(score, iters))
             handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
             arm_t.append(_time(score, iters))
+    except ValueError as e:  # a seat returned its region for good: not a candidate
+        return {"seats": len(swaps), "parity": {"band": "unmeasured"}, "speedup": 0.0,
+                "ratios": [], "decision": f"refused: {e}", "verdict": None}
     finally:
-        handle.detach()
+        if handle is not None:
+            handle.detach()
     gate = catalog.load(unit).gate
     verdict = _core.judge_unit(catalog.shipped().band(kind), gate,
                                {k: v for k, v in metrics.items() if k != "band"}, fallbacks,
@@ -124,6 +130,11 @@ def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: For
             "ratios": list(verdict.latency.ratios), "decision": verdict.text,
             "min_speedup": min_speedup if min_speedup is not None else gate.min_speedup,
             "verdict": verdict}
+
+
+def _overlaps(path: str, taken: Iterable[str]) -> bool:
+    """Whether a module path is, holds or sits inside one already seated."""
+    return any(path == t or path.startswith(t + ".") or t.startswith(path + ".") for t in taken)
 
 
 def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
@@ -136,7 +147,8 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     scheme="auto" measures every scheme of the catalog's gated_auto list on this host and, per
     unit, keeps the fastest whose verdict is activated and whose parity is in the pass band
     (Note [Gated auto] in core/src/gates/gates.cpp); units[unit]["candidates"] holds each one's
-    figures. A named scheme is measured alone, its units kept when their verdict is activated."""
+    figures. A named scheme is measured alone, its units kept when their verdict is activated.
+    Candidates are built one at a time; only each unit's best so far is kept."""
     forwards = normalise_forwards(forward)
     score = output or forwards[-1]
     if model.training:
@@ -151,61 +163,79 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     floors = dict(floors or {})
     gated = list(catalog.shipped().schemes.gated_auto) if scheme == "auto" else []
     graph = observe(model, forwards)
-    plans = {c: plan_observed(model, graph, structures=structures, scheme=c)
-             for c in (gated or [scheme])}
-    first = plans[next(iter(plans))]
-    notes = dict(first.notes)
-    refused = list(notes["refused"])
-    # unit -> candidate scheme -> its swaps
-    families: dict[str, dict[str, dict[str, Any]]] = {}
-    for name, plan in plans.items():
+
+    tried: dict[str, dict[str, dict[str, Any]]] = {}  # unit -> scheme -> its figures
+    best: dict[str, tuple[str, Any, dict[str, Any]]] = {}  # unit -> (scheme, verdict, swaps)
+    paths: dict[str, set[str]] = {}  # unit -> every module some candidate seats for it
+    why_not: dict[str, list[str]] = {}  # module -> each plan's refusal of it
+    plan_notes: dict[str, dict[str, Any]] = {}
+    for name in gated or [scheme]:
+        plan = plan_observed(model, graph, structures=structures, scheme=name)
+        plan_notes[name] = plan.notes
+        for path, reason in plan.notes["refused"]:
+            why_not.setdefault(path, []).append(f"{name}: {reason}" if gated else reason)
+        by_unit: dict[str, dict[str, Any]] = {}
         for path, seat in plan.swaps.items():
-            families.setdefault(seat.seat.form.structure, {}).setdefault(name, {})[path] = seat
+            by_unit.setdefault(seat.seat.form.structure, {})[path] = seat
+        for unit, swaps in by_unit.items():
+            paths.setdefault(unit, set()).update(swaps)
+            t = _measure_unit(model, swaps, unit, score, want, kind, rounds, iters, min_speedup,
+                              floors)
+            tried.setdefault(unit, {})[name] = t
+            v = t["verdict"]
+            if v is None:
+                continue
+            if gated:  # the faster of the best so far and this one, if either passes
+                held = [best[unit][1]] if unit in best else []
+                pick = _core.pick_candidate(held + [v])
+                if pick == len(held):
+                    best[unit] = (name, v, swaps)
+            elif v.decision == _core.UnitDecision.activated:
+                best[unit] = (name, v, swaps)
+        del plan  # a losing candidate's packs go now
 
     units: dict[str, dict[str, Any]] = {}
     winners: dict[str, Any] = {}
-    chosen_scheme: dict[str, str] = {}
-    for unit, by_scheme in families.items():
-        tried = {name: _measure_unit(model, swaps, unit, score, want, kind, rounds, iters,
-                                     min_speedup, floors)
-                 for name, swaps in by_scheme.items()}
-        names = list(tried)
-        if gated:
-            pick = _core.pick_candidate([tried[n]["verdict"] for n in names])
-            best = names[pick] if pick >= 0 else None
-        else:
-            only = names[0]
-            ok = tried[only]["verdict"].decision == _core.UnitDecision.activated
-            best = only if ok else None
-        shown = dict(tried[best if best is not None else names[0]])
+    chosen: dict[str, str] = {}
+    refused: list[tuple[str, str]] = []
+    for unit, by_scheme in tried.items():
+        kept = best.get(unit)
+        shown = {k: v for k, v in by_scheme[kept[0] if kept else next(iter(by_scheme))].items()
+                 if k != "verdict"}
         if gated:
             shown["candidates"] = {n: {k: v for k, v in t.items() if k != "verdict"}
-                                   for n, t in tried.items()}
-            if best is None:
+                                   for n, t in by_scheme.items()}
+            if kept is None:
                 shown["decision"] = "refused: no candidate passed (" + "; ".join(
                     f"{n}: {t['decision']}, parity {t['parity']['band']}"
-                    for n, t in tried.items()) + ")"
-        shown.pop("verdict")
-        shown["scheme"] = best if best is not None else names[0]
+                    for n, t in by_scheme.items()) + ")"
+        shown["scheme"] = kept[0] if kept else None
+        if kept is not None and any(_overlaps(p, winners) for p in kept[2]):
+            shown["decision"] = "refused: its modules are seated by another unit"
+            kept = None
         units[unit] = shown
-        if best is not None:
-            overlap = set(by_scheme[best]) & set(winners)
-            if overlap:  # another unit's winner already holds these modules
-                refused.extend((p, f"{unit} unit: module also seated by another unit")
-                               for p in sorted(overlap))
-                continue
-            winners.update(by_scheme[best])
-            chosen_scheme[unit] = best
-        else:
-            refused.extend((path, f"{unit} unit {shown['decision']}")
-                           for path in by_scheme[names[0]])
+        if kept is None:
+            refused.extend((p, f"{unit} unit {shown['decision']}") for p in sorted(paths[unit]))
+            continue
+        winners.update(kept[2])
+        chosen[unit] = kept[0]
+    seated_or_decided = set(winners) | {p for p, _ in refused}
+    refused += [(p, "; ".join(reasons)) for p, reasons in why_not.items()
+                if p not in seated_or_decided]
 
+    first = plan_notes[gated[0] if gated else scheme]
+    notes = dict(first)
+    if gated:
+        notes["scheme"] = {"name": "auto", "candidates": gated, "chosen": chosen,
+                           "formats": {u: plan_notes[n]["scheme"]["formats"].get(u)
+                                       for u, n in chosen.items()},
+                           "keep_host": {p: why for n in gated
+                                         for p, why in plan_notes[n]["scheme"]["keep_host"].items()
+                                         if p not in winners}}
+    notes["refused"] = refused
     handle = None
     if winners:
-        if gated:
-            notes["scheme"] = {**notes["scheme"], "name": "auto", "chosen": chosen_scheme}
-        handle = swap.attach(model, winners, on_guard_fail=on_guard_fail,
-                             notes={**notes, "refused": refused})
+        handle = swap.attach(model, winners, on_guard_fail=on_guard_fail, notes=dict(notes))
         with torch.no_grad():
             got, _ = output_tensor(score())
         union = parity(got, want, kind)
@@ -219,7 +249,6 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     if handle is None:
         log.warning("[flashrt] 0 seats, %d refused (whole host refused: nothing passed its gates; "
                     "the model is untouched)", len(refused))
-    notes["refused"] = refused
     receipt = {"scheme": notes["scheme"], "output_kind": kind.name, "units": units,
                "floors": floors, "min_speedup": min_speedup, "rounds": rounds,
                "torch": torch.__version__}

@@ -481,6 +481,39 @@ def test_gated_auto_keeps_per_unit_the_fastest_candidate_that_passes():
         assert torch.equal(model(x).logits, want)
 
 
+def test_a_candidate_that_cannot_be_measured_is_refused_and_the_others_still_compete(
+        monkeypatch):
+    """A seat that gives its region back mid-measurement (swap.attach then raises) refuses that
+    candidate only: attach neither raises nor leaves the host modified."""
+    from flashrt_structures import frontdoor
+
+    model = hosts.qwen3(1)
+    x = hosts.ids(1)
+    with torch.no_grad():
+        want = model(x).logits
+    real_attach = frontdoor.swap.attach
+    seen: set[int] = set()
+
+    def flaky(m, swaps, **kw):
+        if any("w8a8 gemm" in s.seat.form.describe() for s in swaps.values()):
+            if id(swaps) in seen:  # each w8a8 unit's second attach
+                raise ValueError("flashrt: the seat for x gave its region back to the host")
+            seen.add(id(swaps))
+        return real_attach(m, swaps, **kw)
+
+    monkeypatch.setattr(frontdoor.swap, "attach", flaky)
+    result = S.attach(model, lambda: model(x), rounds=2, min_speedup=0.0)
+    try:
+        w8a8 = [u["candidates"]["w8a8_decode"] for n, u in result.units.items() if n != "union"]
+        assert w8a8 and all(c["decision"].startswith("refused: flashrt: the seat") for c in w8a8)
+        assert all(u["scheme"] != "w8a8_decode" for n, u in result.units.items() if n != "union")
+    finally:
+        result.detach()
+    assert not any(isinstance(m, SeatModule) for m in model.modules())
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, want)
+
+
 def test_gated_attach_of_a_named_scheme_measures_that_scheme_alone():
     model = hosts.qwen3(1)
     x = hosts.ids(1)

@@ -190,7 +190,9 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
         "  'unavailable': impls.unavailable_report(), 'generated': out.shape[1],\n"
         "  'gated_scheme': gated.notes['scheme']['name'],\n"
         "  'gated_units': sorted(u for u in gated.units if u != 'union'),\n"
-        "  'w8a16_seats': linear_seats}))\n"
+        "  'w8a16_seats': linear_seats,\n"
+        "  'seated': [r['site'] for r in gated.handle.report()] if gated.active else [],\n"
+        "  'refused': [p for p, _ in gated.notes['refused']]}))\n"
         "gated.detach()\n"
     )
     env = dict(os.environ, LOCAL_KERNELS=f"flashrt/linear={pkg}")
@@ -212,6 +214,8 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
     assert out["gated_scheme"] == "auto"
     assert out["w8a16_seats"] == 1
     assert {"linear_proj", "lm_head", "decoder_ffn"} <= set(out["gated_units"])
+    # A module one candidate refused and another seated is seated, not listed as refused.
+    assert not set(out["seated"]) & set(out["refused"])
 
 
 def test_an_error_message_with_bytes_that_are_not_utf8_keeps_its_class(tmp_path):

@@ -53,9 +53,10 @@ inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
 #endif
 
 #if defined(FRT_ZMM)
-// How far ahead of its loads a zmm decode tile prefetches its panel: with the hardware
-// prefetchers alone the int4 tile read 80% of the bandwidth where the guest streamed 60 GB/s, 94%
-// with it (bench/results/avx512vnni/kernels.json).
+// How far ahead of its loads the zmm int4 tile prefetches its panel. Its panel is half the int8
+// tile's bytes per weight and its scales (and mins) are streams of their own; with the hardware
+// prefetchers alone it fell behind when the guest streamed twice its usual bandwidth. (The int8
+// tile did not gain from it and does without.)
 inline constexpr int64_t kGemmPrefetchAhead = 2048;
 #endif
 
