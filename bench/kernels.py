@@ -127,7 +127,7 @@ def bench_shape(k: int, n: int, rounds: int, budget_s: float) -> list[dict]:
 FLOOR_SHAPES = [(4096, 12288), (1024, 151936)]  # K x N: the issue's goal shapes
 
 
-def bench_floor(rounds: int) -> list[dict]:
+def bench_floor(rounds: int, forms: list[str] | None = None) -> list[dict]:
     """Every packed form at M = 1 on the goal shapes, on 2 threads and on 1, each run held
     against the read bandwidth taken just before and just after it (Note [Bracketed bandwidth]
     in _common.py), forms and thread counts alternated round by round.
@@ -140,10 +140,11 @@ def bench_floor(rounds: int) -> list[dict]:
     for k, n in FLOOR_SHAPES:
         w = torch.randn(n, k, generator=torch.Generator().manual_seed(k + n)) * 0.05
         x, y = torch.randn(1, k), torch.empty(1, n)
-        got: dict[tuple[str, int], list] = {(f, t): [] for f in PACKERS for t in (2, 1)}
+        packers = {f: PACKERS[f] for f in (forms or PACKERS)}
+        got: dict[tuple[str, int], list] = {(f, t): [] for f in packers for t in (2, 1)}
         nbytes: dict[str, int] = {}
         for _ in range(rounds):
-            for name, pack in PACKERS.items():
+            for name, pack in packers.items():
                 first = pack(w)
                 copies = [first] + [pack(w) for _ in range(copies_for(first.nbytes) - 1)]
                 nbytes[name] = first.nbytes
@@ -338,6 +339,8 @@ def main() -> int:
     parser.add_argument("--floor-only", action="store_true",
                         help="only the bracketed M=1 goal shapes (key 'floor' of kernels.json)")
     parser.add_argument("--floor-rounds", type=int, default=9)
+    parser.add_argument("--floor-forms", default=None,
+                        help="with --floor-only: a comma list of forms (default every one)")
     args = parser.parse_args()
     if args.huge_pages_only:
         pairs = huge_page_pairs()
@@ -351,7 +354,10 @@ def main() -> int:
         result["machine"] = machine()
         if "floor" in result:  # the run this one repeats stays beside it, not overwritten
             result["floor_previous_run"] = result["floor"]
-        result["floor"] = bench_floor(args.floor_rounds)
+        forms = args.floor_forms.split(",") if args.floor_forms else None
+        if forms and (bad := sorted(set(forms) - set(PACKERS))):
+            parser.error(f"unknown forms {bad}; known: {sorted(PACKERS)}")
+        result["floor"] = bench_floor(args.floor_rounds, forms)
         print_floor(result["floor"])
         write_result(path, result)
         return 0

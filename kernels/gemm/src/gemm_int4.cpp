@@ -114,7 +114,11 @@ void tile_int4_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, i
     __m256i acc[R][2];  // int16 pair sums per column half
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const uint8_t* wb = wp + b * kOcts * 64;
+    _mm_prefetch(reinterpret_cast<const char*>(sp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
+    if constexpr (Mins)
+      _mm_prefetch(reinterpret_cast<const char*>(mp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
     for (int64_t o = 0; o < kOcts; ++o) {
+      _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
       __m256i nl[2], nh[2];
       for (int h = 0; h < 2; ++h) {
         const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + o * 64 + 32 * h));
