@@ -30,6 +30,17 @@ namespace {
 constexpr int64_t kOcts = kGemmActBlock / 8;  // octs (eight inputs) per block
 constexpr int64_t kHalf = FRT_PANEL / 2;
 
+#if defined(FRT_ZMM) || defined(__AVX2__)
+// The scales (and mins) of block b + 8: streams of their own, read once per block, prefetched at
+// the weights' distance (kGemmPrefetchAhead is 8 blocks of panel).
+template <bool Mins>
+inline void prefetch_block_scales(const uint16_t* sp, const uint16_t* mp, int64_t b) {
+  _mm_prefetch(reinterpret_cast<const char*>(sp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
+  if constexpr (Mins)
+    _mm_prefetch(reinterpret_cast<const char*>(mp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
+}
+#endif
+
 #if defined(FRT_ZMM)
 template <int R, bool Mins>
 void tile_int4_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
@@ -54,10 +65,7 @@ void tile_int4_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, in
     __m512i lo[R], hi[R];  // inputs 8o..8o+3 and 8o+4..8o+7: two chains per row
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
     const uint8_t* wb = wp + b * kOcts * 64;
-    // The scales (and mins) are streams of their own: 8 blocks ahead is the weights' distance.
-    _mm_prefetch(reinterpret_cast<const char*>(sp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
-    if constexpr (Mins)
-      _mm_prefetch(reinterpret_cast<const char*>(mp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
+    prefetch_block_scales<Mins>(sp, mp, b);
     for (int64_t o = 0; o < kOcts; ++o) {
       _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(wb + o * 64);
@@ -114,9 +122,7 @@ void tile_int4_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, i
     __m256i acc[R][2];  // int16 pair sums per column half
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const uint8_t* wb = wp + b * kOcts * 64;
-    _mm_prefetch(reinterpret_cast<const char*>(sp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
-    if constexpr (Mins)
-      _mm_prefetch(reinterpret_cast<const char*>(mp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
+    prefetch_block_scales<Mins>(sp, mp, b);
     for (int64_t o = 0; o < kOcts; ++o) {
       _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
       __m256i nl[2], nh[2];
