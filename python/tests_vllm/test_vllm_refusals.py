@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from conftest import engine, generate, prompts
+from safetensors.torch import load_file
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from flashrt_structures import vllm_engine
@@ -81,14 +82,42 @@ def _int8_checkpoint(src, dst) -> None:
     shutil.copy(src / "generation_config.json", dst / "generation_config.json")
 
 
+def int8_checkpoint_dtype(shapes: list[tuple[int, int]]) -> str:
+    """The activation dtype vLLM's own CPU path for a W8A8 int8 checkpoint runs in on this CPU.
+
+    vLLM picks that path per layer (`check_cpu_sgl_kernel`): where the CPU has AMX tiles and the
+    shape fits the tile, its AMX int8 kernel, which takes bf16 or fp16 activations only ("expect A
+    to be bfloat16 or half"); elsewhere oneDNN, which also takes fp32. The engine runs in the
+    dtype every layer's path accepts, so the test states the same thing on every CPU."""
+    from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
+    amx = [check_cpu_sgl_kernel(n, k, torch.int8) for n, k in shapes]
+    return "bfloat16" if any(amx) else "float32"
+
+
+def test_int8_checkpoint_dtype_follows_vllms_own_kernel_choice():
+    """The dtype above is vLLM's answer for this CPU, not an assumption: with AMX tiles the
+    AMX-sized shapes need bf16, without them every shape runs in fp32."""
+    amx = torch.cpu._is_amx_tile_supported()
+    assert int8_checkpoint_dtype([(256, 256)]) == ("bfloat16" if amx else "float32")
+    assert int8_checkpoint_dtype([(15, 256)]) == "float32"  # below one AMX tile: oneDNN
+
+
 def test_quantized_checkpoint_is_refused(qwen3_dir, tmp_path, hook_off):
     _int8_checkpoint(qwen3_dir, tmp_path / "int8")
+    shapes = [(int(t.shape[0]), int(t.shape[1])) for name, t in
+              load_file(str(tmp_path / "int8" / "model.safetensors")).items()
+              if name.endswith("_proj.weight")]
+    dtype = int8_checkpoint_dtype(shapes)
     vllm_engine.install_load_hook(scheme="w8a16_decode")
-    with engine(tmp_path / "int8", multiprocess=False) as llm:
+    with engine(tmp_path / "int8", multiprocess=False, dtype=dtype) as llm:
+        # The refusal is read before anything runs: the hook decided at load.
+        (before,) = vllm_engine.report(llm)
+        assert before["hooked"] and before["seats"] == 0 and before["refused"]
         tokens, _ = generate(llm, prompts(1), steps=2)
         (rep,) = vllm_engine.report(llm)
-    assert len(tokens[0]) == 2
+    assert len(tokens[0]) == 2  # the engine serves on vLLM's own int8 path
     assert rep["hooked"] and rep["seats"] == 0 and rep["active"]
+    assert rep["refused"] == before["refused"]
     sites = dict(rep["refused"])
     assert "model.layers.0.self_attn.qkv_proj" in sites
     for why in sites.values():
