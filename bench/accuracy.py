@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 import time
 import warnings
+from pathlib import Path
 
 import torch
 

@@ -34,8 +34,8 @@ import os
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -219,7 +219,8 @@ def smollm2_main(args) -> int:
         fl = f"{r['frac_of_floor']:>10.0%}" if "frac_of_floor" in r else f"{'-':>10}"
         print(f"{r['arm']:<20}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.1f}{vs}{fl}")
     print(f"decode_loop weight bytes/token {loop.weight_bytes / 1e6:.1f} MB; agreement {agreement}")
-    write_result(result_path(args.json, "decode_smollm2"), {"bench": "decode_smollm2", "machine": machine(),
+    write_result(result_path(args.json, "decode_smollm2"), {
+                             "bench": "decode_smollm2", "machine": machine(),
                              "model": path.name, "prompts": SMOL_PROMPTS, "new_tokens": SMOL_NEW,
                              "rounds": args.rounds, "rows": rows, "agreement": agreement,
                              "loop_weight_bytes": loop.weight_bytes, "peers": peers})
@@ -288,12 +289,12 @@ def main() -> int:
         "host": lambda: host_arm(model, prompt, NEW),
         "attached_w8": attached(lambda: host_arm(model, prompt, NEW)),
         # A step reads the weights and the KV cache of every layer (fp32 in the loops).
-        **{name: (lambda l=l: loop_arm(l, prompt, NEW,
-                                       lambda pos: l.weight_bytes + kv_bytes(cfg, pos, 4)))
-           for name, l in loops.items()},
+        **{name: (lambda lp=lp: loop_arm(lp, prompt, NEW,
+                                         lambda pos: lp.weight_bytes + kv_bytes(cfg, pos, 4)))
+           for name, lp in loops.items()},
     }
     bytes_per_token = {"host": host_weight_bytes(model),
-                       **{n: l.weight_bytes for n, l in loops.items()}}
+                       **{n: lp.weight_bytes for n, lp in loops.items()}}
     if "loop_w8" in loops:  # the same seats
         bytes_per_token["attached_w8"] = bytes_per_token["loop_w8"]
     peers = {}

@@ -3,8 +3,8 @@ and the int8 paths a CPU user would reach for, torch.ao's quantize_dynamic (fbge
 int8 dynamic-activation config.
 
 Hosts are diffusers' own classes from config with random weights, fp32, batch 1:
-  pixart  PixArt-Sigma-shaped: hidden 1152 (16 heads x 72), 28 blocks (--pixart-layers), 1024 latent tokens
-          (a 64x64 latent, patch 2), 300 caption tokens of 4096 channels;
+  pixart  PixArt-Sigma-shaped: hidden 1152 (16 heads x 72), 28 blocks (--pixart-layers),
+          1024 latent tokens (a 64x64 latent, patch 2), 300 caption tokens of 4096 channels;
   flux    Flux-shaped widths (hidden 3072, 24 heads x 128, MLP 12288), --flux-double double and
           --flux-single single blocks so fp32 fits in 24 GiB beside the arms' copies; 1024
           latent tokens, 256 text tokens.
@@ -41,8 +41,9 @@ import gc
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -106,8 +107,8 @@ def fbgemm_arm(model: nn.Module) -> nn.Module:
 
 def torchao_arm(model: nn.Module) -> tuple[nn.Module | None, str]:
     try:
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
         import torchao
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
     except Exception as e:  # noqa: BLE001 - reported, not hidden
         return None, f"torchao unavailable: {type(e).__name__}: {e}"
     twin = copy.deepcopy(model)
@@ -487,7 +488,8 @@ def main() -> None:
                 print(f"{h['host']:8} {arm:30} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
                       f"{r['cosine_vs_host']:9.5f}")
             q = h["qkv_projections"]
-            print(f"{h['host']:8} packed / per-projection step {h['qkv_pack_vs_per_projection']:.3f}x "
+            print(f"{h['host']:8} packed / per-projection step "
+                  f"{h['qkv_pack_vs_per_projection']:.3f}x "
                   f"(spread {h['spread']:.3f}); one attention's q/k/v "
                   f"{q['per_projection_ms']:.2f} -> {q['packed_ms']:.2f} ms ({q['speedup']:.3f}x)")
         return

@@ -102,8 +102,9 @@ def main() -> int:
         t0 = time.perf_counter()
         plan = S.auto_swaps(model, fwd, scheme=scheme)
         arms[scheme] = {"plan": plan, "swaps": plan.swaps, "bind_s": time.perf_counter() - t0}
-    warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
-    for name, arm in arms.items():  # warm-up: first-call allocations, caches, thread start
+    warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated",
+                            category=FutureWarning)
+    for arm in arms.values():  # warm-up: first-call allocations, caches, thread start
         handle = arm["plan"].attach(model) if arm["swaps"] else None
         run_arm(model, prompt[:, :16], 4)
         if handle is not None:
@@ -161,7 +162,8 @@ def main() -> int:
           f"kernels on {S.PARALLEL_BACKEND}")
     print(f"Qwen3-0.6B-shaped, {args.layers} layers, fp32 host, prompt {PROMPT}, decode {NEW}")
     print(f"{'arm':<24}{'seats':>6}{'refused':>8}{'prefill s':>11}{'vs host':>9}"
-          f"{'decode tok/s':>14}{'vs host':>9}{'floor tok/s':>13}{'of floor':>10}{'same tokens':>13}")
+          f"{'decode tok/s':>14}{'vs host':>9}{'floor tok/s':>13}{'of floor':>10}"
+          f"{'same tokens':>13}")
     for name, arm in arms.items():
         pre = statistics.median(prefills[name])
         stp = statistics.median(s["decode_step_s"] for s in samples[name])
@@ -181,7 +183,8 @@ def main() -> int:
                "compile_seconds": arm.get("compile_s")}
         rows.append(row)
         print(f"{name:<24}{row['seats']:>6}{row['refused']:>8}{pre:>11.3f}"
-              f"{row['prefill_vs_host']:>8.3f}x{1 / stp:>14.2f}{row['decode_speedup_vs_host']:>8.2f}x"
+              f"{row['prefill_vs_host']:>8.3f}x{1 / stp:>14.2f}"
+              f"{row['decode_speedup_vs_host']:>8.2f}x"
               f"{floor_tps:>13.1f}{row['frac_of_floor']:>10.0%}{same:>13.0%}")
     by = {r["arm"]: r for r in rows}
     if "compiled w8a16_decode" in by:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
-
-import gguf
 
 
 def _tensor(writer: gguf.GGUFWriter, name: str, t: torch.Tensor, qtype) -> None:

@@ -15,9 +15,9 @@ point; max|w| / 7 about level 8), f16-rounded as the packer stored them.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import time
 import warnings
+from pathlib import Path
 
 import torch
 

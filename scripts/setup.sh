@@ -40,6 +40,8 @@ requirements=(
   # The diffusers door's hosts (DiT transformers from config), and torchao as a bench peer: both
   # install against the CPU torch without torchvision.
   "diffusers==0.42.1" torchao
+  # Lint and type check (scripts/test.sh; configured in pyproject.toml).
+  "ruff==0.17.6" "mypy==2.4.1"
 )
 stamp=.venv/.flashrt-requirements
 if [ "$(cat "$stamp" 2>/dev/null)" != "${requirements[*]}" ]; then

@@ -24,6 +24,7 @@ from .autoswap import AutoPlan, auto_swaps, explain, list_schemes  # noqa: E402
 from .catalog import list_structures, load  # noqa: E402
 from .decode import DecodeLoop, decode_loop  # noqa: E402
 from .frontdoor import FrontDoorResult, attach  # noqa: E402
+from .receipt import check_receipt  # noqa: E402
 from .seats import GuardRefused  # noqa: E402
 from .structures import GateRefused, get  # noqa: E402
 from .swap import attached  # noqa: E402
@@ -31,7 +32,9 @@ from .swap import attached  # noqa: E402
 PARALLEL_BACKEND = _host_threads.install()
 
 __all__ = [
-    "BUNDLED_KERNELS", "PARALLEL_BACKEND", "AdoptionReport", "AutoPlan", "adopt_prequantized", "DecodeLoop", "decode_loop", "FrontDoorResult", "GateRefused",
+    "BUNDLED_KERNELS", "PARALLEL_BACKEND", "AdoptionReport", "AutoPlan", "adopt_prequantized",
+    "DecodeLoop", "decode_loop", "FrontDoorResult", "GateRefused",
+    "check_receipt",
     "GuardRefused", "KernelUnavailable", "Refused", "attach", "attached", "auto_swaps", "explain",
     "get", "impls", "list_schemes", "list_structures", "load", "ops", "swap",
 ]

@@ -43,5 +43,8 @@ def install() -> str:
                              "omp_get_max_threads")]
     except AttributeError:
         return _core.parallel_backend()
-    _core.use_host_openmp(addr[0], addr[1], addr[2], addr[3], str(path))
+    gomp_parallel, thread_num, num_threads, max_threads = addr
+    if gomp_parallel is None or thread_num is None or num_threads is None or max_threads is None:
+        return _core.parallel_backend()  # a null entry point: keep the core's own pool
+    _core.use_host_openmp(gomp_parallel, thread_num, num_threads, max_threads, str(path))
     return _core.parallel_backend()

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
 from . import _core, catalog, seats, swap
+from . import receipt as receipts
 from .autoswap import notes_of
 from .observe import observe
 
@@ -53,6 +55,7 @@ class AdoptionReport:
     handle: swap.AttachHandle | None
     conversion: dict[str, float] = field(default_factory=dict)
     forms: dict[str, str] = field(default_factory=dict)
+    host: str = ""  # the host's class name, for a receipt with no handle
 
     @property
     def core(self) -> _core.Plan:  # explain() reads .core of what it is given
@@ -66,6 +69,22 @@ class AdoptionReport:
         return {"format": self.fmt, "source": self.source, "adopted": len(self.conversion),
                 "max_abs_conversion": self.worst_conversion,
                 "refused": len(self.plan.refused), "kept_at_host": len(self.plan.keep_host)}
+
+    def measurements(self) -> dict[str, Any]:
+        """What adoption measured: per adopted module its form and the conversion check's max
+        abs difference from the host's own weight."""
+        return {"adoption": self.summary(), "forms": dict(self.forms),
+                "conversion": dict(self.conversion)}
+
+    def receipt(self) -> dict[str, Any]:
+        """The plan, the conversion check, the ledger of the adopted seats and the environment
+        lock (docs/receipts.md)."""
+        return receipts.of_plan("adopt_prequantized", self.host, self.plan, self.handle,
+                                self.measurements())
+
+    def save_receipt(self, directory: str | Path) -> Path:
+        """Writes receipt() to `directory`/receipt.json (the folder is created); its path."""
+        return receipts.save(self.receipt(), directory)
 
 
 @dataclass
@@ -128,8 +147,9 @@ def _open_gguf(path: str) -> Any:
     try:
         return gguf.GGUFReader(str(p))
     except Exception as e:  # the reader raises ValueError, struct errors, IndexError...
+        first = str(e).splitlines()[0] if str(e) else ""
         raise _core.Refused(f"adopt: {path}: not a readable GGUF file "
-                            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+                            f"({type(e).__name__}: {first})") from e
 
 
 def _transformers_map(model: nn.Module, path: str, reader: Any) -> tuple[dict[str, str], Any, dict]:
@@ -141,12 +161,12 @@ def _transformers_map(model: nn.Module, path: str, reader: Any) -> tuple[dict[st
     try:
         arch = tg.read_field(reader, "general.architecture")[0]
     except Exception as e:
-        raise _core.Refused(f"adopt: {path}: no general.architecture ({type(e).__name__})")
+        raise _core.Refused(f"adopt: {path}: no general.architecture ({type(e).__name__})") from e
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type is None:
         raise _core.Refused(f"adopt: {type(model).__name__} has no config.model_type to map "
                             f"{path}'s tensor names")
-    config = model.config.to_dict()
+    config = cast(Any, model).config.to_dict()
     processor = tg.TENSOR_PROCESSORS.get(arch, tg.TensorProcessor)(config=config)
     # Their map recurses through every submodule and rebuilds gguf's name table at each one
     # (~20 ms apiece); the table depends only on (arch, layers), so it is built once here.
@@ -155,13 +175,14 @@ def _transformers_map(model: nn.Module, path: str, reader: Any) -> tuple[dict[st
     try:
         name_map = tg.get_gguf_hf_weights_map(model, processor)
     except NotImplementedError as e:
-        raise _core.Refused(f"adopt: {path}: {e}")
+        raise _core.Refused(f"adopt: {path}: {e}") from e
     finally:
         gguf.get_tensor_name_map = original
     return name_map, processor, {"config": config}
 
 
-def _row_order(processor: Any, name: str, n: int, name_map: dict, parsed: dict) -> np.ndarray | None:
+def _row_order(processor: Any, name: str, n: int, name_map: dict,
+               parsed: dict) -> np.ndarray | None:
     """The loader's row permutation of tensor `name`, found by running its processor on row
     indices; None when it does more to the tensor than permute rows."""
     idx = np.arange(n, dtype=np.float64).reshape(n, 1)
@@ -260,7 +281,7 @@ def _ct_checkpoint(path: str) -> tuple[Any, dict[str, dict[str, torch.Tensor]]]:
     try:
         qc = json.loads(cfg_file.read_text()).get("quantization_config")
     except (OSError, ValueError) as e:
-        raise _core.Refused(f"adopt: {path}/config.json is not readable JSON ({e})")
+        raise _core.Refused(f"adopt: {path}/config.json is not readable JSON ({e})") from e
     if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
         raise _core.Refused(f"adopt: {path}/config.json has no compressed-tensors "
                             f"quantization_config")
@@ -268,7 +289,7 @@ def _ct_checkpoint(path: str) -> tuple[Any, dict[str, dict[str, torch.Tensor]]]:
         config = QuantizationConfig.model_validate(qc)
     except Exception as e:  # pydantic's ValidationError
         raise _core.Refused(f"adopt: {path}: its quantization_config does not parse "
-                            f"({type(e).__name__}: {str(e).splitlines()[0]})")
+                            f"({type(e).__name__}: {str(e).splitlines()[0]})") from e
     files = sorted(d.glob("*.safetensors"))
     if not files:
         raise _core.Refused(f"adopt: {path}: no .safetensors files")
@@ -281,8 +302,9 @@ def _ct_checkpoint(path: str) -> tuple[Any, dict[str, dict[str, torch.Tensor]]]:
                     if leaf in _CT_PARTS:
                         parts.setdefault(prefix, {})[leaf] = st.get_tensor(key)
         except Exception as e:  # safetensors raises SafetensorError, OSError...
+            first = str(e).splitlines()[0] if str(e) else ""
             raise _core.Refused(f"adopt: {f}: not a readable safetensors file "
-                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+                                f"({type(e).__name__}: {first})") from e
     return config, parts
 
 
@@ -443,7 +465,7 @@ def _ct_sources(model: nn.Module, source: str | None) -> dict[str, _Source]:
                                 f"model was loaded from")
     out: dict[str, _Source] = {}
     for mpath, (scheme, fmt, tensors) in found.items():
-        m = model.get_submodule(mpath)
+        m = cast(Any, model.get_submodule(mpath))
         n, k = m.out_features, m.in_features
         shape = tensors.get("weight_shape")
         if shape is not None and [int(v) for v in shape.tolist()] != [n, k]:
@@ -465,7 +487,7 @@ def _check_conversion(sources: dict[str, _Source], model: nn.Module, path: str) 
     for mpath, src in sources.items():
         if src.pack is None:
             continue
-        weight = model.get_submodule(mpath).weight.detach()
+        weight = cast(torch.Tensor, model.get_submodule(mpath).weight).detach()
         stats = src.pack.compare(weight.float() if weight.dtype != torch.float32 else weight)
         err = stats.max_abs_err
         eps = max(src.rounding, torch.finfo(weight.dtype).eps)
@@ -498,9 +520,10 @@ def adopt_prequantized(
 
     source: the checkpoint the model was loaded from: the .gguf file (gguf); the checkpoint
     directory (compressed-tensors), or None when transformers loaded it compressed and the
-    modules still carry their packs (read before the first forward decompresses them). forward: one real call of the host for the
-    dataflow (default: the model on one token). Returns an AdoptionReport; ``explain(report)``
-    prints the plan, ``report.handle`` is the attach handle (ledger, summary, detach)."""
+    modules still carry their packs (read before the first forward decompresses them).
+    forward: one real call of the host for the dataflow (default: the model on one token).
+    Returns an AdoptionReport; ``explain(report)`` prints the plan, ``report.handle`` is the
+    attach handle (ledger, summary, detach)."""
     if fmt not in FORMATS:
         raise ValueError(f"adopt_prequantized: format {fmt!r}; supported: {', '.join(FORMATS)}")
     if source is None and fmt == "gguf":
@@ -530,8 +553,8 @@ def adopt_prequantized(
         adopted = {op: sources[slot.module].pack for op, slot in sp.slots.items()
                    if slot.tensor == "weight" and slot.module in sources
                    and sources[slot.module].pack is not None}
-        swaps[sp.site] = seats.build(model, sp, on_guard_fail=on_guard_fail, adopted=adopted)
-    report = AdoptionReport(fmt, path, plan, None)
+        swaps[sp.site] = seats.build(model, sp, adopted=adopted)
+    report = AdoptionReport(fmt, path, plan, None, host=type(model).__name__)
     for sp in plan.seats:
         for slot in sp.slots.values():
             if slot.module in conversion:
@@ -540,6 +563,7 @@ def adopt_prequantized(
     if swaps:
         notes = notes_of(plan)
         notes["adoption"] = report.summary()
+        notes.update(door="adopt_prequantized", measurements=report.measurements())
         report.handle = swap.attach(model, swaps, on_guard_fail=on_guard_fail, notes=notes)
     elif verbose:
         log.warning("[flashrt] adopt: 0 seats, %d refused — host runs unmodified",

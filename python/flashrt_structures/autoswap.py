@@ -6,8 +6,9 @@ until `swap.attach(model, plan.swaps)`."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from torch import nn
 
@@ -28,7 +29,8 @@ class AutoPlan:
     def attach(self, model: nn.Module, *, on_guard_fail: str = "fallback") -> swap.AttachHandle:
         if not self.swaps:
             raise ValueError("flashrt: no swaps in this plan (every seam kept at host or refused)")
-        return swap.attach(model, self.swaps, on_guard_fail=on_guard_fail, notes=self.notes)
+        return swap.attach(model, self.swaps, on_guard_fail=on_guard_fail,
+                           notes={**self.notes, "door": "auto_swaps"})
 
 
 def build_swaps(model: nn.Module, plan: _core.Plan) -> dict[str, SeatModule]:
@@ -76,13 +78,17 @@ def plan_observed(model: nn.Module, graph: _core.HostGraph, *,
                     core_plan)
 
 
-def explain(plan: Any) -> str:
+def explain(plan: Any, verbose: bool = False) -> str:
     """Every seat, keep-at-host and refusal with its reason, and the counts. Takes an AutoPlan,
-    a core Plan, a DecodePlan or a DecodeLoop (whose plan it prints)."""
+    an AdoptionReport, a core Plan, a DecodePlan or a DecodeLoop (whose plan it prints).
+
+    Entries that differ only by one index of their path are written once with the index set and
+    their count (``model.layers.{0..29}.mlp  decoder_ffn ... -> ffn_q4_1 (...)  x30``; the core
+    groups them, Note [Explain groups]); ``verbose=True`` lists each on its own line."""
     plan = getattr(plan, "plan", plan)  # a DecodeLoop carries its DecodePlan
     if isinstance(plan, _core.DecodePlan):
-        return _core.explain_decode(plan)
-    return _core.explain(getattr(plan, "core", plan))
+        return _core.explain_decode(plan, verbose)
+    return _core.explain(getattr(plan, "core", plan), verbose)
 
 
 def list_schemes() -> list[str]:

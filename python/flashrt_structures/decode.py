@@ -14,23 +14,24 @@ when decode_loop() is called is what the loop runs.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 from torch import nn
 
-from . import _core, catalog
+from . import _core, catalog, swap
+from . import receipt as receipts
 from .observe import describe_tree
 from .seats import PackLead, PackMember, SeatModule
 
 Refused = _core.Refused
 BINDING = "llama_decode"
-SELF_CHECK_TOKENS = 8
-SELF_CHECK_AGREEMENT = 0.75
 
 
-def _refuse(why: str) -> None:
+def _refuse(why: str) -> NoReturn:
     raise Refused(f"decode_loop: {why}")
 
 
@@ -66,6 +67,17 @@ class DecodeLoop:
     _keep: list[Any] = field(default_factory=list, repr=False)  # borrowed tensors and seats
     timing: dict[str, float] = field(default_factory=dict)
     plan: Any = field(default=None, repr=False)  # the core's DecodePlan (explain() prints it)
+    # What the self-check against the host measured before the loop was handed out (receipts).
+    self_check: dict[str, Any] = field(default_factory=dict)
+
+    def receipt(self) -> dict[str, Any]:
+        """The decode plan, the self-check's figures, the last run's timings, the ledger of the
+        seats attached on the host, and the environment lock (docs/receipts.md)."""
+        return receipts.of_decode(self, swap._active(self.model))
+
+    def save_receipt(self, directory: str | Path) -> Path:
+        """Writes receipt() to `directory`/receipt.json (the folder is created); its path."""
+        return receipts.save(self.receipt(), directory)
 
     def _check(self, input_ids: torch.Tensor, new: int) -> list[int]:
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
@@ -108,8 +120,8 @@ class DecodeLoop:
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
                  eos_token_id: int | list[int] | None = None,
                  streamer: Streamer = None) -> torch.Tensor:
-        """Prefill (in the core, blocks of 16 prompt rows) then greedy decode, like the host's greedy
-        generate: stops after max_new_tokens or at a stop token (eos_token_id, default the
+        """Prefill (in the core, blocks of 16 prompt rows) then greedy decode, like the host's
+        greedy generate: stops after max_new_tokens or at a stop token (eos_token_id, default the
         generation config's). streamer: a callable taking each new token id, or a transformers
         streamer (put/end). Returns [1, prompt + new]."""
         tokens = self._check(input_ids, max_new_tokens)
@@ -148,6 +160,15 @@ class DecodeLoop:
         tokens = self._check(ids, 1)
         return [self.program.step(tok, pos) for pos, tok in enumerate(tokens)]
 
+    def teacher_forced_logits(self, ids: torch.Tensor) -> list[Any]:
+        """The loop's logits after each prefix of ids (fed the given tokens), one array each."""
+        tokens = self._check(ids, 1)
+        out = []
+        for pos, tok in enumerate(tokens):
+            self.program.step(tok, pos)
+            out.append(self.program.logits().copy())
+        return out
+
     def score(self, ids: torch.Tensor) -> tuple[list[float], list[int]]:
         """Teacher-forced through the loop: for each position t < len-1, the negative log-
         likelihood of ids[t+1] and the loop's argmax (perplexity = exp(mean nll))."""
@@ -170,70 +191,53 @@ def plan_decode(model: nn.Module, max_len: int, binding: str = BINDING) -> _core
     return _core.plan_decode(graph, catalog.shipped(), binding, max_len)
 
 
-def _tensor(model: nn.Module, path: str) -> Any:
-    """What the program reads at a slot: a seat's core object, or the host's own weight (also
-    under a packed seat's module, whose core seat computes several projections)."""
+def _standing(model: nn.Module, path: str) -> tuple[Any, Any]:
+    """What stands at a module the plan names: (a seat's core object, None), the host's own
+    (weight, bias) (also under a packed seat's module, whose core seat computes several
+    projections), or (None, None) for a module with no weight (a rotary, an activation)."""
     module = model.get_submodule(path)
     if isinstance(module, (PackLead, PackMember)):
         module = module.host
     if isinstance(module, SeatModule):
-        return module.seat
-    return module.weight.detach()
-
-
-def _bias(model: nn.Module, path: str) -> Any:
-    module = model.get_submodule(path)
-    if isinstance(module, (PackLead, PackMember)):
-        module = module.host
-    bias = None if isinstance(module, SeatModule) else getattr(module, "bias", None)
-    return None if bias is None else bias.detach()
+        return module.seat, None
+    weight = getattr(module, "weight", None)
+    bias = getattr(module, "bias", None)
+    return (weight.detach() if isinstance(weight, torch.Tensor) else None,
+            bias.detach() if isinstance(bias, torch.Tensor) else None)
 
 
 def decode_loop(model: nn.Module, max_len: int) -> DecodeLoop:
     """Builds the loop over `model` as it stands (host weights, or seated impls where attached).
     Raises Refused naming what it cannot cover; the host is never modified."""
-    if max_len < SELF_CHECK_TOKENS:
-        raise ValueError(f"decode_loop: max_len {max_len} < {SELF_CHECK_TOKENS}")
+    probe = catalog.shipped().decode_self_check.probe_tokens
+    if max_len < probe:
+        raise ValueError(f"decode_loop: max_len {max_len} < {probe} (the self-check's probe)")
     plan = plan_decode(model, max_len)
     if not plan.ok:
         _refuse(plan.refused[0][1])
-    keep: list[Any] = []
-    specs = []
-    for layer in plan.layers:
-        spec: dict[str, Any] = {}
-        for name in ("input_norm", "post_norm", "q_norm", "k_norm"):
-            if name in layer.slots:
-                spec[name] = _tensor(model, layer.slots[name])
-        for name in ("q", "k", "v", "o"):
-            spec[name], spec[f"{name}_bias"] = (_tensor(model, layer.slots[name]),
-                                                _bias(model, layer.slots[name]))
-        if layer.mlp_seated:
-            spec["ffn"] = _tensor(model, layer.slots["mlp"])
-        else:
-            for name in ("gate", "up", "down"):
-                spec[name] = _tensor(model, layer.slots[name])
-            spec["act"] = layer.activation
-        specs.append(spec)
-        keep.append(spec)
-    embed_w = model.get_submodule(plan.embed).weight.detach()
-    final_w = _tensor(model, plan.stack["final_norm"])
-    head_w = _tensor(model, plan.head)
-    program = _core.make_decode_program(plan.config, embed_w, final_w, head_w, specs)
-    loop = DecodeLoop(model, program, max_len, plan.seated, [embed_w, final_w, head_w, *keep],
-                      plan=plan)
+    tensors = _core.DecodeTensors(plan)  # Note [Decode tensors] in bind_decode.cpp
+    for path in tensors.paths():
+        tensors.put(path, *_standing(model, path))
+    program = _core.make_decode_program(plan, tensors)
+    loop = DecodeLoop(model, program, max_len, plan.seated, [tensors], plan=plan)
     _self_check(loop, plan.config.vocab)
     return loop
 
 
 def _self_check(loop: DecodeLoop, vocab: int) -> None:
-    """Teacher-forced agreement with the host on a probe: the declaration that the loop computes
-    this host is checked before anyone relies on it."""
-    probe = torch.randint(0, vocab, (1, SELF_CHECK_TOKENS), generator=torch.Generator().manual_seed(3))
+    """Teacher-forced against the host on a probe of random tokens, the loop's logits and the
+    host's at every position: the declaration that the loop computes this host is checked before
+    anyone relies on it. The core judges (gates.yaml self_checks.decode_loop): values and
+    argmaxes."""
+    spec = catalog.shipped().decode_self_check
+    probe = torch.randint(0, vocab, (1, spec.probe_tokens),
+                          generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        host = loop.model(probe).logits[0].argmax(-1).tolist()
-    mine = loop.teacher_forced(probe)
-    agree = sum(a == b for a, b in zip(mine, host)) / len(host)
-    if agree < SELF_CHECK_AGREEMENT:
-        _refuse(f"self-check against the host: teacher-forced agreement {agree:.2f} on a "
-                f"{SELF_CHECK_TOKENS}-token probe (< {SELF_CHECK_AGREEMENT}); this stack computes "
-                "something the loop does not")
+        host = loop.model(probe).logits[0].float().contiguous()
+    mine = torch.stack([torch.from_numpy(row) for row in loop.teacher_forced_logits(probe)])
+    verdict = _core.judge_self_check(spec, mine, host)
+    loop.self_check = {"tokens": verdict.positions, "agreement": verdict.top1_agreement,
+                       "threshold": spec.top1_agreement, "min_cosine": verdict.min_cosine,
+                       "cosine_floor": spec.logits_cosine, "verdict": verdict.text}
+    if not verdict.passed:
+        _refuse(verdict.text)

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import _core, catalog, swap
+from . import receipt as receipts
 from .autoswap import plan_observed
 from .observe import Forward, normalise_forwards, observe
 
@@ -68,12 +71,27 @@ def _time(fn: Callable[[], Any], iters: int) -> float:
 
 @dataclass
 class FrontDoorResult:
-    """What attach() returns: the active handle (or none), per-unit figures, and the receipt."""
+    """What attach() returns: the active handle (or none), per-unit figures, and the receipt:
+    `receipt` reads as the gate's record (a dict); `receipt()` builds the full receipt, with the
+    ledger as it stands then, and `save_receipt(dir)` writes it (docs/receipts.md)."""
 
     handle: swap.AttachHandle | None
     units: dict[str, dict[str, Any]]
     notes: dict[str, Any]
     receipt: dict[str, Any] = field(default_factory=dict)
+    host: str = ""  # the host's class name, for a receipt with no handle
+
+    def __post_init__(self) -> None:
+        self.receipt = receipts.GateRecord(self.receipt, self._full_receipt)
+
+    def _full_receipt(self) -> dict[str, Any]:
+        if self.handle is not None:  # its notes carry the door and the units (attach below)
+            return self.handle.receipt()
+        return receipts.of_gated(None, self.notes, self.host, _measurements(self.receipt))
+
+    def save_receipt(self, directory: str | Path) -> Path:
+        """Writes receipt() to `directory`/receipt.json (the folder is created); its path."""
+        return receipts.save(self._full_receipt(), directory)
 
     @property
     def active(self) -> bool:
@@ -95,6 +113,11 @@ class FrontDoorResult:
     def detach(self) -> None:
         if self.handle is not None:
             self.handle.detach()
+
+
+def _measurements(record: dict[str, Any]) -> dict[str, Any]:
+    """What the gated door measured, for its receipt (the environment holds the versions)."""
+    return {k: v for k, v in record.items() if k != "torch"}
 
 
 def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: Forward,
@@ -132,11 +155,6 @@ def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: For
             "verdict": verdict}
 
 
-def _overlaps(path: str, taken: Iterable[str]) -> bool:
-    """Whether a module path is, holds or sits inside one already seated."""
-    return any(path == t or path.startswith(t + ".") or t.startswith(path + ".") for t in taken)
-
-
 def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
            structures: Iterable[str] | None = None, scheme: str = "auto",
            output: Forward | None = None, floors: dict[str, float] | None = None,
@@ -165,63 +183,43 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     graph = observe(model, forwards)
 
     tried: dict[str, dict[str, dict[str, Any]]] = {}  # unit -> scheme -> its figures
-    best: dict[str, tuple[str, Any, dict[str, Any]]] = {}  # unit -> (scheme, verdict, swaps)
-    paths: dict[str, set[str]] = {}  # unit -> every module some candidate seats for it
-    why_not: dict[str, list[str]] = {}  # module -> each plan's refusal of it
+    held: dict[str, dict[str, Any]] = {}  # unit -> the swaps of its best candidate so far
+    arbiter = _core.UnitArbiter(bool(gated))  # the core decides (Note [Unit arbitration])
     plan_notes: dict[str, dict[str, Any]] = {}
     for name in gated or [scheme]:
         plan = plan_observed(model, graph, structures=structures, scheme=name)
         plan_notes[name] = plan.notes
         for path, reason in plan.notes["refused"]:
-            why_not.setdefault(path, []).append(f"{name}: {reason}" if gated else reason)
+            arbiter.plan_refused(name, path, reason)
         by_unit: dict[str, dict[str, Any]] = {}
         for path, seat in plan.swaps.items():
             by_unit.setdefault(seat.seat.form.structure, {})[path] = seat
         for unit, swaps in by_unit.items():
-            paths.setdefault(unit, set()).update(swaps)
             t = _measure_unit(model, swaps, unit, score, want, kind, rounds, iters, min_speedup,
                               floors)
             tried.setdefault(unit, {})[name] = t
-            v = t["verdict"]
-            if v is None:
-                continue
-            if gated:  # the faster of the best so far and this one, if either passes
-                held = [best[unit][1]] if unit in best else []
-                pick = _core.pick_candidate(held + [v])
-                if pick == len(held):
-                    best[unit] = (name, v, swaps)
-            elif v.decision == _core.UnitDecision.activated:
-                best[unit] = (name, v, swaps)
+            if arbiter.offer(unit, name, t["verdict"], t["decision"], sorted(swaps)):
+                held[unit] = swaps  # the previous best's packs go with it
         del plan  # a losing candidate's packs go now
 
+    settled = arbiter.settle()
     units: dict[str, dict[str, Any]] = {}
     winners: dict[str, Any] = {}
     chosen: dict[str, str] = {}
-    refused: list[tuple[str, str]] = []
-    for unit, by_scheme in tried.items():
-        kept = best.get(unit)
-        shown = {k: v for k, v in by_scheme[kept[0] if kept else next(iter(by_scheme))].items()
-                 if k != "verdict"}
+    for outcome in settled.units:
+        by_scheme = tried[outcome.unit]
+        shown_scheme = outcome.scheme if outcome.kept else next(iter(by_scheme))
+        shown = {k: v for k, v in by_scheme[shown_scheme].items() if k != "verdict"}
         if gated:
             shown["candidates"] = {n: {k: v for k, v in t.items() if k != "verdict"}
                                    for n, t in by_scheme.items()}
-            if kept is None:
-                shown["decision"] = "refused: no candidate passed (" + "; ".join(
-                    f"{n}: {t['decision']}, parity {t['parity']['band']}"
-                    for n, t in by_scheme.items()) + ")"
-        shown["scheme"] = kept[0] if kept else None
-        if kept is not None and any(_overlaps(p, winners) for p in kept[2]):
-            shown["decision"] = "refused: its modules are seated by another unit"
-            kept = None
-        units[unit] = shown
-        if kept is None:
-            refused.extend((p, f"{unit} unit {shown['decision']}") for p in sorted(paths[unit]))
-            continue
-        winners.update(kept[2])
-        chosen[unit] = kept[0]
-    seated_or_decided = set(winners) | {p for p, _ in refused}
-    refused += [(p, "; ".join(reasons)) for p, reasons in why_not.items()
-                if p not in seated_or_decided]
+        shown["scheme"] = outcome.scheme if outcome.kept else None
+        shown["decision"] = outcome.decision
+        units[outcome.unit] = shown
+        if outcome.kept:
+            winners.update(held[outcome.unit])
+            chosen[outcome.unit] = outcome.scheme
+    refused: list[tuple[str, str]] = [(site, why) for site, why in settled.refused]
 
     first = plan_notes[gated[0] if gated else scheme]
     notes = dict(first)
@@ -252,4 +250,6 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     receipt = {"scheme": notes["scheme"], "output_kind": kind.name, "units": units,
                "floors": floors, "min_speedup": min_speedup, "rounds": rounds,
                "torch": torch.__version__}
-    return FrontDoorResult(handle, units, notes, receipt)
+    if handle is not None:  # handle.receipt() is this door's receipt
+        handle.notes.update(door="attach", measurements=_measurements(receipt))
+    return FrontDoorResult(handle, units, notes, receipt, host=type(model).__name__)

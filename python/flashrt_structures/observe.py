@@ -9,7 +9,8 @@ model names; the planner in the core does the matching.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import torch
 from torch import nn
@@ -68,10 +69,10 @@ def measure_activation(module: nn.Module) -> _core.Activation | None:
     return _core.Activation.unknown
 
 
-def measure_norm(module: nn.Module) -> tuple[int, dict[str, str]] | None:
-    """(width, {"form", "eps"}) for a leaf module with a 1-D weight that normalises its input's
-    last dimension, by evaluating it: "rms" is x·w/rms(x), "rms_one_plus" x·(1+w)/rms(x), "other"
-    anything else it computes over that width. None when the module is not such a leaf."""
+def measure_norm(module: nn.Module) -> tuple[int, _core.NormFacts] | None:
+    """(width, its form and epsilon) for a leaf module with a 1-D weight that normalises its
+    input's last dimension, by evaluating it: rms is x·w/rms(x), rms_one_plus x·(1+w)/rms(x),
+    other anything else it computes over that width. None when the module is not such a leaf."""
     w = getattr(module, "weight", None)
     if (not isinstance(w, torch.Tensor) or w.dim() != 1 or any(True for _ in module.children())
             or w.dtype not in _DTYPES or w.device.type != "cpu"):
@@ -91,13 +92,14 @@ def measure_norm(module: nn.Module) -> tuple[int, dict[str, str]] | None:
     with torch.no_grad():
         p = probe.float()
         normed = p * torch.rsqrt(p.pow(2).mean(-1, keepdim=True) + eps)
-        forms = {"rms": normed * w.float(), "rms_one_plus": normed * (1.0 + w.float())}
-    form = "other"
+        forms = {_core.NormForm.rms: normed * w.float(),
+                 _core.NormForm.rms_one_plus: normed * (1.0 + w.float())}
+    form = _core.NormForm.other
     for name, want in forms.items():
         if torch.allclose(got.float(), want, rtol=1e-4, atol=1e-5):
             form = name
             break
-    return width, {"form": form, "eps": repr(float(eps))}
+    return width, _core.NormFacts(form, float(eps))
 
 
 def _wrapped_linear(mod: nn.Module) -> nn.Linear | None:
@@ -129,9 +131,9 @@ def _bare_leaf(mod: nn.Module) -> bool:
             and not any(True for _ in mod.parameters(recurse=False)))
 
 
-def measure_bare_norm(x: torch.Tensor, out: torch.Tensor, eps: float) -> str | None:
+def measure_bare_norm(x: torch.Tensor, out: torch.Tensor, eps: float) -> _core.NormForm | None:
     """What a parameter-free module computed on one observed call when it normalises the last
-    dimension: "layer" (x - mean) / std, "rms" x / rms(x); None otherwise. Read on up to 64 rows."""
+    dimension: layer (x - mean) / std, rms x / rms(x); None otherwise. Read on up to 64 rows."""
     if (out is x or out.shape != x.shape or x.dim() < 2 or x.shape[-1] < 2
             or not x.is_floating_point() or not out.is_floating_point()):
         return None
@@ -141,8 +143,9 @@ def measure_bare_norm(x: torch.Tensor, out: torch.Tensor, eps: float) -> str | N
         if torch.equal(xs, got):
             return None
         tol = 1e-3 if out.dtype == torch.float32 else 3e-2
-        forms = {"layer": torch.nn.functional.layer_norm(xs, xs.shape[-1:], eps=eps),
-                 "rms": xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)}
+        forms = {_core.NormForm.layer: torch.nn.functional.layer_norm(xs, xs.shape[-1:],
+                                                                        eps=eps),
+                 _core.NormForm.rms: xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)}
         for name, want in forms.items():
             if torch.allclose(got, want, atol=tol, rtol=tol):
                 return name
@@ -195,34 +198,42 @@ def _rows(t: torch.Tensor) -> int:
     return math.prod(t.shape[:-1]) if t.dim() >= 1 else 1
 
 
-def _rope_type(config: object) -> str:
+def _rope_name(config: object) -> str:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     if not params:
         return "default"
     return str(params.get("rope_type", params.get("type", "default")))
 
 
-def config_attributes(model: nn.Module) -> dict[str, str]:
+def config_facts(model: nn.Module) -> _core.HostConfig:
     """What the host's configuration declares that the structure of its modules cannot show:
     head counts, the rotary form, a sliding window that applies."""
-    cfg = getattr(model, "config", None)
-    out: dict[str, str] = {}
+    facts = _core.HostConfig()
     first = next(iter(model.parameters()), None)
     if first is not None:
-        out["dtype"] = str(first.dtype)
+        facts.dtype = dtype_of(first.dtype)
+    cfg = getattr(model, "config", None)
     if cfg is None:
-        return out
+        return facts
     for key, name in (("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"),
                       ("head_dim", "head_dim"), ("intermediate", "intermediate_size")):
         value = getattr(cfg, name, None)
         if isinstance(value, int):
-            out[key] = str(value)
-    out["rope_type"] = _rope_type(cfg)
+            setattr(facts, key, value)
+    facts.rope_name = _rope_name(cfg)
+    facts.rope = _core.RopeKind.__members__.get(facts.rope_name, _core.RopeKind.other)
+    params = getattr(cfg, "rope_parameters", None) or {}
+    partial = getattr(cfg, "partial_rotary_factor", None)
+    if partial is None and isinstance(params, dict):
+        partial = params.get("partial_rotary_factor")
+    if isinstance(partial, (int, float)):
+        facts.partial_rotary_factor = float(partial)
     window = getattr(cfg, "sliding_window", None)
     sliding = getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (
         getattr(cfg, "layer_types", None) or [])
-    out["sliding_window"] = str(window) if window and sliding else ""
-    return out
+    if isinstance(window, int) and window > 0 and sliding:
+        facts.sliding_window = window
+    return facts
 
 
 def engine_projection(mod: nn.Module) -> bool:
@@ -257,7 +268,7 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.kind = _core.ModuleKind.module
         hm.in_features, hm.out_features = form.width, form.out
         hm.has_bias = getattr(mod.host, "bias", None) is not None
-        hm.attributes = {"seated": form.op.name}
+        hm.seated = form.op
         return hm, False
     if isinstance(mod, nn.Linear):
         hm.kind = _core.ModuleKind.linear
@@ -268,7 +279,7 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.weight_id = mod.weight.data_ptr()
         return hm, True
     if engine_projection(mod):
-        w = mod.weight
+        w = cast(torch.Tensor, mod.weight)
         hm.kind = _core.ModuleKind.linear
         hm.out_features, hm.in_features = w.shape
         # A bias the layer hands back (skip_bias_add) is added by its caller, not by the layer.
@@ -291,16 +302,18 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     if (norm := measure_norm(mod)) is not None:
         hm.kind = _core.ModuleKind.norm
         hm.in_features = norm[0]
-        hm.weight_dtype = dtype_of(mod.weight.dtype)
-        hm.attributes = norm[1]
+        hm.weight_dtype = dtype_of(cast(torch.Tensor, mod.weight).dtype)
+        hm.norm = norm[1]
         return hm, False
     hm.kind = _core.ModuleKind.module
     if _wrapped_linear(mod) is not None:
         return hm, True  # observed: it is an activation node if its call shows one
     inv_freq = getattr(mod, "inv_freq", None)  # a rotary embedding's own frequencies
     if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
-        hm.values = inv_freq.detach().float().tolist()
-        hm.attributes = {"attention_scaling": repr(float(getattr(mod, "attention_scaling", 1.0)))}
+        rotary = _core.RotaryFacts()
+        rotary.inv_freq = inv_freq.detach().float().tolist()
+        rotary.attention_scaling = float(getattr(mod, "attention_scaling", 1.0))
+        hm.rotary = rotary
     # Observed: a norm without affine if its call shows one; a container, whose calls show whether
     # it computes exactly a region of its children (the planner's Note [Enclosing site]).
     return hm, _bare_leaf(mod) or bool(hm.children)
@@ -317,7 +330,7 @@ def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn
         if hook:
             hooked.append((path, mod))
     graph.modules = modules
-    graph.attributes = config_attributes(model)
+    graph.config = config_facts(model)
     get_out = getattr(model, "get_output_embeddings", None)
     get_in = getattr(model, "get_input_embeddings", None)
     graph.output_head = _path_of(model, get_out()) if callable(get_out) else ""
@@ -348,7 +361,8 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
     # Norms without affine (parameter-free modules measured on their calls) and the modulation
     # of their outputs: which projection inputs are n*scale + shift of a norm's output n.
     bare = {path for path, mod in hooked if _bare_leaf(mod) and measure_activation(mod) is None}
-    norms: dict[str, str | None] = {}  # bare path -> measured form (None once a call is not one)
+    # bare path -> measured form (None once a call is not one)
+    norms: dict[str, _core.NormForm | None] = {}
     norm_outs: list[tuple[str, torch.Tensor]] = []  # recent norm outputs, newest last
     modulated: dict[int, tuple[int, str] | None] = {}  # id(x) -> (id(n), norm path)
     returned: dict[int, tuple[str, int]] = {}  # id(first output) -> (module path, outputs)
@@ -398,7 +412,8 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
                     calls.append(host_call(path, x, output))
                 return
             output = _first_tensor(output)
-            if not args or not isinstance(args[0], torch.Tensor) or not isinstance(output, torch.Tensor):
+            if (not args or not isinstance(args[0], torch.Tensor)
+                    or not isinstance(output, torch.Tensor)):
                 return
             x = args[0]
             last_out[id(mod)] = output
@@ -409,7 +424,7 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
                 inner = last_out.get(id(inner_mod))
                 act = None if inner is None else measure_wrapped(inner, output)
                 wrapped[path] = act if wrapped.get(path, act) == act else None
-                if act is None:
+                if act is None or inner is None:
                     return
                 x = inner
             keep.extend((x, output))
@@ -434,13 +449,12 @@ def record_calls(graph: _core.HostGraph, hooked: list[tuple[str, nn.Module]],
     if any(act is not None for act in wrapped.values()) or any(norms.values()):
         modules = list(graph.modules)
         for hm in modules:
-            if wrapped.get(hm.path) is not None:
+            if (wrapped_act := wrapped.get(hm.path)) is not None:
                 hm.kind = _core.ModuleKind.activation
-                hm.activation = wrapped[hm.path]
-            if norms.get(hm.path) is not None:
+                hm.activation = wrapped_act
+            if (norm_form := norms.get(hm.path)) is not None:
                 hm.kind = _core.ModuleKind.norm
-                hm.attributes = {"form": norms[hm.path], "affine": "none",
-                                 **({"modulation": where[hm.path]} if hm.path in where else {})}
+                hm.norm = _core.NormFacts(norm_form, 0.0, False, where.get(hm.path, ""))
         graph.modules = modules
     graph.calls = list(graph.calls) + calls
 

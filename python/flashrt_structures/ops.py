@@ -7,13 +7,13 @@ it rather than being copied into shape.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import torch
 
 from . import _core
 
-PackedLinear = _core.PackedLinear
+PackedLinear: TypeAlias = _core.PackedLinear
 Activation = Literal["silu", "gelu_tanh"]
 
 
@@ -88,6 +88,7 @@ def linear_refusal(x: torch.Tensor, w: PackedLinear, out: torch.Tensor) -> str:
     return _core.linear_refusal(x.detach(), w, out)
 
 
-def read_bandwidth_gbps(nbytes: int = 512 << 20, threads: int | None = None, repeats: int = 5) -> float:
+def read_bandwidth_gbps(nbytes: int = 512 << 20, threads: int | None = None,
+                        repeats: int = 5) -> float:
     """Best streaming read rate of this machine in GB/s over a buffer far larger than the caches."""
     return _core.measure_read_bandwidth(nbytes, threads or _core.num_threads(), repeats)

@@ -14,14 +14,18 @@ import itertools
 import threading
 import warnings
 import weakref
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from . import _core
 
-RAN, BAND, FALLBACK, RESTORE, RAISE = 0, 1, 2, 3, 4
+# The core's verdicts (seat.h) as the ints the hot path compares (one definition: the binding).
+RAN, BAND, FALLBACK, RESTORE, RAISE = (v.value for v in (
+    _core.Verdict.ran, _core.Verdict.band, _core.Verdict.fallback, _core.Verdict.restore,
+    _core.Verdict.raise_))
 
 # Note [Seats in a compiled graph]: under torch.compile a seat's call is the custom op
 # flashrt::seat(x, seat_id), opaque to dynamo and AOT autograd (its fake kernel gives the output's
@@ -34,9 +38,9 @@ RAN, BAND, FALLBACK, RESTORE, RAISE = 0, 1, 2, 3, 4
 # compiled graph keeps calling the op after detach(): the op then runs the host module (bit
 # identical to the host), since the graph cannot be told its modules changed.
 # seat id -> seat module while attached; weak, so a model dropped while attached is freed.
-_SEATS: dict[int, "weakref.ref[SeatModule]"] = {}
+_SEATS: dict[int, weakref.ref[SeatModule]] = {}
 # seat id -> the host module it stood for, once detached; weak, so a dropped model is freed.
-_DETACHED: dict[int, "weakref.ref[nn.Module]"] = {}
+_DETACHED: dict[int, weakref.ref[nn.Module]] = {}
 _OUT_WIDTH: dict[int, int] = {}
 _IDS = itertools.count(1)
 
@@ -47,8 +51,8 @@ def _seat_kernel(x: torch.Tensor, seat_id: int) -> torch.Tensor:
     seat = ref() if ref is not None else None
     if seat is not None:
         return seat._contract_call(x)
-    ref = _DETACHED.get(seat_id)
-    host = ref() if ref is not None else None
+    host_ref = _DETACHED.get(seat_id)
+    host = host_ref() if host_ref is not None else None
     if host is None:
         raise RuntimeError(f"flashrt: seat {seat_id} was released; this compiled graph predates "
                            "it (torch._dynamo.reset() and compile again)")
@@ -88,6 +92,12 @@ def refusing(what: str) -> Callable:
 
 class SeatModule(nn.Module):
     """A seated region: the core seat, the host module, and the miss path."""
+
+    # The planned seat it was built from (its kernel package, ladder, the modules it computes),
+    # where the builder kept it: what a receipt names.
+    plan: _core.SeatPlan | None = None
+    _host: nn.Module  # set with object.__setattr__: not a registered child
+    certification: dict[str, Any]  # set by Structure.bind
 
     def __init__(self, site: str, host: nn.Module, seat: _core.Seat) -> None:
         super().__init__()
@@ -261,7 +271,7 @@ class PackLead(SeatModule):
 
     def _ran(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         parts = out.split(self._splits, dim=-1)
-        self._pending.put(x, dict(zip(self._members[1:], parts[1:])))
+        self._pending.put(x, dict(zip(self._members[1:], parts[1:], strict=False)))
         return parts[0]
 
 
@@ -288,22 +298,23 @@ class PackMember(SeatModule):
         return self._miss(verdict, (x,))
 
 
-def build_pack(model: nn.Module, plan: _core.SeatPlan,
-               on_guard_fail: str = "fallback") -> dict[str, SeatModule]:
+def build_pack(model: nn.Module, plan: _core.SeatPlan) -> dict[str, SeatModule]:
     """The seat modules of a packed seat, one per projection it replaces (Note [Packed seats])."""
     tensors = {operand: getattr(model.get_submodule(slot.module), slot.tensor).detach()
                for operand, slot in plan.slots.items()}
-    seat = _core.build_seat(plan, tensors, on_guard_fail=on_guard_fail)
+    seat = _core.build_seat(plan, tensors)  # swap.attach sets its guard mode
     members, pending = list(plan.replaces), _Pending()
     out: dict[str, SeatModule] = {
         members[0]: PackLead(members[0], model.get_submodule(members[0]), seat, members, pending)}
     for i, site in enumerate(members[1:], start=1):
         out[site] = PackMember(site, model.get_submodule(site), _core.member_seat(seat, i, site),
                                pending)
+    for module in out.values():
+        module.plan = plan
     return out
 
 
-def build(model: nn.Module, plan: _core.SeatPlan, on_guard_fail: str = "fallback",
+def build(model: nn.Module, plan: _core.SeatPlan,
           adopted: dict[str, _core.PackedLinear] | None = None) -> SeatModule:
     """The seat module for one planned seat: the host tensor of each operand, read in place, or
     the checkpoint's own pack of it when adopted (which moves into the seat)."""
@@ -313,5 +324,7 @@ def build(model: nn.Module, plan: _core.SeatPlan, on_guard_fail: str = "fallback
             continue
         tensor = getattr(model.get_submodule(slot.module), slot.tensor)
         tensors[operand] = tensor.detach()
-    seat = _core.build_seat(plan, tensors, on_guard_fail=on_guard_fail, adopted=adopted or {})
-    return SeatModule(plan.site, model.get_submodule(plan.site), seat)
+    seat = _core.build_seat(plan, tensors, adopted=adopted or {})  # attach sets its guard mode
+    module = SeatModule(plan.site, model.get_submodule(plan.site), seat)
+    module.plan = plan
+    return module

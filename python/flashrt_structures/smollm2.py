@@ -7,9 +7,11 @@ Nothing is downloaded: the package is installed by scripts/setup.sh (``--no-deps
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import logging
 import math
-import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +37,40 @@ def checkpoint() -> Path:
     return path
 
 
+# Loggers of the bench peers that transformers imports when they are installed: torchao (in
+# .venv for bench/decode.py) logs one warning per CUDA extension a CPU machine cannot load, and
+# its enums registered with torch's pytree make torch log a deprecation warning. Neither is about
+# the load; both are held at ERROR while transformers imports them (see _quiet_peers).
+_PEER_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def _quiet_peers() -> Iterator[None]:
+    saved = {name: logging.getLogger(name).level for name in _PEER_LOGGERS}
+    for name in _PEER_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
 def load() -> tuple[Any, Any]:
-    """(tokenizer, model): the fp32 Llama host transformers builds from the GGUF file."""
+    """(tokenizer, model): the fp32 Llama host transformers builds from the GGUF file.
+
+    transformers' progress bars are off for the load (its own switch). Its GGUF loader's
+    "Converting and de-quantizing" bar is a plain tqdm, which reads TQDM_DISABLE when tqdm is
+    first imported (by ``import torch``): scripts/main.sh sets it for the main job."""
     import warnings
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     path = checkpoint()
-    hf_logging.disable_progress_bar()
-    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's own progress bar
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_peers():
         warnings.simplefilter("ignore")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
                                                      dtype=torch.float32).eval()

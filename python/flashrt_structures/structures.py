@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import functools
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +34,7 @@ class StructureHandle:
             gate_cos = self.spec.gate.pass_
         if not calibration:
             raise ValueError("bind: calibration needs at least one sample")
-        plan = auto_swaps(module, [lambda x=x: module(x) for x in calibration],
+        plan = auto_swaps(module, [functools.partial(module, x) for x in calibration],
                           structures=[self.name], scheme=scheme, min_seat_weights=0)
         bound = plan.swaps.get("")
         if bound is None:
@@ -40,14 +42,14 @@ class StructureHandle:
                 plan.notes["scheme"]["keep_host"].values())
             raise ValueError(f"bind: {type(module).__name__} is not bound as {self.name}: "
                              + ("; ".join(reasons) or "the structure does not describe it"))
-        worst = 1.0
         with torch.no_grad():
-            for x in calibration:
-                m = _core.value_metrics(bound(x).float().contiguous(),
-                                        module(x).float().contiguous())
-                worst = min(worst, m.cosine)
-        if gate_cos > 0 and not worst >= gate_cos:
-            raise GateRefused(f"bind: {self.name} worst cosine {worst:.6f} < gate {gate_cos}")
+            cosines = [_core.value_metrics(bound(x).float().contiguous(),
+                                           module(x).float().contiguous()).cosine
+                       for x in calibration]
+        verdict = _core.judge_certification(cosines, gate_cos)  # the core judges
+        worst = verdict.worst_cosine
+        if not verdict.passed:
+            raise GateRefused(f"bind: {self.name} {verdict.text}")
         bound.certification = {"structure": self.name, "version": self.spec.version,
                                "digest": self.spec.digest, "form": bound.seat.form.describe(),
                                "worst_cos": worst, "samples": len(calibration)}

@@ -5,23 +5,26 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, cast
 
 from torch import nn
 
 from . import _core
+from . import receipt as receipts
 from .seats import SeatModule, refusing
 
 log = logging.getLogger("flashrt")
 
 # Hosts a door has fired on and whose handle is still active (see attached()). The handle is held
 # weakly too: it holds its host, and a strong value would keep the weak key alive for ever.
-_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, weakref.ref[AttachHandle]]" = (
+_ACTIVE: weakref.WeakKeyDictionary[nn.Module, weakref.ref[AttachHandle]] = (
     weakref.WeakKeyDictionary())
 
 
-def _active(model: nn.Module) -> "AttachHandle | None":
+def _active(model: nn.Module) -> AttachHandle | None:
     ref = _ACTIVE.get(model)
     handle = ref() if ref is not None else None
     return handle if handle is not None and handle.active else None
@@ -37,7 +40,7 @@ def _resolve(root: nn.Module, path: str) -> tuple[nn.Module, str, nn.Module]:
     parent = root.get_submodule(parent_path) if parent_path else root
     if name not in parent._modules:
         raise ValueError(f"swap: {path!r} is not a submodule of the host")
-    return parent, name, parent._modules[name]
+    return parent, name, cast(nn.Module, parent._modules[name])
 
 
 @dataclass
@@ -71,12 +74,12 @@ class AttachHandle:
 
     def summary(self) -> dict[str, Any]:
         ledgers = [r.seat.seat.ledger for r in self.records]
-        fallbacks = sum(l.fallbacks for l in ledgers)
+        fallbacks = sum(led.fallbacks for led in ledgers)
         return {
             "seams": sum(1 for r in self.records if not r.restored) if self.active else 0,
-            "guarded_calls": sum(l.calls for l in ledgers),
+            "guarded_calls": sum(led.calls for led in ledgers),
             "fallbacks": fallbacks,
-            "band_dispatches": sum(l.band_dispatches for l in ledgers),
+            "band_dispatches": sum(led.band_dispatches for led in ledgers),
             "restored": sum(1 for r in self.records if r.restored),
             "refused": len(self.notes.get("refused", [])),
             "clean": fallbacks == 0,
@@ -85,12 +88,21 @@ class AttachHandle:
     def report(self) -> list[dict[str, Any]]:
         out = []
         for r in self.records:
-            l, form = r.seat.seat.ledger, r.seat.seat.form
+            led, form = r.seat.seat.ledger, r.seat.seat.form
             out.append({"site": r.site, "structure": form.structure, "impl": form.impl,
-                        "form": form.describe(), "calls": l.calls, "fallbacks": l.fallbacks,
-                        "band_dispatches": l.band_dispatches, "last_reason": l.last_reason,
-                        "reasons": dict(l.reasons), "restored": r.restored})
+                        "form": form.describe(), "calls": led.calls, "fallbacks": led.fallbacks,
+                        "band_dispatches": led.band_dispatches, "last_reason": led.last_reason,
+                        "reasons": dict(led.reasons), "restored": r.restored})
         return out
+
+    def receipt(self) -> dict[str, Any]:
+        """The plan, the door's measurements, the ledger as it stands now and the environment
+        lock, as one JSON-ready dict (docs/receipts.md)."""
+        return receipts.of_handle(self)
+
+    def save_receipt(self, directory: str | Path) -> Path:
+        """Writes receipt() to `directory`/receipt.json (the folder is created); its path."""
+        return receipts.save(self.receipt(), directory)
 
     def raise_on_fallback(self) -> None:
         bad = [f"{r['site']}: {r['fallbacks']} fallbacks, last: {r['last_reason']}"
@@ -134,8 +146,7 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
     """Seats `swaps` ({module path: seat module}) in `root`, all or nothing. `placed` holds seats
     that are not modules of the tree ({site: (seat, place, undo)}): `place()` puts the seat where
     the host calls it, `undo()` restores the host's object; detach runs it like any other."""
-    if on_guard_fail not in ("fallback", "raise"):
-        raise ValueError(f"on_guard_fail {on_guard_fail!r} not in {{'fallback', 'raise'}}")
+    mode = _core.guard_mode(on_guard_fail)  # ValueError outside {'fallback', 'raise'}
     if root.training and not allow_training:
         raise ValueError("flashrt: the host is in training mode; seats serve inference "
                          "(call model.eval() first)")
@@ -155,13 +166,13 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
     try:
         for path, parent, name, original in resolved:
             seat = swaps[path]
-            seat.seat.mode = on_guard_fail
+            seat.seat.mode = mode
             seat._on_restore = handle._restore_one
             parent._modules[name] = seat
             seat.engaged()
             records.append(_Record(path, parent, name, original, seat))
         for site, (seat, place, undo) in placed.items():
-            seat.seat.mode = on_guard_fail
+            seat.seat.mode = mode
             seat._on_restore = handle._restore_one
             place()
             seat.engaged()

@@ -30,12 +30,14 @@ import os
 import sys
 import traceback
 import weakref
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from . import _core, catalog, observe, swap
+from . import receipt as receipts
 from .autoswap import notes_of
 from .seats import SeatModule
 
@@ -49,10 +51,10 @@ PLUGIN_GROUP = "vllm.general_plugins"
 HEAD_ATTR = "lm_head"
 
 # model -> what the hook did to it, in the process that runs the model.
-_DONE: "weakref.WeakKeyDictionary[nn.Module, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_DONE: weakref.WeakKeyDictionary[nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
 _PATCHED: dict[str, Any] = {}
 # Engines that were running, unhooked, when a hook was installed with allow_started=True.
-_ACCEPTED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_ACCEPTED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 # ---------------------------------------------------------------- seats on vLLM's layers
@@ -76,7 +78,7 @@ class EngineSeat(SeatModule):
             return getattr(self.__dict__["_host"], name)
 
     def _miss(self, verdict: int, args: tuple, kwargs: dict | None = None) -> torch.Tensor:
-        return observe._first_tensor(super()._miss(verdict, args, kwargs))
+        return cast(torch.Tensor, observe._first_tensor(super()._miss(verdict, args, kwargs)))
 
     def forward(self, x: torch.Tensor, *args, **kwargs):  # noqa: D102
         out = super().forward(x, *args, **kwargs)
@@ -161,7 +163,7 @@ def _describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[s
     for path, mod in model.named_modules():
         if observe.engine_projection(mod):
             held[path] = {n: t.detach() for n, t in mod._parameters.items() if t is not None}
-    head = _head(model)
+    head: Any = _head(model)  # an engine layer: its weight and quant_method are its own
     if head is not None:
         # A tied head is the embedding module itself: named here by the attribute the logits
         # processor reads, so the head and the lookup are two sites over one weight.
@@ -184,7 +186,7 @@ def _observe(model: nn.Module, graph: _core.HostGraph, hooked: list) -> None:
     from vllm.config import get_current_vllm_config
     from vllm.forward_context import set_forward_context
 
-    head = _head(model)
+    head: Any = _head(model)  # an engine layer: its weight and quant_method are its own
     head_calls: list[_core.HostCall] = []
     keep: list[torch.Tensor] = []
 
@@ -204,7 +206,7 @@ def _observe(model: nn.Module, graph: _core.HostGraph, hooked: list) -> None:
             return out
         head.quant_method = _HeadMethod(method, apply)
         try:
-            model.compute_logits(hidden)
+            cast(Any, model).compute_logits(hidden)
         finally:
             head.quant_method = method
 
@@ -241,7 +243,8 @@ def _build(model: nn.Module, plan: _core.Plan, held: dict[str, dict[str, torch.T
                 head.quant_method = method
             placed[sp.site] = (module, place, undo)
         else:
-            swaps[sp.site] = EngineSeat(sp.site, model.get_submodule(sp.site), seat)
+            module = swaps[sp.site] = EngineSeat(sp.site, model.get_submodule(sp.site), seat)
+        module.plan = sp
     return swaps, placed
 
 
@@ -260,7 +263,8 @@ def _undescribed(model: nn.Module) -> list[tuple[str, str]]:
     out = []
     for path, mod in model.named_modules():
         params = {n: t for n, t in mod._parameters.items() if t is not None}
-        if getattr(mod, "quant_method", None) is None or not params or observe.engine_projection(mod):
+        if (getattr(mod, "quant_method", None) is None or not params
+                or observe.engine_projection(mod)):
             continue
         shapes = ", ".join(f"{n} {list(t.shape)} {str(t.dtype).replace('torch.', '')}"
                            for n, t in params.items())
@@ -317,14 +321,17 @@ def _hooked_load(original):
             if why:
                 refused = [(p, why) for p in sites] or [("", why)]
                 record.update(refused=refused, explain=f"every projection refused: {why}")
-                record["handle"] = swap.attach(model, {}, notes={"refused": refused})
+                record["handle"] = swap.attach(model, {}, notes={"refused": refused,
+                                                                 "door": "vllm_engine"})
                 return
             _observe(model, graph, hooked)
-            sets = {}
+            assert held is not None  # described above: nothing refused the whole engine
+            sets: dict[str, tuple] = {}
             for scheme in [request.get("scheme", "auto")] + list(request.get("alternates") or []):
                 plan = _core.plan(graph, catalog.shipped(), _options(request, scheme))
                 notes = notes_of(plan)
                 notes["refused"] = notes["refused"] + outside
+                notes["door"] = "vllm_engine"
                 sets.setdefault(notes["scheme"]["name"], (plan, *_build(model, plan, held), notes))
             held = None  # the seats hold their packed weights; the host's go with the engine's
             record["sets"] = sets
@@ -369,6 +376,7 @@ def _report_of(model: nn.Module | None) -> dict[str, Any]:
         out["summary"] = handle.summary()
         out["seats_report"] = handle.report()
         out["seats"] = out["summary"]["seams"]
+        out["receipt"] = handle.receipt()
     out["refused"] = [list(r) for r in out.get("refused", [])]
     return out
 
@@ -393,7 +401,8 @@ def _worker_select(worker: Any, scheme: str | None) -> dict[str, Any]:
     runner = getattr(worker, "model_runner", None)
     model = getattr(runner, "model", None)
     record = _DONE.get(model) if model is not None else None
-    if record is None or (scheme is not None and scheme not in record.get("sets", {})):
+    if (model is None or record is None
+            or (scheme is not None and scheme not in record.get("sets", {}))):
         built = sorted(record.get("sets", {})) if record else []
         raise ValueError(f"flashrt: no seat set {scheme!r} was built in this engine "
                          f"(built: {built}; install_load_hook(alternates=...))")
@@ -463,7 +472,8 @@ def install_load_hook(scheme: str = "auto", structures: list[str] | None = None,
     known = set(_core.scheme_names(catalog.shipped())) | {"auto"}
     for name in [scheme, *(alternates or [])]:
         if name not in known:
-            raise ValueError(f"flashrt: unknown scheme {name!r} (known: {', '.join(sorted(known))})")
+            raise ValueError(f"flashrt: unknown scheme {name!r} "
+                             f"(known: {', '.join(sorted(known))})")
     for name in structures or []:
         catalog.load(name)  # KeyError listing the known names
     if _multiprocess() and (why := _plugin_registered()):
@@ -496,12 +506,25 @@ def uninstall_load_hook() -> None:
 def report(llm: Any) -> list[dict[str, Any]]:
     """What the hook did, from each process that runs `llm`'s model (one entry per worker):
     `hooked`, `seats`, `refused` [(site, reason)], `summary` (calls, band dispatches,
-    fallbacks, ...), `seats_report` (per seat), `explain`, or `reason` when it never ran."""
+    fallbacks, ...), `seats_report` (per seat), `explain`, `receipt` (that process's receipt:
+    receipt(llm) gathers them), or `reason` when it never ran."""
     try:
         return list(llm.collective_rpc("flashrt_report"))
     except NotImplementedError:
         return [{"hooked": False, "reason": "the engine's process did not load the flashrt plugin "
                  f"({_plugin_registered() or 'it was installed after the engine started'})"}]
+
+
+def receipt(llm: Any) -> dict[str, Any]:
+    """The receipt of `llm`'s seats (docs/receipts.md): the plan and the ledger of the process
+    that runs its model (its first worker; `workers` holds each one's), and that process's
+    environment lock. A worker where the hook never ran is listed with its reason."""
+    return receipts.of_workers(report(llm))
+
+
+def save_receipt(llm: Any, directory: str | Path) -> Path:
+    """Writes receipt(llm) to `directory`/receipt.json (the folder is created); its path."""
+    return receipts.save(receipt(llm), directory)
 
 
 def select(llm: Any, scheme: str | None) -> list[dict[str, Any]]:
@@ -517,5 +540,5 @@ def attached(llm: Any) -> bool:
     return bool(reports) and all(r.get("hooked") and r.get("active") for r in reports)
 
 
-__all__ = ["ENV", "EngineSeat", "attached", "install_load_hook", "report", "select",
-           "uninstall_load_hook"]
+__all__ = ["ENV", "EngineSeat", "attached", "install_load_hook", "receipt", "report",
+           "save_receipt", "select", "uninstall_load_hook"]

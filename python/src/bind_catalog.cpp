@@ -110,6 +110,11 @@ void bind_catalog(nb::module_& m) {
       .def_ro("pass_", &OutputBand::pass)
       .def_ro("warn", &OutputBand::warn);
 
+  nb::class_<SelfCheckSpec>(m, "SelfCheckSpec")
+      .def_ro("probe_tokens", &SelfCheckSpec::probe_tokens)
+      .def_ro("top1_agreement", &SelfCheckSpec::top1_agreement)
+      .def_ro("logits_cosine", &SelfCheckSpec::logits_cosine);
+
   nb::class_<BindingSlot>(m, "BindingSlot")
       .def_ro("name", &BindingSlot::name)
       .def_ro("path", &BindingSlot::path)
@@ -122,7 +127,9 @@ void bind_catalog(nb::module_& m) {
       .def_ro("stack", &BindingSpec::stack)
       .def_ro("layer", &BindingSpec::layer)
       .def_ro("fused_forms", &BindingSpec::fused_forms)
-      .def_ro("attributes", &BindingSpec::attributes);
+      .def_ro("norm_forms", &BindingSpec::norm_forms)
+      .def_ro("activations", &BindingSpec::activations)
+      .def_ro("rope_kinds", &BindingSpec::rope_kinds);
 
   nb::class_<Catalog>(m, "Catalog")
       .def("names", &Catalog::names)
@@ -131,6 +138,8 @@ void bind_catalog(nb::module_& m) {
       .def_prop_ro("schemes", &Catalog::schemes, nb::rv_policy::reference_internal)
       .def("ladder", &Catalog::ladder, nb::arg("structure"), nb::rv_policy::reference_internal)
       .def("band", &Catalog::band, nb::arg("kind"), nb::rv_policy::reference_internal)
+      .def_prop_ro("decode_self_check", &Catalog::decode_self_check,
+                   nb::rv_policy::reference_internal)
       .def("binding", &Catalog::binding, nb::arg("name"), nb::rv_policy::reference_internal)
       .def_prop_ro("bindings",
                    [](const Catalog& c) {

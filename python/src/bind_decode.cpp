@@ -6,11 +6,14 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
 
 #include "convert.h"
@@ -42,6 +45,86 @@ ProjWeights proj_of(nb::handle weight_or_seat, nb::handle bias, const std::strin
   return p;
 }
 
+// Note [Decode tensors]: what the door hands the program crosses as one object built against
+// the plan. The door resolves every path the plan names (embed, head, each stack and layer slot)
+// to what stands there: a seat, the host's weight and bias, or None for a module with neither
+// (the rotary, an activation). It never names a slot; the program reads the ones it uses, by the
+// names the core declares (kDecode*Slots), and keeps every object alive as long as it runs.
+struct SlotTensor {
+  nb::object weight;  // a LinearSeat / FfnSeat, a host tensor, or None
+  nb::object bias;    // a host bias tensor or None
+};
+
+class DecodeTensors {
+ public:
+  explicit DecodeTensors(const DecodePlan& plan) : plan_(plan) {}
+
+  void put(const std::string& path, nb::object weight, nb::object bias) {
+    if (!known(path))
+      throw InvalidArgument("decode_loop: '" + path + "' is not a module the decode plan names");
+    by_path_[path] = SlotTensor{std::move(weight), std::move(bias)};
+  }
+
+  std::vector<std::string> paths() const {
+    std::vector<std::string> out = {plan_.embed, plan_.head};
+    for (const auto& [slot, path] : plan_.stack) out.push_back(path);
+    for (const DecodeLayerPlan& L : plan_.layers)
+      for (const auto& [slot, path] : L.slots) out.push_back(path);
+    return out;
+  }
+
+  ModelWeights weights() const {
+    const DecodeConfig& cfg = plan_.config;
+    ModelWeights w;
+    w.embed = view_of(at(plan_.embed).weight, "embedding");
+    w.final_norm = vector_of(at(plan_.stack.at("final_norm")).weight, cfg.hidden, "final norm");
+    w.head = proj_of(at(plan_.head).weight, nb::none(), "head");
+    for (size_t i = 0; i < plan_.layers.size(); ++i) {
+      const DecodeLayerPlan& P = plan_.layers[i];
+      const std::string where = "layer " + std::to_string(i) + " ";
+      const auto slot = [&](const char* name) -> SlotTensor {
+        const auto it = P.slots.find(name);
+        return it == P.slots.end() ? SlotTensor{nb::none(), nb::none()} : at(it->second);
+      };
+      LayerWeights L;
+      L.input_norm = vector_of(slot("input_norm").weight, cfg.hidden, where + "input norm");
+      L.post_norm = vector_of(slot("post_norm").weight, cfg.hidden, where + "post-attention norm");
+      L.q_norm = vector_of(slot("q_norm").weight, cfg.head_dim, where + "q norm");
+      L.k_norm = vector_of(slot("k_norm").weight, cfg.head_dim, where + "k norm");
+      for (auto [name, proj] : {std::pair{"q", &L.q}, std::pair{"k", &L.k}, std::pair{"v", &L.v},
+                                std::pair{"o", &L.o}}) {
+        const SlotTensor t = slot(name);
+        *proj = proj_of(t.weight, t.bias, where + name);
+      }
+      if (P.mlp_seated) {
+        L.mlp.seat = nb::cast<const FfnSeat*>(slot("mlp").weight);
+      } else {
+        L.mlp.gate = proj_of(slot("gate").weight, nb::none(), where + "gate");
+        L.mlp.up = proj_of(slot("up").weight, nb::none(), where + "up");
+        L.mlp.down = proj_of(slot("down").weight, nb::none(), where + "down");
+        L.mlp.act = P.activation;
+      }
+      w.layers.push_back(L);
+    }
+    return w;
+  }
+
+ private:
+  bool known(const std::string& path) const {
+    const std::vector<std::string> all = paths();
+    return std::find(all.begin(), all.end(), path) != all.end();
+  }
+  const SlotTensor& at(const std::string& path) const {
+    const auto it = by_path_.find(path);
+    if (it == by_path_.end())
+      throw InvalidArgument("decode_loop: nothing was put for '" + path + "'");
+    return it->second;
+  }
+
+  DecodePlan plan_;
+  std::map<std::string, SlotTensor> by_path_;
+};
+
 }  // namespace
 
 void bind_decode(nb::module_& m) {
@@ -66,6 +149,9 @@ void bind_decode(nb::module_& m) {
       .def_ro("activation", &DecodeLayerPlan::activation);
   nb::class_<DecodePlan>(m, "DecodePlan")
       .def_ro("binding", &DecodePlan::binding)
+      .def_ro("decode_package", &DecodePlan::decode_package)
+      .def_ro("linear_package", &DecodePlan::linear_package)
+      .def_ro("ffn_package", &DecodePlan::ffn_package)
       .def_ro("config", &DecodePlan::config)
       .def_ro("embed", &DecodePlan::embed)
       .def_ro("head", &DecodePlan::head)
@@ -77,7 +163,8 @@ void bind_decode(nb::module_& m) {
       .def_prop_ro("ok", &DecodePlan::ok);
   m.def("plan_decode", &plan_decode, nb::arg("graph"), nb::arg("catalog"), nb::arg("binding"),
         nb::arg("max_len"));
-  m.def("explain_decode", nb::overload_cast<const DecodePlan&>(&explain), nb::arg("plan"));
+  m.def("explain_decode", nb::overload_cast<const DecodePlan&, bool>(&explain), nb::arg("plan"),
+        nb::arg("verbose") = false);
 
   nb::class_<DecodeProgram>(m, "DecodeProgram")
       .def("step", &DecodeProgram::step, nb::arg("token"), nb::arg("pos"),
@@ -116,50 +203,27 @@ void bind_decode(nb::module_& m) {
       .def_prop_ro("weight_bytes", &DecodeProgram::weight_bytes)
       .def_prop_ro("config", &DecodeProgram::config);
 
-  // layers: one dict per layer with keys input_norm, post_norm, q_norm, k_norm (tensor or None),
-  // q, k, v, o (tensor or LinearSeat), q_bias, k_bias, v_bias, o_bias (tensor or None), and
-  // either ffn (an FfnSeat) or gate, up, down (tensor or LinearSeat) with act ("silu" | ...).
+  nb::class_<DecodeTensors>(m, "DecodeTensors")
+      .def(nb::init<const DecodePlan&>(), nb::arg("plan"))
+      .def("paths", &DecodeTensors::paths)
+      .def("put", &DecodeTensors::put, nb::arg("path"), nb::arg("weight").none(),
+           nb::arg("bias").none());
+
+  // The program over what `tensors` holds, with the kernel packages the plan names; `tensors`
+  // must outlive it (the door keeps both on its DecodeLoop).
   m.def(
       "make_decode_program",
-      [](const DecodeConfig& cfg, nb::handle embed, nb::handle final_norm, nb::handle head,
-         nb::list layers) {
-        ModelWeights w;
-        w.embed = view_of(embed, "embedding");
-        w.final_norm = vector_of(final_norm, cfg.hidden, "final norm");
-        w.head = proj_of(head, nb::none(), "head");
-        for (size_t i = 0; i < layers.size(); ++i) {
-          nb::dict d = nb::cast<nb::dict>(layers[i]);
-          const std::string at = "layer " + std::to_string(i) + " ";
-          auto get = [&](const char* key) -> nb::handle {
-            return d.contains(key) ? nb::handle(d[key]) : nb::handle(nb::none());
-          };
-          LayerWeights L;
-          L.input_norm = vector_of(get("input_norm"), cfg.hidden, at + "input norm");
-          L.post_norm = vector_of(get("post_norm"), cfg.hidden, at + "post-attention norm");
-          L.q_norm = vector_of(get("q_norm"), cfg.head_dim, at + "q norm");
-          L.k_norm = vector_of(get("k_norm"), cfg.head_dim, at + "k norm");
-          L.q = proj_of(get("q"), get("q_bias"), at + "q");
-          L.k = proj_of(get("k"), get("k_bias"), at + "k");
-          L.v = proj_of(get("v"), get("v_bias"), at + "v");
-          L.o = proj_of(get("o"), get("o_bias"), at + "o");
-          if (nb::isinstance<FfnSeat>(get("ffn"))) {
-            L.mlp.seat = nb::cast<const FfnSeat*>(get("ffn"));
-          } else {
-            L.mlp.gate = proj_of(get("gate"), nb::none(), at + "gate");
-            L.mlp.up = proj_of(get("up"), nb::none(), at + "up");
-            L.mlp.down = proj_of(get("down"), nb::none(), at + "down");
-            L.mlp.act = nb::cast<Activation>(get("act"));
-          }
-          w.layers.push_back(L);
-        }
+      [](const DecodePlan& plan, const DecodeTensors& tensors) {
+        if (!plan.ok())
+          throw Refused("decode_loop: the plan is refused: " + plan.refused.front().second);
+        ModelWeights w = tensors.weights();
         KernelHub& hub = process_hub();
-        const frt_kernel_table& decode = hub.table("flashrt/decode");
-        const frt_kernel_table* linear = hub.resolve("flashrt/linear").table;
-        const frt_kernel_table* ffn = hub.resolve("flashrt/ffn").table;
-        return std::make_unique<DecodeProgram>(cfg, std::move(w), decode, linear, ffn);
+        const frt_kernel_table& decode = hub.table(plan.decode_package);
+        const frt_kernel_table* linear = hub.resolve(plan.linear_package).table;
+        const frt_kernel_table* ffn = hub.resolve(plan.ffn_package).table;
+        return std::make_unique<DecodeProgram>(plan.config, std::move(w), decode, linear, ffn);
       },
-      nb::arg("config"), nb::arg("embed"), nb::arg("final_norm"), nb::arg("head"),
-      nb::arg("layers"));
+      nb::arg("plan"), nb::arg("tensors"));
 }
 
 }  // namespace frt::py

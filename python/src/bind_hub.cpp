@@ -38,6 +38,7 @@ void bind_hub(nb::module_& m) {
       .def_prop_ro("name", text(&VariantDecision::name))
       .def_prop_ro("isa", text(&VariantDecision::isa))
       .def_prop_ro("library", text(&VariantDecision::library))
+      .def_ro("sha256", &VariantDecision::sha256)
       .def_ro("chosen", &VariantDecision::chosen)
       .def_prop_ro("reason", text(&VariantDecision::reason));
 

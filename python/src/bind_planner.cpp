@@ -16,6 +16,37 @@ namespace nb = nanobind;
 namespace frt::py {
 
 void bind_planner(nb::module_& m) {
+  nb::class_<NormFacts>(m, "NormFacts")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](NormFacts* t, NormForm form, double eps, bool affine, std::string modulation) {
+            new (t) NormFacts{form, eps, affine, std::move(modulation)};
+          },
+          nb::arg("form"), nb::arg("eps") = 0.0, nb::arg("affine") = true,
+          nb::arg("modulation") = "")
+      .def_rw("form", &NormFacts::form)
+      .def_rw("eps", &NormFacts::eps)
+      .def_rw("affine", &NormFacts::affine)
+      .def_rw("modulation", &NormFacts::modulation);
+
+  nb::class_<RotaryFacts>(m, "RotaryFacts")
+      .def(nb::init<>())
+      .def_rw("inv_freq", &RotaryFacts::inv_freq)
+      .def_rw("attention_scaling", &RotaryFacts::attention_scaling);
+
+  nb::class_<HostConfig>(m, "HostConfig")
+      .def(nb::init<>())
+      .def_rw("dtype", &HostConfig::dtype)
+      .def_rw("heads", &HostConfig::heads)
+      .def_rw("kv_heads", &HostConfig::kv_heads)
+      .def_rw("head_dim", &HostConfig::head_dim)
+      .def_rw("intermediate", &HostConfig::intermediate)
+      .def_rw("rope", &HostConfig::rope)
+      .def_rw("rope_name", &HostConfig::rope_name)
+      .def_rw("partial_rotary_factor", &HostConfig::partial_rotary_factor)
+      .def_rw("sliding_window", &HostConfig::sliding_window);
+
   nb::class_<HostModule>(m, "HostModule")
       .def(nb::init<>())
       .def_rw("path", &HostModule::path)
@@ -28,8 +59,9 @@ void bind_planner(nb::module_& m) {
       .def_rw("weight_device", &HostModule::weight_device)
       .def_rw("weight_id", &HostModule::weight_id)
       .def_rw("activation", &HostModule::activation)
-      .def_rw("attributes", &HostModule::attributes)
-      .def_rw("values", &HostModule::values)
+      .def_rw("norm", &HostModule::norm)
+      .def_rw("rotary", &HostModule::rotary)
+      .def_rw("seated", &HostModule::seated)
       .def_rw("children", &HostModule::children);
 
   nb::class_<HostCall>(m, "HostCall")
@@ -48,7 +80,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("calls", &HostGraph::calls)
       .def_rw("output_head", &HostGraph::output_head)
       .def_rw("input_embedding", &HostGraph::input_embedding)
-      .def_rw("attributes", &HostGraph::attributes);
+      .def_rw("config", &HostGraph::config);
 
   nb::class_<Seam>(m, "Seam")
       .def_ro("site", &Seam::site)
@@ -118,7 +150,8 @@ void bind_planner(nb::module_& m) {
       },
       nb::arg("graph"), nb::arg("catalog"), nb::arg("options"),
       nb::call_guard<nb::gil_scoped_release>());
-  m.def("explain", &explain, nb::arg("plan"));
+  m.def("explain", nb::overload_cast<const Plan&, bool>(&explain), nb::arg("plan"),
+        nb::arg("verbose") = false);
   m.def("scheme_names", &scheme_names, nb::arg("catalog"));
 }
 

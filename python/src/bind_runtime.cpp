@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -20,15 +21,19 @@ namespace nb = nanobind;
 namespace frt::py {
 namespace {
 
+// The door's on_guard_fail, parsed once where it enters (swap.attach).
 GuardMode guard_mode(const std::string& on_guard_fail) {
-  if (on_guard_fail == "fallback") return GuardMode::fallback;
-  if (on_guard_fail == "raise") return GuardMode::raise;
-  throw InvalidArgument("on_guard_fail '" + on_guard_fail + "' not in {fallback, raise}");
+  if (const std::optional<GuardMode> m = parse_guard_mode(on_guard_fail)) return *m;
+  throw InvalidArgument("on_guard_fail '" + on_guard_fail + "' not in {'fallback', 'raise'}");
 }
 
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
+  nb::enum_<GuardMode>(m, "GuardMode")
+      .value("fallback", GuardMode::fallback)
+      .value("raise_", GuardMode::raise);
+  m.def("guard_mode", &guard_mode, nb::arg("on_guard_fail"));
   nb::enum_<Verdict>(m, "Verdict")
       .value("ran", Verdict::ran)
       .value("band", Verdict::band)
@@ -75,12 +80,7 @@ void bind_runtime(nb::module_& m) {
       .def_prop_ro("form", &Seat::form)
       .def_prop_ro("ledger", &Seat::ledger)
       .def_prop_ro("nbytes", &Seat::nbytes)
-      .def_prop_rw(
-          "mode",
-          [](const Seat& s) {
-            return std::string(s.mode() == GuardMode::raise ? "raise" : "fallback");
-          },
-          [](Seat& s, const std::string& m) { s.set_mode(guard_mode(m)); });
+      .def_prop_rw("mode", &Seat::mode, &Seat::set_mode);
 
   nb::class_<LinearSeat, Seat>(m, "LinearSeat")
       .def_prop_ro("pack_rel_err", [](const LinearSeat& s) { return s.weight().stats().rel_err; });
@@ -93,8 +93,8 @@ void bind_runtime(nb::module_& m) {
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).
   m.def(
       "build_seat",
-      [](const SeatPlan& plan, const std::map<std::string, nb::handle>& tensors,
-         const std::string& on_guard_fail, const std::map<std::string, PackedLinear*>& adopted) {
+      [](const SeatPlan& plan, const std::map<std::string, nb::handle>& tensors, GuardMode mode,
+         const std::map<std::string, PackedLinear*>& adopted) {
         std::map<std::string, TensorView> views;
         for (const auto& [name, t] : tensors) views[name] = view_of(t, name.c_str());
         // Adopted packs move into the seat: the Python objects are left empty (n = 0).
@@ -104,11 +104,10 @@ void bind_runtime(nb::module_& m) {
             throw InvalidArgument("adopted '" + name + "': an empty pack (already seated?)");
           packs.emplace(name, std::move(*p));
         }
-        const GuardMode mode = guard_mode(on_guard_fail);
         nb::gil_scoped_release release;
         return build_seat(plan, views, mode, process_hub(), std::move(packs));
       },
-      nb::arg("plan"), nb::arg("tensors"), nb::arg("on_guard_fail") = "fallback",
+      nb::arg("plan"), nb::arg("tensors"), nb::arg("mode") = GuardMode::fallback,
       nb::arg("adopted") = std::map<std::string, PackedLinear*>{});
   m.def("member_seat", &member_seat, nb::arg("packed"), nb::arg("index"), nb::arg("site"));
 }
@@ -156,6 +155,51 @@ void bind_gates(nb::module_& m) {
         nb::arg("min_speedup"));
   m.def("floors_shortfall", &floors_shortfall, nb::arg("metrics"), nb::arg("floors"));
   m.def("pick_candidate", &pick_candidate, nb::arg("verdicts"));
+
+  nb::class_<UnitOutcome>(m, "UnitOutcome")
+      .def_ro("unit", &UnitOutcome::unit)
+      .def_ro("scheme", &UnitOutcome::scheme)
+      .def_ro("decision", &UnitOutcome::decision)
+      .def_ro("paths", &UnitOutcome::paths)
+      .def_prop_ro("kept", &UnitOutcome::kept);
+  nb::class_<Arbitration>(m, "Arbitration")
+      .def_ro("units", &Arbitration::units)
+      .def_ro("refused", &Arbitration::refused);
+  nb::class_<UnitArbiter>(m, "UnitArbiter")
+      .def(nb::init<bool>(), nb::arg("gated_auto"))
+      .def(
+          "offer",
+          [](UnitArbiter& a, const std::string& unit, const std::string& scheme,
+             std::optional<UnitVerdict> verdict, const std::string& unmeasured,
+             std::vector<std::string> paths) {
+            return a.offer(
+                unit, CandidateResult{scheme, std::move(verdict), unmeasured, std::move(paths)});
+          },
+          nb::arg("unit"), nb::arg("scheme"), nb::arg("verdict").none(), nb::arg("unmeasured"),
+          nb::arg("paths"))
+      .def("plan_refused", &UnitArbiter::plan_refused, nb::arg("scheme"), nb::arg("path"),
+           nb::arg("why"))
+      .def("settle", &UnitArbiter::settle);
+
+  nb::class_<SelfCheckVerdict>(m, "SelfCheckVerdict")
+      .def_ro("passed", &SelfCheckVerdict::passed)
+      .def_ro("top1_agreement", &SelfCheckVerdict::top1_agreement)
+      .def_ro("min_cosine", &SelfCheckVerdict::min_cosine)
+      .def_ro("worst_position", &SelfCheckVerdict::worst_position)
+      .def_ro("positions", &SelfCheckVerdict::positions)
+      .def_ro("text", &SelfCheckVerdict::text);
+  m.def(
+      "judge_self_check",
+      [](const SelfCheckSpec& spec, nb::handle got, nb::handle want) {
+        return judge_self_check(spec, view_of(got, "got"), view_of(want, "want"));
+      },
+      nb::arg("spec"), nb::arg("got"), nb::arg("want"));
+  nb::class_<CertificationVerdict>(m, "CertificationVerdict")
+      .def_ro("passed", &CertificationVerdict::passed)
+      .def_ro("worst_cosine", &CertificationVerdict::worst_cosine)
+      .def_ro("samples", &CertificationVerdict::samples)
+      .def_ro("text", &CertificationVerdict::text);
+  m.def("judge_certification", &judge_certification, nb::arg("cosines"), nb::arg("floor"));
 }
 
 }  // namespace frt::py

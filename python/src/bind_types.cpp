@@ -4,40 +4,31 @@
 #include <flashrt/types.h>
 #include <nanobind/nanobind.h>
 
+#include <string>
+
 namespace nb = nanobind;
 
 namespace frt::py {
 
+namespace {
+
+// An enum bound from the core's own name table (types.cpp): its values are defined once.
+template <typename E>
+void bind_enum(nb::module_& m, const char* name) {
+  nb::enum_<E> e(m, name);
+  for (const auto& [value, text] : enum_entries<E>()) e.value(std::string(text).c_str(), value);
+}
+
+}  // namespace
+
 void bind_types(nb::module_& m) {
-  nb::enum_<DType>(m, "DType")
-      .value("f32", DType::f32)
-      .value("bf16", DType::bf16)
-      .value("f16", DType::f16)
-      .value("f64", DType::f64)
-      .value("other", DType::other);
-  nb::enum_<Activation>(m, "Activation")
-      .value("silu", Activation::silu)
-      .value("gelu_tanh", Activation::gelu_tanh)
-      .value("gelu", Activation::gelu)
-      .value("relu", Activation::relu)
-      .value("unknown", Activation::unknown);
-  nb::enum_<WeightFormat>(m, "WeightFormat")
-      .value("int8_channel", WeightFormat::int8_channel)
-      .value("int4_group", WeightFormat::int4_group)
-      .value("int8_group", WeightFormat::int8_group)
-      .value("int8_gemm", WeightFormat::int8_gemm)
-      .value("int4_gemm", WeightFormat::int4_gemm);
-  nb::enum_<OpKind>(m, "OpKind")
-      .value("linear", OpKind::linear)
-      .value("gated_ffn", OpKind::gated_ffn)
-      .value("ffn", OpKind::ffn)
-      .value("rmsnorm", OpKind::rmsnorm)
-      .value("rotary", OpKind::rotary)
-      .value("attention", OpKind::attention)
-      .value("dense", OpKind::dense);
-  nb::enum_<OutputKind>(m, "OutputKind")
-      .value("values", OutputKind::values)
-      .value("distribution", OutputKind::distribution);
+  bind_enum<DType>(m, "DType");
+  bind_enum<Activation>(m, "Activation");
+  bind_enum<WeightFormat>(m, "WeightFormat");
+  bind_enum<OpKind>(m, "OpKind");
+  bind_enum<OutputKind>(m, "OutputKind");
+  bind_enum<NormForm>(m, "NormForm");
+  bind_enum<RopeKind>(m, "RopeKind");
   nb::enum_<ModuleKind>(m, "ModuleKind")
       .value("linear", ModuleKind::linear)
       .value("embedding", ModuleKind::embedding)

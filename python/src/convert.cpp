@@ -2,6 +2,7 @@
 
 #include <flashrt/errors.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>  // describe() returns a std::string
 
 #include <string>
 

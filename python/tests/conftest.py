@@ -1,5 +1,15 @@
 import os
 
+import pytest
+
 # Tests never reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that loads a real checkpoint is slow: `-m "not slow"` (scripts/test.sh --quick)
+    is the one selector."""
+    for item in items:
+        if item.get_closest_marker("real_model") is not None:
+            item.add_marker(pytest.mark.slow)

@@ -12,9 +12,13 @@ from pathlib import Path
 
 import torch
 from compressed_tensors.compressors import ModelCompressor
-from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
-                                             QuantizationScheme, QuantizationStrategy,
-                                             apply_quantization_config)
+from compressed_tensors.quantization import (
+    QuantizationArgs,
+    QuantizationConfig,
+    QuantizationScheme,
+    QuantizationStrategy,
+    apply_quantization_config,
+)
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
 from torch import nn
 from transformers import AutoModelForCausalLM

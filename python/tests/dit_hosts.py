@@ -5,11 +5,15 @@ latent tokens so the projections see many-row calls, as a DiT step does."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
-from diffusers import (FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel,
-                       WanTransformer3DModel)
+from diffusers import (
+    FluxTransformer2DModel,
+    PixArtTransformer2DModel,
+    SD3Transformer2DModel,
+    WanTransformer3DModel,
+)
 from torch import nn
 
 Step = Callable[[], object]

@@ -5,9 +5,18 @@ checks adoption tests share (weights untouched; attached, then detached bit for 
 from __future__ import annotations
 
 import torch
-from transformers import (AutoModel, AutoTokenizer, GemmaConfig, GemmaForCausalLM, GPT2Config,
-                          GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    GemmaConfig,
+    GemmaForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 VOCAB = 512
 

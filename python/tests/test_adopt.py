@@ -3,13 +3,14 @@ Qwen3 hosts), and refusals: corrupt, truncated, another model's file, unsupporte
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import flashrt_structures as S
+
 import gguf_files
 import hosts
-import pytest
 
 
 def llama_gqa() -> LlamaForCausalLM:

@@ -9,12 +9,13 @@ import json
 import shutil
 
 import numpy as np
+import pytest
 import torch
 
-import ct_files
 import flashrt_structures as S
+
+import ct_files
 import hosts
-import pytest
 
 
 def exact(report: S.AdoptionReport, model: torch.nn.Module) -> None:

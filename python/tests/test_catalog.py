@@ -78,7 +78,8 @@ def test_lm_head():
 
 
 def test_unknown_name_is_a_key_error_listing_the_known_ones():
-    with pytest.raises(KeyError, match="attention_core.*decoder_ffn, encoder_ffn, linear_proj, lm_head"):
+    with pytest.raises(KeyError,
+                       match="attention_core.*decoder_ffn, encoder_ffn, linear_proj, lm_head"):
         catalog.load("attention_core")
 
 

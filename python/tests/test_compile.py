@@ -15,6 +15,8 @@ import flashrt_structures as S
 
 import hosts
 
+pytestmark = pytest.mark.slow  # torch.compile of each host: 10 s to 2 min a test on two cores
+
 
 def logits_close(got: torch.Tensor, want: torch.Tensor) -> float:
     cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0).item()

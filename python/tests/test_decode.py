@@ -7,8 +7,14 @@ import warnings
 
 import pytest
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 import flashrt_structures as S
 
@@ -114,6 +120,36 @@ def test_an_unsupported_rotary_form_is_refused_by_name():
         S.decode_loop(LlamaForCausalLM(cfg).eval(), max_len=32)
 
 
+def test_a_partial_rotary_is_refused_in_the_plan():
+    # Llama with partial_rotary_factor runs (it rotates the first half of each head); the loop
+    # rotates whole heads, so the plan refuses it by the host's declared factor.
+    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=4, partial_rotary_factor=0.5)
+    model = LlamaForCausalLM(cfg).eval()
+    plan = S.decode.plan_decode(model, 32)
+    assert not plan.ok and plan.refused[0][1] == (
+        "partial rotary (factor 0.5); the loop rotates the whole head")
+    with pytest.raises(S.Refused, match=r"partial rotary \(factor 0.5\)"):
+        S.decode_loop(model, max_len=32)
+
+
+def test_the_host_graph_carries_typed_facts():
+    """Numbers as numbers and enums as enums: what the decode plan reads of a Qwen3 host."""
+    graph, _ = S.decode.describe_tree(hosts.qwen3(1))
+    c = graph.config
+    assert (c.heads, c.kv_heads, c.head_dim, c.intermediate) == (4, 2, 64, 768)
+    assert c.dtype == S._core.DType.f32 and c.rope == S._core.RopeKind.default
+    assert c.rope_name == "default" and c.sliding_window == 0 and c.partial_rotary_factor == 1.0
+    mods = {m.path: m for m in graph.modules}
+    norm = mods["model.layers.0.input_layernorm"].norm
+    assert norm.form == S._core.NormForm.rms and norm.eps == pytest.approx(1e-6)
+    assert norm.affine and norm.modulation == ""
+    assert mods["model.layers.0.self_attn.q_norm"].norm.form == S._core.NormForm.rms
+    rotary = mods["model.rotary_emb"].rotary
+    assert len(rotary.inv_freq) == 32 and rotary.attention_scaling == 1.0
+    assert mods["model.layers.0.mlp"].seated is None
+
+
 def test_a_fused_qkv_projection_is_refused():
     cfg = Phi3Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                      num_attention_heads=4, num_key_value_heads=4, pad_token_id=0)
@@ -123,7 +159,7 @@ def test_a_fused_qkv_projection_is_refused():
 
 def test_a_bf16_host_is_refused():
     model = hosts.qwen3(1).to(torch.bfloat16)
-    with pytest.raises(S.Refused, match="host dtype torch.bfloat16"):
+    with pytest.raises(S.Refused, match="host dtype bf16"):
         S.decode_loop(model, max_len=32)
 
 

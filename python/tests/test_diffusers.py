@@ -42,6 +42,7 @@ def host(request):
     return request.param, model, step, want, plan
 
 
+@pytest.mark.slow
 def test_scheme_none_seats_nothing_and_leaves_the_step_bit_identical(host):
     _, model, step, want, _ = host
     plan = S.auto_swaps(model, step, scheme="none")
@@ -172,6 +173,7 @@ def test_training_mode_host_is_refused_at_attach(host):
         model.eval()
 
 
+@pytest.mark.slow
 def test_odd_input_width_on_latent_tokens_is_seated_and_exact_to_the_form():
     # Flux reads its latents through a Linear: in_channels 13 gives an odd K on 256-row calls.
     model, step = dit_hosts.flux(in_channels=13)
@@ -190,6 +192,7 @@ def test_odd_input_width_on_latent_tokens_is_seated_and_exact_to_the_form():
     assert cosine(got, want) >= 0.999
 
 
+@pytest.mark.slow
 def test_gated_attach_scores_a_dit_step_by_value_cosine():
     model, step = dit_hosts.pixart(layers=1)
     with torch.no_grad():

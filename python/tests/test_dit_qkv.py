@@ -15,13 +15,13 @@ import warnings
 
 import pytest
 import torch
+from test_diffusers import SCHEME, cosine, host, param_bytes, sample  # noqa: F401 (host: fixture)
 from torch import nn
 
 import flashrt_structures as S
 from flashrt_structures.seats import PackLead, PackMember
 
 import dit_hosts
-from test_diffusers import SCHEME, cosine, host, param_bytes, sample  # noqa: F401 (host: fixture)
 
 
 def packs(plan) -> list:
@@ -39,6 +39,7 @@ def attached_step(plan, model: nn.Module, step) -> tuple[torch.Tensor, dict, dic
         handle.detach()
 
 
+@pytest.mark.slow
 def test_siblings_of_one_input_are_packed_in_call_order(host):
     name, model, _, _, plan = host
     found = packs(plan)
@@ -113,6 +114,7 @@ def test_attached_step_matches_the_host_and_members_take_their_columns(host):
         assert all(type(model.get_submodule(p)) is nn.Linear for p in sp.replaces)
 
 
+@pytest.mark.slow
 def test_scheme_none_and_weight_only_schemes_do_not_pack(host):
     _, model, step, want, _ = host
     none = S.auto_swaps(model, step, scheme="none")
@@ -229,7 +231,7 @@ def test_modnorm_chain_is_found_and_refused_with_its_form_and_shape(host):
               if hasattr(m, "attn") or hasattr(m, "attn1")}
     assert len(chains) >= len(blocks), (chains, blocks)
     # The chain's q/k/v keep their own seats: the self-attention packs.
-    for site, why in chains:
+    for _site, why in chains:
         attn = re.search(r" in ([\w.]+)\), so", why).group(1)
         assert any(sp.site == attn for sp in packs(plan)), (attn, S.explain(plan))
 
@@ -296,9 +298,9 @@ def test_decode_loop_over_an_attached_pack_reads_the_hosts_projections():
         try:
             loop = S.decode_loop(model, max_len=64)  # built and self-checked against the host
             if p is plan:
-                assert loop.seated == seated_without_packs - in_packs
+                assert loop.seated == seated_without_packs - in_packs  # noqa: F821 (set first)
             else:
-                seated_without_packs = loop.seated
+                seated_without_packs = loop.seated  # noqa: F841 (read on the next turn)
         finally:
             handle.detach()
     assert base.seated == 0

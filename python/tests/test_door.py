@@ -61,6 +61,7 @@ def test_gemma_head_is_found_tied_and_its_gelu_tanh_ffn_seated():
     assert any("tied" in a for a in plan.notes["assumed"])
 
 
+@pytest.mark.real_model
 def test_minilm_projections_are_linear_proj_and_its_ungated_ffn_is_not_a_decoder_ffn():
     model, tok = hosts.minilm()
     batch = tok(["flashrt seats what it can prove"], return_tensors="pt")
@@ -253,7 +254,16 @@ def test_on_guard_fail_raise_raises_instead_of_falling_back():
     with pytest.raises(S.GuardRefused, match="input requires grad"):
         model(x)  # grad enabled, and the embedding output requires grad
     assert handle.summary()["fallbacks"] == 0
+    assert all(r.seat.seat.mode == S._core.GuardMode.raise_ for r in handle.records)
     handle.detach()
+
+
+def test_an_unknown_guard_mode_is_refused_before_anything_is_seated():
+    model = hosts.qwen3(1)
+    head = model.lm_head
+    with pytest.raises(ValueError, match="on_guard_fail 'ignore' not in {'fallback', 'raise'}"):
+        all_seats(model).attach(model, on_guard_fail="ignore")
+    assert model.lm_head is head and not S.attached(model)
 
 
 def test_nan_inputs_do_not_crash():
@@ -276,6 +286,7 @@ def test_every_door_logs_one_line(caplog):
     handle.detach()
 
 
+@pytest.mark.real_model
 def test_w8_parity_on_the_real_minilm_checkpoint():
     model, tok = hosts.minilm()
     batch = tok(["a decode-sized sentence of text"], return_tensors="pt")
@@ -342,6 +353,7 @@ def test_w8a8_decode_seats_every_projection_on_the_integer_gemm_at_decode_rows(m
     assert cos >= 0.999, cos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [hosts.llama, hosts.gemma, hosts.qwen3])
 @pytest.mark.parametrize("scheme,tag,describe", [
     ("w4a8_decode", "w4a8", "int4 g32 symmetric f16 scales, activations int8 per 32"),
@@ -547,6 +559,7 @@ def test_get_bind_seats_one_chosen_module_and_certifies_it():
         S.get("decoder_ffn").bind(mlp, calibration=xs, scheme="w4a16_decode", gate_cos=1.0)
 
 
+@pytest.mark.real_model
 def test_get_bind_refuses_a_module_the_structure_does_not_describe():
     model, _ = hosts.minilm()
     intermediate = model.encoder.layer[0].intermediate  # dense + GELU: not gated
@@ -556,6 +569,7 @@ def test_get_bind_refuses_a_module_the_structure_does_not_describe():
         S.get("conv2d")
 
 
+@pytest.mark.slow
 def test_with_every_kernel_package_unavailable_everything_is_refused_and_outputs_are_the_hosts(
         tmp_path):
     # A fresh interpreter whose kernel path holds only broken packages: every seam is refused

@@ -111,6 +111,7 @@ def test_an_activation_outside_the_boundary_is_refused_and_projections_stay_line
     assert {"gpt_neox.layers.0.mlp.dense_h_to_4h", "gpt_neox.layers.0.mlp.dense_4h_to_h"} <= sites
 
 
+@pytest.mark.real_model
 def test_a_feed_forward_split_across_modules_is_named_and_stays_projections():
     model, tok = hosts.minilm()
     enc = tok(["flashrt seats what its structures describe"], return_tensors="pt")

@@ -172,6 +172,7 @@ def test_metadata_bytes_that_are_not_utf8_are_refused_printably(tmp_path):
     assert "\\xff" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
     pkg = stage_with_bad_bytes(tmp_path)
     code = (

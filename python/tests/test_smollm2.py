@@ -9,6 +9,8 @@ import torch
 import flashrt_structures as S
 from flashrt_structures import smollm2
 
+pytestmark = pytest.mark.real_model  # every test here loads SmolLM2-135M from its GGUF file
+
 PROMPTS = ["What is the capital of France?", "Name three primary colors.",
            "Write a haiku about the sea."]
 

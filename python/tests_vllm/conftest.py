@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -27,9 +28,10 @@ SMALL = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden
 def on_int8_grid(w: torch.Tensor) -> torch.Tensor:
     """Random weights moved onto the int8 per-output-channel grid: each row is a power-of-two
     scale times integers in [-127, 127], its largest magnitude exactly 127. Exact in fp32 and
-    bf16, and packed by w8a16_channel_decode without loss, so a seated engine must give plain vLLM's tokens
-    step for step. (Off the grid, random models have near-ties, top-2 logit gaps of 0.005 of the
-    logits' spread, that int8 rounding flips; the off-grid checkpoint is measured by cosine.)"""
+    bf16, and packed by w8a16_channel_decode without loss, so a seated engine must give plain
+    vLLM's tokens step for step. (Off the grid, random models have near-ties, top-2 logit gaps
+    of 0.005 of the logits' spread, that int8 rounding flips; the off-grid checkpoint is
+    measured by cosine.)"""
     amax = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-8)
     scale = torch.exp2(torch.floor(torch.log2(amax / 127)))
     k = torch.clamp(torch.round(w / scale), -127, 127)

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import engine, generate, prompts
 from flashrt_structures import vllm_engine
+
+from conftest import engine, generate, prompts
 
 BATCH = prompts(8)
 
@@ -26,7 +27,8 @@ def run_arms(model, *, multiprocess: bool, schemes: list[str]) -> dict[str, Any]
     vllm_engine.uninstall_load_hook()
     with engine(model, multiprocess=multiprocess) as llm:
         out["plain"] = {"c1": generate(llm, BATCH[:1]), "c8": generate(llm, BATCH),
-                        "report": vllm_engine.report(llm), "attached": vllm_engine.attached(llm)}
+                        "report": vllm_engine.report(llm), "attached": vllm_engine.attached(llm),
+                        "receipt": vllm_engine.receipt(llm)}
     for scheme in schemes:
         vllm_engine.install_load_hook(scheme=scheme)
         try:
@@ -36,6 +38,7 @@ def run_arms(model, *, multiprocess: bool, schemes: list[str]) -> dict[str, Any]
                 arm["after_c1"] = vllm_engine.report(llm)
                 arm["c8"] = generate(llm, BATCH)
                 arm["report"] = vllm_engine.report(llm)
+                arm["receipt"] = vllm_engine.receipt(llm)
                 out[scheme] = arm
         finally:
             vllm_engine.uninstall_load_hook()
@@ -95,6 +98,23 @@ def test_w8_seats_every_projection_and_the_head(arms, request):
     assert rep["refused"] == []
     assert rep["pid"] != os.getpid() if arms == "llama_mp" else rep["pid"] == os.getpid()
     assert "int8" in rep["explain"]
+
+
+@pytest.mark.parametrize("arms", ARMS)
+def test_the_receipt_names_the_workers_seats_ledger_and_environment(arms, request):
+    res = request.getfixturevalue(arms)
+    (rep,) = res[W8_EXACT]["report"]
+    r = res[W8_EXACT]["receipt"]
+    assert r["receipt_version"] == 1 and r["door"] == "vllm_engine"
+    assert [s["site"] for s in r["plan"]["seats"]] == [s["site"] for s in rep["seats_report"]]
+    assert all(s["package"] for s in r["plan"]["seats"])
+    assert r["ledger"]["summary"] == rep["summary"]  # taken with no call between the two
+    assert r["environment"]["libraries"]["vllm"]
+    (worker,) = r["measurements"]["workers"]
+    assert worker["pid"] == rep["pid"] and worker["hooked"] and worker["active"]
+    plain = res["plain"]["receipt"]
+    assert plain["plan"]["seats"] == [] and plain["ledger"]["summary"] is None
+    assert not plain["measurements"]["workers"][0]["hooked"]
 
 
 @pytest.mark.parametrize("arms", ARMS)

@@ -4,11 +4,12 @@ serves: tensor parallel > 1, a layer the catalog does not describe (a fused expe
 from __future__ import annotations
 
 import torch
-from conftest import engine, generate, prompts
 from safetensors.torch import load_file
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from flashrt_structures import vllm_engine
+
+from conftest import engine, generate, prompts
 
 
 def test_tensor_parallel_is_refused_in_every_worker(qwen3_dir, hook_off, monkeypatch):

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -166,6 +167,15 @@ struct OutputBand {
   double pass = 0, warn = 0;
 };
 
+// decode_loop's self-check against the host (gates.yaml self_checks.decode_loop): teacher-forced
+// over a probe of probe_tokens tokens, the loop's logits against the host's at every position.
+// Both floors must hold: the values (the worst position's cosine) and the argmaxes.
+struct SelfCheckSpec {
+  int64_t probe_tokens = 0;
+  double top1_agreement = 0;  // floor on the share of positions whose argmax agrees
+  double logits_cosine = 0;   // floor on every position's logits cosine
+};
+
 // Where a host family keeps the slots of a decode program (decode_loop): paths relative to the
 // stack and to each layer, and the attribute values it covers.
 struct BindingSlot {
@@ -179,7 +189,14 @@ struct BindingSpec {
   std::vector<BindingSlot> layer;  // per layer, relative to the layer
   // Per-layer paths whose presence means a form the program does not take -> what that form is.
   std::map<std::string, std::string> fused_forms;
-  std::map<std::string, std::vector<std::string>> attributes;  // allowed values
+  // The kernel packages the program runs (the file's `kernels`): its primitives, the linear op
+  // over the host's own projections, the fused feed-forward.
+  std::string decode_package, linear_package, ffn_package;
+  // The attribute values it covers (the file's `attributes`: norm_form, activation, rope_type),
+  // parsed at load; empty when the file declares none.
+  std::vector<NormForm> norm_forms;
+  std::vector<Activation> activations;
+  std::vector<RopeKind> rope_kinds;
 };
 
 class Catalog;
@@ -208,6 +225,8 @@ class Catalog {
   std::string rung_field(const std::string& structure, size_t index) const;
   const std::map<std::string, std::vector<Rung>>& ladders() const { return ladders_; }
   const OutputBand& band(OutputKind kind) const;
+  // Throws InvalidArgument when gates.yaml declares no decode_loop self-check.
+  const SelfCheckSpec& decode_self_check() const;
   const std::map<std::string, BindingSpec>& bindings() const { return bindings_; }
   // Throws InvalidArgument listing the known names.
   const BindingSpec& binding(const std::string& name) const;
@@ -222,6 +241,7 @@ class Catalog {
   SchemePolicy schemes_;
   std::map<std::string, std::vector<Rung>> ladders_;
   std::map<OutputKind, OutputBand> bands_;
+  std::optional<SelfCheckSpec> decode_self_check_;
   std::map<std::string, BindingSpec> bindings_;
 };
 

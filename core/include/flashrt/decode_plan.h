@@ -25,7 +25,7 @@ inline constexpr std::array<const char*, 7> kDecodeLayerSlots = {
     "input_norm", "post_norm", "q", "k", "v", "o", "mlp"};
 inline constexpr std::array<const char*, 4> kDecodeFfnSlots = {"gate", "up", "down", "act"};
 // What the program computes: a binding may only admit these (checked when it is planned).
-inline constexpr std::array<const char*, 1> kDecodeNormForms = {"rms"};
+inline constexpr std::array<NormForm, 1> kDecodeNormForms = {NormForm::rms};
 inline constexpr std::array<Activation, 2> kDecodeActivations = {Activation::silu,
                                                                  Activation::gelu_tanh};
 
@@ -37,6 +37,8 @@ struct DecodeLayerPlan {
 
 struct DecodePlan {
   std::string binding;
+  // The kernel packages the program runs, as the binding names them.
+  std::string decode_package, linear_package, ffn_package;
   DecodeConfig config;
   std::string embed, head;                   // module paths
   std::map<std::string, std::string> stack;  // binding stack slot -> module path
@@ -47,14 +49,12 @@ struct DecodePlan {
   bool ok() const { return refused.empty(); }
 };
 
-// Observed host attributes the plan reads (HostGraph::attributes, filled by the door): "dtype"
-// (the host's own name for its dtype), "heads", "kv_heads", "head_dim", "intermediate",
-// "rope_type", "sliding_window" ("" when none applies). Module attributes: a norm's "form" and
-// "eps"; a seated module's "seated" (the op it runs) and a rotary module's values (frequencies)
-// with "attention_scaling".
+// Reads the host's declared configuration (HostGraph::config), each norm's measured form and
+// epsilon, what a seated module runs, and the rotary module's own frequencies and scale.
 DecodePlan plan_decode(const HostGraph& graph, const Catalog& catalog, const std::string& binding,
                        int64_t max_len);
 
-std::string explain(const DecodePlan& plan);
+// Grouped by index like a Plan's explain() unless verbose.
+std::string explain(const DecodePlan& plan, bool verbose = false);
 
 }  // namespace frt

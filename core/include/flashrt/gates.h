@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace frt {
@@ -78,5 +79,79 @@ UnitVerdict judge_unit(const OutputBand& band, const GateSpec& gate,
 // candidate scheme, the index of the fastest whose decision is activated and whose parity is in
 // the pass band, or -1 when none is.
 int pick_candidate(const std::vector<UnitVerdict>& verdicts);
+
+// Note [Unit arbitration]: the gated door measures each unit (a structure's seats) under each
+// candidate scheme; the arbiter decides. A unit keeps its best candidate (gated auto: the fastest
+// that pick_candidate accepts; a named scheme: its one candidate when activated), unless one of
+// its modules is, holds or sits inside a module of a unit kept before it (offer order), and every
+// module of a unit that keeps nothing is refused with the unit's decision. A module some plan
+// refused and no unit decided is refused with the plans' reasons (each prefixed by its scheme
+// under gated auto). The door times and converts; it seats what settle() keeps.
+struct CandidateResult {
+  std::string scheme;
+  std::optional<UnitVerdict> verdict;  // none: the unit could not be measured
+  std::string unmeasured;              // why, when there is no verdict ("refused: ...")
+  std::vector<std::string> paths;      // the modules this candidate seats
+};
+
+struct UnitOutcome {
+  std::string unit;
+  std::string scheme;              // the kept candidate's scheme; "" when the unit keeps nothing
+  std::string decision;            // "activated" or "refused: <reason>"
+  std::vector<std::string> paths;  // kept: the seated modules; else every module refused
+  bool kept() const { return !scheme.empty(); }
+};
+
+struct Arbitration {
+  std::vector<UnitOutcome> units;                            // in the order units were offered
+  std::vector<std::pair<std::string, std::string>> refused;  // (module, reason)
+};
+
+class UnitArbiter {
+ public:
+  explicit UnitArbiter(bool gated_auto) : gated_auto_(gated_auto) {}
+  // One unit measured under one candidate. True when it is now the unit's best: the door keeps
+  // its seats (and may drop the previous best's).
+  bool offer(const std::string& unit, CandidateResult result);
+  // A plan's refusal of a module under `scheme`.
+  void plan_refused(const std::string& scheme, const std::string& path, const std::string& why);
+  Arbitration settle() const;
+
+ private:
+  struct Unit {
+    std::string name;
+    std::vector<CandidateResult> tried;
+    int best = -1;
+  };
+  bool gated_auto_;
+  std::vector<Unit> units_;
+  std::vector<std::pair<std::string, std::vector<std::string>>> plan_refusals_;
+};
+
+// Whether a module path is, holds or sits inside one of `taken`.
+bool overlaps(const std::string& path, const std::vector<std::string>& taken);
+
+// decode_loop's self-check (SelfCheckSpec): got and want are logits [positions, vocab], f32,
+// contiguous; throws InvalidArgument on other shapes.
+struct SelfCheckVerdict {
+  bool passed = false;
+  double top1_agreement = 0;
+  double min_cosine = 0;  // the worst position's logits cosine
+  int64_t worst_position = 0;
+  int64_t positions = 0;
+  std::string text;  // "passed" or the refusal ("self-check against the host: ...")
+};
+SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& got,
+                                  const TensorView& want);
+
+// get().bind()'s certification: the worst of the samples' cosines against a floor (the
+// structure's parity pass band unless the caller names one; a floor <= 0 checks nothing).
+struct CertificationVerdict {
+  bool passed = false;
+  double worst_cosine = 1.0;
+  int64_t samples = 0;
+  std::string text;  // "passed" or "worst cosine 0.912345 < gate 0.999"
+};
+CertificationVerdict judge_certification(const std::vector<double>& cosines, double floor);
 
 }  // namespace frt

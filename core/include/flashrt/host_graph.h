@@ -6,7 +6,7 @@
 #include <flashrt/types.h>
 
 #include <cstdint>
-#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +18,30 @@ enum class ModuleKind : int32_t {
   activation,  // a parameter-free elementwise nonlinearity; `activation` says which
   norm,        // a 1-D-weighted normalisation over the last dim; attributes say which form
   module,      // anything else (a container)
+};
+
+// What the door measured of a norm module (kind norm).
+struct NormFacts {
+  NormForm form = NormForm::unknown;
+  double eps = 0;          // the module's epsilon; 0 for a norm seen only on its calls
+  bool affine = true;      // false: a parameter-free norm, recognised on its calls
+  std::string modulation;  // where its output's modulation is computed; "" when none was located
+};
+
+// A rotary embedding module's own (a module exposing its frequencies).
+struct RotaryFacts {
+  std::vector<float> inv_freq;     // the frequencies it rotates by, scaled as the host scales them
+  double attention_scaling = 1.0;  // its cos/sin scale
+};
+
+// What the host's configuration declares that its modules cannot show.
+struct HostConfig {
+  DType dtype = DType::f32;                                         // the first parameter's
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;  // 0: not declared
+  RopeKind rope = RopeKind::plain;
+  std::string rope_name = "default";   // as declared (a kind outside the table is `other`)
+  double partial_rotary_factor = 1.0;  // the share of each head the rotary rotates
+  int64_t sliding_window = 0;          // 0: no sliding window applies
 };
 
 struct HostModule {
@@ -32,10 +56,9 @@ struct HostModule {
   int64_t weight_id = 0;  // storage identity: equal for tied weights
   // activation: what the door measured the module to compute.
   Activation activation = Activation::unknown;
-  // What the door measured or read of the module, e.g. a norm's "form" ("rms", "rms_one_plus",
-  // "other") and "eps"; read by bindings (decode_loop), never by structure discovery.
-  std::map<std::string, std::string> attributes;
-  std::vector<float> values;          // a module's measured vector (the rotary frequencies)
+  NormFacts norm;                     // kind norm: its measured form and epsilon
+  RotaryFacts rotary;                 // a rotary embedding; empty inv_freq otherwise
+  std::optional<OpKind> seated;       // a flashrt seat stands here and runs this op
   std::vector<std::string> children;  // direct children's paths
 };
 
@@ -56,8 +79,7 @@ struct HostGraph {
   std::vector<HostCall> calls;
   std::string output_head;      // the module that produces the logits, "" if none
   std::string input_embedding;  // the token embedding, "" if none
-  // The host's configuration as the door read it (head counts, rotary form, sliding window).
-  std::map<std::string, std::string> attributes;
+  HostConfig config;            // the host's configuration as the door read it
 
   const HostModule* find(const std::string& path) const;
   std::vector<const HostCall*> calls_of(const std::string& path) const;

@@ -28,6 +28,9 @@ struct VariantDecision {
   std::string name;     // "cpu-x86_64-linux-avx2"
   std::string isa;      // "avx2"
   std::string library;  // absolute path
+  // The library's sha256 as metadata.json declares it; the file is hashed and checked against it
+  // before a variant is loaded, so for the chosen one it is the digest of what runs.
+  std::string sha256;
   bool chosen = false;
   std::string reason;  // why it was refused or not tried; "" for the chosen one
 };

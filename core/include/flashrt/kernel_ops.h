@@ -59,7 +59,7 @@ void run_ffn(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f
 
 // Streams `bytes` of memory on `threads` threads of the process team (at most its size) `repeats`
 // times and returns the best read rate in GB/s (1e9 bytes/s): the floor every decode kernel is
-// measured against.
+// measured against (core/src/runtime/read_probe.cpp, Note [Read probe]).
 double measure_read_bandwidth(int64_t bytes, int threads, int repeats);
 
 }  // namespace frt

@@ -52,6 +52,10 @@ struct SlotTensor {
   std::string module, tensor;
 };
 
+// The band_max of a form band without a max (a catalog form's `rows: {min}`, rows_max -1): every
+// row count from its min. Seats keep bands as int64 ranges; this is far past any real call.
+inline constexpr int64_t kUnboundedRows = int64_t{1} << 62;
+
 // One seat the plan decided on: what it replaces, the op it runs and the tensor of each operand.
 struct SeatPlan {
   Seam seam;
@@ -62,6 +66,7 @@ struct SeatPlan {
   OpKind op = OpKind::linear;
   WeightForm form;
   int64_t band_min = 1, band_max = 1;  // rows; others run the host (band dispatch)
+                                       // (band_max kUnboundedRows: no max)
   // Operand -> host tensor: linear {weight, bias?}; gated_ffn {gate, up, down};
   // ffn {up, down, up_bias?, down_bias?}.
   std::map<std::string, SlotTensor> slots;
@@ -107,7 +112,9 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
           KernelHub& hub);
 
 // What a pass decided, before anything is swapped: every seat, keep-at-host and refusal with
-// its reason, and the counts.
-std::string explain(const Plan& plan);
+// its reason, and the counts. Entries that differ only by one index of their path (the layers of
+// a stack) are written once, "model.layers.{0..29}.mlp ... x30" (Note [Explain groups] in
+// core/src/util/explain_groups.cpp); verbose writes each on its own line.
+std::string explain(const Plan& plan, bool verbose = false);
 
 }  // namespace frt

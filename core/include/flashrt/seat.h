@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -52,7 +53,10 @@ struct Ledger {
   bool restored = false;
 };
 
-enum class GuardMode { fallback, raise };
+// What a seat does on an out-of-form call: run the host (counted), or raise.
+enum class GuardMode : int32_t { fallback, raise };
+const char* name_of(GuardMode m);
+std::optional<GuardMode> parse_guard_mode(std::string_view name);  // "fallback" | "raise"
 
 // A bound seat: the packed weights, its form and its ledger. Thread-safe: the ledger is locked,
 // and a call from a thread other than the owner is a counted fallback.
@@ -81,7 +85,10 @@ class Seat {
   void set_mode(GuardMode mode);  // swap.attach(on_guard_fail=...) sets it on a planned seat
 
  protected:
+  // The form checks of one call: "" when the kernel takes it, else the reason.
   virtual std::string refusal(const TensorView& x, const TensorView& y) const = 0;
+  // Runs the kernel; only run() calls it, right after refusal() returned "" for the same views,
+  // so it does not check the form again (each seated call is checked once).
   virtual void execute(const TensorView& x, const TensorView& y) = 0;
   const frt_kernel_table& table_;
 

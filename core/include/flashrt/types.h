@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace frt {
@@ -52,11 +53,35 @@ enum class OpKind : int32_t {
 // How a gate scores a forward's output (DESIGN §7).
 enum class OutputKind : int32_t { values, distribution };
 
+// What a norm computes, as the door measured it: (x - mean) / std, x / rms(x) times w or (1 + w),
+// or something else; unknown where nothing was measured.
+enum class NormForm : int32_t { unknown, layer, rms, rms_one_plus, other };
+
+// The rotary form a host declares (transformers' rope_type; `plain` is named "default"). A name
+// outside the table is `other`, and the host graph keeps the declared name for messages.
+enum class RopeKind : int32_t {
+  plain,
+  linear,
+  dynamic,
+  yarn,
+  longrope,
+  llama3,
+  proportional,
+  other
+};
+
 const char* name_of(DType v);
 const char* name_of(Activation v);
 const char* name_of(WeightFormat v);
 const char* name_of(OpKind v);
 const char* name_of(OutputKind v);
+const char* name_of(NormForm v);
+const char* name_of(RopeKind v);
+
+// Every value of an enum with its name, in table order: the one definition bindings read (for
+// DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind).
+template <typename E>
+std::vector<std::pair<E, std::string_view>> enum_entries();
 
 // nullopt for a name outside the table; known_*() lists the table for the message.
 std::optional<DType> parse_dtype(std::string_view name);
@@ -64,11 +89,15 @@ std::optional<Activation> parse_activation(std::string_view name);
 std::optional<WeightFormat> parse_weight_format(std::string_view name);
 std::optional<OpKind> parse_op(std::string_view name);
 std::optional<OutputKind> parse_output_kind(std::string_view name);
+std::optional<NormForm> parse_norm_form(std::string_view name);
+std::optional<RopeKind> parse_rope_kind(std::string_view name);
 std::string known_dtypes();
 std::string known_activations();
 std::string known_weight_formats();
 std::string known_ops();
 std::string known_output_kinds();
+std::string known_norm_forms();
+std::string known_rope_kinds();
 
 // The weight operands an op reads, by the ABI's names (frt_linear_args.w is "weight";
 // frt_ffn_args' gate, up, down); a region op's structure must have slots of these names.
@@ -81,5 +110,24 @@ inline bool kernel_activation(Activation a) {
 
 // True for the element types kernels read (f32, bf16).
 inline bool kernel_dtype(DType d) { return d == DType::f32 || d == DType::bf16; }
+
+// The ABI's code for an element type (frt_dtype), the one mapping the planner's descriptors and
+// the runtime's call arguments share. A type the ABI has no code for (f64, other) maps to -1,
+// which no kernel takes: asking a kernel about f16 or f64 data as if it were bf16 or f32 would
+// have it read the wrong element size.
+inline int32_t abi_dtype(DType d) {
+  switch (d) {
+    case DType::f32:
+      return FRT_F32;
+    case DType::bf16:
+      return FRT_BF16;
+    case DType::f16:
+      return FRT_F16;
+    case DType::f64:
+    case DType::other:
+      break;
+  }
+  return -1;
+}
 
 }  // namespace frt

@@ -345,6 +345,12 @@ class SpecParser : YamlFields {
         n.attribute = text(require(kv.second, field, "attribute"), child(field, "attribute"));
         if (!s.attributes.count(n.attribute))
           fail(child(field, "attribute"), "'" + n.attribute + "' is not a declared attribute");
+        for (size_t i = 0; i < s.attributes.at(n.attribute).size(); ++i) {
+          const std::string& v = s.attributes.at(n.attribute)[i];
+          if (!parse_norm_form(v))
+            fail("attributes." + n.attribute + "[" + std::to_string(i) + "]",
+                 "unknown norm form '" + v + "' (known: " + known_norm_forms() + ")");
+        }
         for (const char* k : {"weight", "bias", "output_head"})
           if (kv.second[k]) fail(child(field, k), "a norm node has none");
       } else {

@@ -326,13 +326,30 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_DOUBLE_EQ(c.band(OutputKind::values).pass, 0.999);
   EXPECT_EQ(c.band(OutputKind::distribution).metric, "top1_agreement");
   EXPECT_DOUBLE_EQ(c.band(OutputKind::distribution).warn, 0.85);
+  EXPECT_EQ(c.decode_self_check().probe_tokens, 8);
+  EXPECT_DOUBLE_EQ(c.decode_self_check().top1_agreement, 0.75);
+  EXPECT_DOUBLE_EQ(c.decode_self_check().logits_cosine, 0.999);
 
   const BindingSpec& llama = c.binding("llama_decode");
   EXPECT_EQ(llama.layers, "model.layers");
   EXPECT_THROW(c.binding("gpt2_decode"), InvalidArgument);
-  EXPECT_TRUE(c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm"}).empty());
-  // Only flashrt/linear visible: every rung on flashrt/ffn is named, decoder_ffn's among them.
-  const std::vector<std::string> missing = c.missing_packages({"flashrt/linear", "flashrt/gemm"});
+  EXPECT_EQ(llama.decode_package, "flashrt/decode");
+  EXPECT_EQ(llama.linear_package, "flashrt/linear");
+  EXPECT_EQ(llama.ffn_package, "flashrt/ffn");
+  EXPECT_TRUE(
+      c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm", "flashrt/decode"})
+          .empty());
+  // The binding's packages are checked like the ladders' and the schemes'.
+  const std::vector<std::string> no_decode =
+      c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm"});
+  ASSERT_EQ(no_decode.size(), 1u);
+  EXPECT_NE(no_decode[0].find("bindings/llama_decode.yaml: kernels.decode: 'flashrt/decode' is "
+                              "not on the kernel path"),
+            std::string::npos)
+      << no_decode[0];
+  // flashrt/ffn not visible: every rung on it is named, decoder_ffn's among them.
+  const std::vector<std::string> missing =
+      c.missing_packages({"flashrt/linear", "flashrt/gemm", "flashrt/decode"});
   ASSERT_FALSE(missing.empty());
   bool decoder_ffn_named = false;
   for (const std::string& m : missing) {
@@ -683,6 +700,21 @@ TEST_F(CatalogFiles, ABindingIsHeldToWhatTheDecodeProgramComputes) {
   EXPECT_NE(plan_error(replaced(binding, "  o: self_attn.o_proj\n", ""))
                 .find("has no slot 'o', which the decode program reads"),
             std::string::npos);
+  // The covered values are parsed into the core's enums at load.
+  const Catalog shipped = Catalog::load(kCatalogDir);
+  const BindingSpec& llama = shipped.binding("llama_decode");
+  EXPECT_EQ(llama.norm_forms, (std::vector<NormForm>{NormForm::rms}));
+  EXPECT_EQ(llama.rope_kinds,
+            (std::vector<RopeKind>{RopeKind::plain, RopeKind::linear, RopeKind::llama3}));
+  write("bindings/llama_decode.yaml",
+        replaced(binding, "rope_type: [default, linear, llama3]", "rope_type: [default, sliding]"));
+  expect_error_in("bindings/llama_decode.yaml", "attributes.rope_type[1]",
+                  "unknown rotary form 'sliding'");
+  write("bindings/llama_decode.yaml", replaced(binding, "norm_form: [rms]", "norm_form: [rmsx]"));
+  expect_error_in("bindings/llama_decode.yaml", "attributes.norm_form[0]",
+                  "unknown norm form 'rmsx'");
+  write("bindings/llama_decode.yaml", replaced(binding, "norm_form: [rms]", "colour: [red]"));
+  expect_error_in("bindings/llama_decode.yaml", "attributes", "colour");
 }
 
 TEST_F(CatalogFiles, SchemeNamesAnUnknownForm) {
@@ -764,6 +796,25 @@ TEST_F(CatalogFiles, GateBandsOutOfOrder) {
                       "output_kinds.distribution", "needs 0 < warn <= pass <= 1");
   expect_policy_error("gates.yaml", replaced(kGates, "values:", "logits:"), "output_kinds.logits",
                       "unknown output kind 'logits'");
+}
+
+TEST_F(CatalogFiles, DecodeSelfCheckIsOptionalButValidated) {
+  write_valid_catalog();
+  EXPECT_THROW(Catalog::load(dir_.string()).decode_self_check(), InvalidArgument);
+  const std::string check =
+      "self_checks:\n  decode_loop: {probe_tokens: 8, top1_agreement: 0.75, logits_cosine: "
+      "0.999}\n";
+  write("gates.yaml", kGates + check);
+  EXPECT_EQ(Catalog::load(dir_.string()).decode_self_check().probe_tokens, 8);
+  expect_policy_error("gates.yaml", kGates + replaced(check, "probe_tokens: 8", "probe_tokens: 0"),
+                      "self_checks.decode_loop.probe_tokens", "must be >= 1");
+  expect_policy_error("gates.yaml",
+                      kGates + replaced(check, "logits_cosine: 0.999", "logits_cosine: 1.5"),
+                      "self_checks.decode_loop.logits_cosine", "must be in (0, 1]");
+  expect_policy_error("gates.yaml", kGates + replaced(check, "top1_agreement", "top5"),
+                      "self_checks.decode_loop", "top5");
+  expect_policy_error("gates.yaml", kGates + replaced(check, "decode_loop", "prefill_loop"),
+                      "self_checks", "prefill_loop");
 }
 
 // A structure the planner has never seen, declared only in catalog files, is discovered and

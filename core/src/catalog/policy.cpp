@@ -73,7 +73,8 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   }
   if (const YAML::Node block = node["act_block"]) {
     // The int8_gemm layout's activation blocks travel in the ABI's group field (Note [W8A8
-    // blocks], kernels/gemm/src/gemm_blocks.cpp); without it activations are quantized per row.
+    // blocks], kernels/gemm/src/ref/w8a8_blocks_ref.cpp); without it activations are quantized
+    // per row.
     if (w.format != WeightFormat::int8_gemm)
       f.fail(child(field, "act_block"), "belongs to int8_gemm forms");
     if (f.integer(block, child(field, "act_block")) != 32)
@@ -188,10 +189,11 @@ void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& ou
   }
 }
 
-void load_gates(std::map<OutputKind, OutputBand>& out, const fs::path& path) {
+void load_gates(std::map<OutputKind, OutputBand>& out, std::optional<SelfCheckSpec>& self_check,
+                const fs::path& path) {
   const YamlFields f(escape_invalid_utf8(path.string()));
   const YAML::Node root = load_mapping(f, path);
-  f.check_keys(root, "", {"output_kinds"});
+  f.check_keys(root, "", {"output_kinds", "self_checks"});
   const YAML::Node kinds = f.require(root, "", "output_kinds");
   f.expect_map(kinds, "output_kinds", /*allow_empty=*/false);
   for (const auto& kv : kinds) {
@@ -210,6 +212,27 @@ void load_gates(std::map<OutputKind, OutputBand>& out, const fs::path& path) {
     if (!(b.warn > 0 && b.warn <= b.pass && b.pass <= 1))
       f.fail(field, "needs 0 < warn <= pass <= 1");
     out[b.kind] = b;
+  }
+  if (const YAML::Node checks = root["self_checks"]) {
+    f.expect_map(checks, "self_checks", /*allow_empty=*/false);
+    f.check_keys(checks, "self_checks", {"decode_loop"});
+    const std::string field = "self_checks.decode_loop";
+    const YAML::Node d = f.require(checks, "self_checks", "decode_loop");
+    if (!d.IsMap())
+      f.fail(field,
+             "expected a mapping with probe_tokens, top1_agreement, "
+             "logits_cosine");
+    f.check_keys(d, field, {"probe_tokens", "top1_agreement", "logits_cosine"});
+    SelfCheckSpec s;
+    s.probe_tokens = f.integer(f.require(d, field, "probe_tokens"), child(field, "probe_tokens"));
+    s.top1_agreement =
+        f.number(f.require(d, field, "top1_agreement"), child(field, "top1_agreement"));
+    s.logits_cosine = f.number(f.require(d, field, "logits_cosine"), child(field, "logits_cosine"));
+    if (s.probe_tokens < 1) f.fail(child(field, "probe_tokens"), "must be >= 1");
+    for (const auto& [key, value] : {std::pair{"top1_agreement", s.top1_agreement},
+                                     std::pair{"logits_cosine", s.logits_cosine}})
+      if (!(value > 0 && value <= 1)) f.fail(child(field, key), "must be in (0, 1]");
+    self_check = s;
   }
 }
 
@@ -238,8 +261,9 @@ std::vector<BindingSlot> binding_slots(const YamlFields& f, const YAML::Node& no
 BindingSpec load_binding(const fs::path& path) {
   const YamlFields f(escape_invalid_utf8(path.string()));
   const YAML::Node root = load_mapping(f, path);
-  f.check_keys(root, "",
-               {"name", "description", "layers", "stack", "layer", "fused_forms", "attributes"});
+  f.check_keys(
+      root, "",
+      {"name", "description", "layers", "stack", "layer", "kernels", "fused_forms", "attributes"});
   BindingSpec b;
   b.name = f.text(f.require(root, "", "name"), "name");
   if (b.name != path.stem().string())
@@ -248,6 +272,12 @@ BindingSpec load_binding(const fs::path& path) {
   b.layers = f.text(f.require(root, "", "layers"), "layers");
   b.stack = binding_slots(f, f.require(root, "", "stack"), "stack");
   b.layer = binding_slots(f, f.require(root, "", "layer"), "layer");
+  const YAML::Node kernels = f.require(root, "", "kernels");
+  f.expect_map(kernels, "kernels", /*allow_empty=*/false);
+  f.check_keys(kernels, "kernels", {"decode", "linear", "ffn"});
+  b.decode_package = f.text(f.require(kernels, "kernels", "decode"), "kernels.decode");
+  b.linear_package = f.text(f.require(kernels, "kernels", "linear"), "kernels.linear");
+  b.ffn_package = f.text(f.require(kernels, "kernels", "ffn"), "kernels.ffn");
   if (const YAML::Node fused = root["fused_forms"]) {
     f.expect_map(fused, "fused_forms", /*allow_empty=*/true);
     for (const auto& kv : fused)
@@ -255,15 +285,25 @@ BindingSpec load_binding(const fs::path& path) {
   }
   if (const YAML::Node a = root["attributes"]) {
     f.expect_map(a, "attributes", /*allow_empty=*/true);
-    for (const auto& kv : a)
-      b.attributes[kv.first.Scalar()] =
-          f.string_list(kv.second, child("attributes", kv.first.Scalar()), /*allow_empty=*/false);
-    if (b.attributes.count("activation"))
-      for (size_t i = 0; i < b.attributes["activation"].size(); ++i)
-        if (!parse_activation(b.attributes["activation"][i]))
-          f.fail("attributes.activation[" + std::to_string(i) + "]",
-                 "unknown activation '" + b.attributes["activation"][i] +
-                     "' (known: " + known_activations() + ")");
+    f.check_keys(a, "attributes", {"norm_form", "activation", "rope_type"});
+    // Each value is parsed once, here, into the core's enums; a name outside a table fails.
+    const auto parse_list = [&](const char* key, auto parse, const std::string& known,
+                                const char* what, auto& out) {
+      const YAML::Node list = a[key];
+      if (!list) return;
+      const std::vector<std::string> names =
+          f.string_list(list, child("attributes", key), /*allow_empty=*/false);
+      for (size_t i = 0; i < names.size(); ++i) {
+        const auto v = parse(names[i]);
+        if (!v)
+          f.fail(std::string("attributes.") + key + "[" + std::to_string(i) + "]",
+                 std::string("unknown ") + what + " '" + names[i] + "' (known: " + known + ")");
+        out.push_back(*v);
+      }
+    };
+    parse_list("norm_form", parse_norm_form, known_norm_forms(), "norm form", b.norm_forms);
+    parse_list("activation", parse_activation, known_activations(), "activation", b.activations);
+    parse_list("rope_type", parse_rope_kind, known_rope_kinds(), "rotary form", b.rope_kinds);
   }
   return b;
 }
@@ -324,7 +364,7 @@ void load_policy(Catalog& c, const std::string& dir) {
   if (is_file(root / "schemes.yaml")) load_schemes(c, c.schemes_, root / "schemes.yaml");
   if (is_file(root / "ladders.yaml")) load_ladders(c, c.ladders_, root / "ladders.yaml");
   check_ladders(c, root);
-  if (is_file(root / "gates.yaml")) load_gates(c.bands_, root / "gates.yaml");
+  if (is_file(root / "gates.yaml")) load_gates(c.bands_, c.decode_self_check_, root / "gates.yaml");
   std::error_code ec;
   if (fs::is_directory(root / "bindings", ec)) {
     std::vector<fs::path> files;
@@ -371,6 +411,13 @@ const OutputBand& Catalog::band(OutputKind kind) const {
   return it->second;
 }
 
+const SelfCheckSpec& Catalog::decode_self_check() const {
+  if (!decode_self_check_)
+    throw InvalidArgument("the catalog at " + dir_ +
+                          " declares no decode_loop self-check (gates.yaml self_checks)");
+  return *decode_self_check_;
+}
+
 const BindingSpec& Catalog::binding(const std::string& name) const {
   const auto it = bindings_.find(name);
   if (it == bindings_.end()) {
@@ -394,6 +441,13 @@ std::vector<std::string> Catalog::missing_packages(const std::vector<std::string
     for (const std::string& pkg : s.requires_packages)
       if (!have.count(pkg))
         out.push_back(dir_ + "/schemes.yaml: schemes." + name + ".requires: '" + pkg +
+                      "' is not on the kernel path");
+  for (const auto& [name, b] : bindings_)
+    for (const auto& [key, pkg] :
+         {std::pair{"decode", &b.decode_package}, std::pair{"linear", &b.linear_package},
+          std::pair{"ffn", &b.ffn_package}})
+      if (!have.count(*pkg))
+        out.push_back(dir_ + "/bindings/" + name + ".yaml: kernels." + key + ": '" + *pkg +
                       "' is not on the kernel path");
   return out;
 }

@@ -6,44 +6,28 @@
 #include <algorithm>
 #include <sstream>
 
+#include "util/explain_groups.h"
+
 namespace frt {
 namespace {
 
-std::string attr(const std::map<std::string, std::string>& a, const std::string& key) {
-  const auto it = a.find(key);
-  return it == a.end() ? "" : it->second;
+// A value the binding does not list is not covered.
+template <typename E>
+bool covers(const std::vector<E>& allowed, E value) {
+  return std::find(allowed.begin(), allowed.end(), value) != allowed.end();
 }
 
-int64_t int_attr(const HostGraph& g, const std::string& key) {
-  const std::string v = attr(g.attributes, key);
-  try {
-    return v.empty() ? 0 : std::stoll(v);
-  } catch (const std::exception&) {
-    throw InvalidArgument("host attribute " + key + " = '" + v + "' is not an integer");
-  }
-}
-
-// A value the binding does not list is not covered; nor is anything under a key it omits.
-bool allowed(const BindingSpec& b, const std::string& key, const std::string& value) {
-  const auto it = b.attributes.find(key);
-  if (it == b.attributes.end()) return false;
-  return std::find(it->second.begin(), it->second.end(), value) != it->second.end();
-}
-
-std::string allowed_list(const BindingSpec& b, const std::string& key) {
-  const auto it = b.attributes.find(key);
-  if (it == b.attributes.end()) return "none declared";
+template <typename E>
+std::string names_of(const std::vector<E>& values) {
+  if (values.empty()) return "none declared";
   std::string out;
-  for (const std::string& v : it->second) out += (out.empty() ? "" : ", ") + v;
+  for (E v : values) out += (out.empty() ? "" : ", ") + std::string(name_of(v));
   return out;
 }
 
 std::string join_path(const std::string& a, const std::string& b) {
   return a.empty() ? b : a + "." + b;
 }
-
-// The op a seated module runs ("" when the module is the host's own).
-std::string seated_op(const HostModule& m) { return attr(m.attributes, "seated"); }
 
 class Planner {
  public:
@@ -60,20 +44,21 @@ class Planner {
     if (m == nullptr || m->kind != ModuleKind::norm || m->in_features != width)
       return refuse(path, path + " is not an RMSNorm over " + std::to_string(width) +
                               " features with a weight and an epsilon");
-    const std::string form = attr(m->attributes, "form");
-    if (!allowed(b_, "norm_form", form))
+    if (!covers(b_.norm_forms, m->norm.form))
       return refuse(path, path +
                               " does not compute x·w/rms(x) (a different norm form, e.g. "
                               "x·(1+w)); measured '" +
-                              form + "', binding takes " + allowed_list(b_, "norm_form"));
-    if (eps != nullptr) *eps = std::stof(attr(m->attributes, "eps"));
+                              name_of(m->norm.form) + "', binding takes " +
+                              names_of(b_.norm_forms));
+    if (!(m->norm.eps > 0)) return refuse(path, path + " has no epsilon the door could read");
+    if (eps != nullptr) *eps = static_cast<float>(m->norm.eps);
     return true;
   }
 
   // A projection [n x k]: the host's linear or a seat running the linear op.
   bool projection(const std::string& path, int64_t n, int64_t k, bool bias_ok) {
     const HostModule* m = g_.find(path);
-    const bool seated = m != nullptr && seated_op(*m) == name_of(OpKind::linear);
+    const bool seated = m != nullptr && m->seated == OpKind::linear;
     if (m == nullptr || (m->kind != ModuleKind::linear && !seated))
       return refuse(path, "projection " + path + " (" + (m ? m->type_name : "absent") +
                               ") is neither a linear nor a flashrt seat");
@@ -116,20 +101,21 @@ DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::st
   require(kDecodeStackSlots, b.stack, true);
   require(kDecodeLayerSlots, b.layer, true);
   require(kDecodeFfnSlots, b.layer, false);
-  const auto admits_only = [&](const std::string& key, const auto& computed, auto name) {
-    const auto it = b.attributes.find(key);
-    if (it == b.attributes.end())
+  const auto admits_only = [&](const char* key, const auto& declared, const auto& computed) {
+    if (declared.empty())
       throw InvalidArgument("binding '" + binding + "' declares no " + key + " it covers");
-    for (const std::string& v : it->second)
-      if (std::none_of(computed.begin(), computed.end(), [&](auto c) { return name(c) == v; }))
-        throw InvalidArgument("binding '" + binding + "': " + key + " '" + v +
+    for (const auto v : declared)
+      if (std::find(computed.begin(), computed.end(), v) == computed.end())
+        throw InvalidArgument("binding '" + binding + "': " + key + " '" + name_of(v) +
                               "' is not a form the decode program computes");
   };
-  admits_only("norm_form", kDecodeNormForms, [](const char* c) { return std::string(c); });
-  admits_only("activation", kDecodeActivations,
-              [](Activation a) { return std::string(name_of(a)); });
+  admits_only("norm_form", b.norm_forms, kDecodeNormForms);
+  admits_only("activation", b.activations, kDecodeActivations);
   DecodePlan p;
   p.binding = binding;
+  p.decode_package = b.decode_package;
+  p.linear_package = b.linear_package;
+  p.ffn_package = b.ffn_package;
   Planner pl(g, b, p);
   DecodeConfig& c = p.config;
   c.max_len = max_len;
@@ -150,32 +136,36 @@ DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::st
     return refuse("", "a required slot is absent on this host: input or output embedding");
   p.embed = embed->path;
   p.head = head->path;
+  const HostConfig& host = g.config;
   if (embed->weight_dtype != DType::f32)
-    return refuse(p.embed, "host dtype " + attr(g.attributes, "dtype") +
+    return refuse(p.embed, std::string("host dtype ") + name_of(host.dtype) +
                                ": the loop computes in fp32 and would not reproduce the host's "
                                "arithmetic");
-  if (const std::string window = attr(g.attributes, "sliding_window"); !window.empty())
-    return refuse("", "sliding-window attention (window " + window +
+  if (host.sliding_window > 0)
+    return refuse("", "sliding-window attention (window " + std::to_string(host.sliding_window) +
                           "); the loop attends over the whole static window");
-  const std::string rope = attr(g.attributes, "rope_type");
-  if (!allowed(b, "rope_type", rope))
-    return refuse("",
-                  "rotary form '" + rope + "' (supported: " + allowed_list(b, "rope_type") + ")");
+  if (!covers(b.rope_kinds, host.rope))
+    return refuse(
+        "", "rotary form '" + host.rope_name + "' (supported: " + names_of(b.rope_kinds) + ")");
+  if (host.partial_rotary_factor != 1.0) {
+    std::ostringstream why;
+    why << "partial rotary (factor " << host.partial_rotary_factor
+        << "); the loop rotates the whole head";
+    return refuse("", why.str());
+  }
   const HostModule* rotary = p.stack.count("rotary") ? g.find(p.stack.at("rotary")) : nullptr;
-  if (rotary == nullptr || rotary->values.empty())
+  if (rotary == nullptr || rotary->rotary.inv_freq.empty())
     return refuse(rotary ? rotary->path : "", "the host's rotary module exposes no frequencies");
 
   c.hidden = embed->out_features;
   c.vocab = head->out_features;
-  c.heads = int_attr(g, "heads");
-  c.kv_heads = int_attr(g, "kv_heads");
-  if (c.kv_heads == 0) c.kv_heads = c.heads;
-  c.head_dim = int_attr(g, "head_dim");
+  c.heads = host.heads;
+  c.kv_heads = host.kv_heads > 0 ? host.kv_heads : c.heads;
+  c.head_dim = host.head_dim;
   if (c.head_dim == 0 && c.heads > 0) c.head_dim = c.hidden / c.heads;
-  c.intermediate = int_attr(g, "intermediate");
-  c.inv_freq = rotary->values;
-  const std::string scaling = attr(rotary->attributes, "attention_scaling");
-  c.attention_scaling = scaling.empty() ? 1.0f : std::stof(scaling);
+  c.intermediate = host.intermediate;
+  c.inv_freq = rotary->rotary.inv_freq;
+  c.attention_scaling = static_cast<float>(rotary->rotary.attention_scaling);
   if (c.heads <= 0 || c.head_dim <= 0)
     return refuse("", "the host declares no attention head count");
 
@@ -220,7 +210,7 @@ DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::st
         !pl.projection(L.slots.at("o"), c.hidden, qd, true))
       return p;
     const HostModule* mlp = L.slots.count("mlp") ? g.find(L.slots.at("mlp")) : nullptr;
-    if (mlp != nullptr && seated_op(*mlp) == name_of(OpKind::gated_ffn)) {
+    if (mlp != nullptr && mlp->seated == OpKind::gated_ffn) {
       L.mlp_seated = true;
       ++p.seated;
     } else {
@@ -235,10 +225,10 @@ DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::st
       const HostModule* act = g.find(L.slots.at("act"));
       L.activation = act != nullptr && act->kind == ModuleKind::activation ? act->activation
                                                                            : Activation::unknown;
-      if (!allowed(b, "activation", name_of(L.activation)))
+      if (!covers(b.activations, L.activation))
         return refuse(L.slots.at("act"), L.slots.at("act") + " activation '" +
                                              name_of(L.activation) + "' outside {" +
-                                             allowed_list(b, "activation") + "}");
+                                             names_of(b.activations) + "}");
     }
     p.layers.push_back(std::move(L));
   }
@@ -253,18 +243,32 @@ DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::st
   return p;
 }
 
-std::string explain(const DecodePlan& p) {
+std::string explain(const DecodePlan& p, bool verbose) {
   std::ostringstream s;
   const DecodeConfig& c = p.config;
   s << "flashrt decode plan: binding " << p.binding << ", " << c.layers << " layers, hidden "
     << c.hidden << ", heads " << c.heads << "/" << c.kv_heads << " x " << c.head_dim << ", vocab "
     << c.vocab << ", window " << c.max_len << ", " << p.seated << " seated, "
     << (p.ok() ? "buildable" : "refused") << "\n";
-  if (!p.refused.empty()) s << "\nrefused:\n";
+  // Grouped like a Plan's entries (Note [Explain groups]); a "" site is the host itself.
+  std::vector<detail::ExplainEntry> refused, assumed;
   for (const auto& [site, why] : p.refused)
-    s << "  " << (site.empty() ? "(host)" : site) << "  " << why << "\n";
-  if (!p.assumed.empty()) s << "\nassumed:\n";
-  for (const std::string& a : p.assumed) s << "  " << a << "\n";
+    refused.push_back(
+        {site, "  " + (site.empty() ? std::string("(host)") : site) + "  " + why + "\n"});
+  for (const std::string& a : p.assumed)
+    assumed.push_back({a.substr(0, a.find_first_of(": ")), "  " + a + "\n"});
+  bool merged = false;
+  for (const auto& [title, entries] : {std::pair{"refused", &refused}, {"assumed", &assumed}}) {
+    if (entries->empty()) continue;
+    s << "\n" << title << ":\n";
+    bool m = false;
+    if (verbose)
+      for (const detail::ExplainEntry& e : *entries) s << e.text;
+    else
+      s << detail::group_entries(*entries, &m);
+    merged = merged || m;
+  }
+  if (merged) s << detail::kGroupedNote;
   return s.str();
 }
 

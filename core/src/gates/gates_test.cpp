@@ -170,5 +170,149 @@ TEST(Gates, PickCandidateTakesTheFastestActivatedInThePassBand) {
   EXPECT_EQ(pick_candidate({}), -1);
 }
 
+// Note [Unit arbitration].
+UnitVerdict verdict_of(UnitDecision d, ParityBand band, double speedup,
+                       const std::string& text = "activated") {
+  UnitVerdict v;
+  v.decision = d;
+  v.band = band;
+  v.text = text;
+  v.latency.median_ratio = speedup;
+  v.latency.activates = d == UnitDecision::activated;
+  return v;
+}
+
+CandidateResult candidate(const std::string& scheme, std::optional<UnitVerdict> v,
+                          std::vector<std::string> paths, const std::string& unmeasured = "") {
+  return CandidateResult{scheme, std::move(v), unmeasured, std::move(paths)};
+}
+
+TEST(Arbiter, GatedAutoKeepsTheFastestPassingCandidatePerUnit) {
+  UnitArbiter a(/*gated_auto=*/true);
+  const auto ok = [](double s) { return verdict_of(UnitDecision::activated, ParityBand::pass, s); };
+  EXPECT_TRUE(a.offer("decoder_ffn", candidate("w8", ok(1.2), {"m.0.mlp", "m.1.mlp"})));
+  EXPECT_FALSE(a.offer("lm_head", candidate("w8", std::nullopt, {"lm_head"},
+                                            "refused: the seat gave its region back")));
+  EXPECT_TRUE(a.offer("decoder_ffn", candidate("w4a8", ok(1.5), {"m.0.mlp", "m.1.mlp"})));
+  // Faster but in the warn band, and slower but passing: neither replaces the best.
+  EXPECT_FALSE(a.offer(
+      "decoder_ffn",
+      candidate("fast", verdict_of(UnitDecision::activated, ParityBand::warn, 3.0), {"m.0.mlp"})));
+  EXPECT_FALSE(a.offer("decoder_ffn", candidate("slow", ok(1.1), {"m.0.mlp"})));
+  EXPECT_TRUE(a.offer("lm_head", candidate("w4a8", ok(1.3), {"lm_head"})));
+  a.plan_refused("w8", "m.0.attn", "no form");
+  a.plan_refused("w4a8", "m.0.attn", "no form either");
+  a.plan_refused("w8", "m.0.mlp", "decided by the unit, not by this");
+  const Arbitration r = a.settle();
+  ASSERT_EQ(r.units.size(), 2u);
+  EXPECT_EQ(r.units[0].unit, "decoder_ffn");
+  EXPECT_EQ(r.units[0].scheme, "w4a8");
+  EXPECT_TRUE(r.units[0].kept());
+  EXPECT_EQ(r.units[0].paths, (std::vector<std::string>{"m.0.mlp", "m.1.mlp"}));
+  EXPECT_EQ(r.units[1].scheme, "w4a8");
+  ASSERT_EQ(r.refused.size(), 1u);  // a seated module's plan refusal is moot
+  EXPECT_EQ(r.refused[0].first, "m.0.attn");
+  EXPECT_EQ(r.refused[0].second, "w8: no form; w4a8: no form either");
+}
+
+TEST(Arbiter, AUnitWithNoPassingCandidateRefusesEveryModuleAnyCandidateSeats) {
+  UnitArbiter a(/*gated_auto=*/true);
+  a.offer("decoder_ffn", candidate("w8",
+                                   verdict_of(UnitDecision::refused_latency, ParityBand::pass, 0.9,
+                                              "refused: median speedup 0.900x < 1.05x"),
+                                   {"m.1.mlp", "m.0.mlp"}));
+  a.offer("decoder_ffn",
+          candidate("w4", std::nullopt, {"m.2.mlp"}, "refused: the seat gave its region back"));
+  const Arbitration r = a.settle();
+  ASSERT_EQ(r.units.size(), 1u);
+  EXPECT_FALSE(r.units[0].kept());
+  EXPECT_EQ(r.units[0].decision,
+            "refused: no candidate passed (w8: refused: median speedup 0.900x < 1.05x, parity "
+            "pass; w4: refused: the seat gave its region back, parity unmeasured)");
+  ASSERT_EQ(r.refused.size(), 3u);
+  EXPECT_EQ(r.refused[0].first, "m.0.mlp");  // sorted
+  EXPECT_EQ(r.refused[2].first, "m.2.mlp");
+  EXPECT_EQ(r.refused[0].second, "decoder_ffn unit " + r.units[0].decision);
+}
+
+TEST(Arbiter, AUnitWhoseModulesAnotherKeptUnitHoldsIsRefused) {
+  UnitArbiter a(/*gated_auto=*/false);
+  const UnitVerdict ok = verdict_of(UnitDecision::activated, ParityBand::warn, 1.2);
+  EXPECT_TRUE(a.offer("decoder_ffn", candidate("w8", ok, {"m.0.mlp"})));
+  EXPECT_TRUE(a.offer("linear_proj", candidate("w8", ok, {"m.0.mlp.down_proj", "m.0.attn.q"})));
+  EXPECT_FALSE(a.offer("other", candidate("w8",
+                                          verdict_of(UnitDecision::refused_floor, ParityBand::low,
+                                                     2.0, "refused: cosine 0.9 < floor 0.99"),
+                                          {"m.1.x"})));
+  a.plan_refused("w8", "m.9", "named scheme: no prefix");
+  const Arbitration r = a.settle();
+  ASSERT_EQ(r.units.size(), 3u);
+  EXPECT_TRUE(r.units[0].kept());  // a named scheme keeps a warn band
+  EXPECT_FALSE(r.units[1].kept());
+  EXPECT_EQ(r.units[1].decision, "refused: its modules are seated by another unit");
+  EXPECT_EQ(r.units[2].decision, "refused: cosine 0.9 < floor 0.99");
+  ASSERT_EQ(r.refused.size(), 4u);
+  EXPECT_EQ(r.refused[0],
+            (std::pair<std::string, std::string>{
+                "m.0.attn.q", "linear_proj unit refused: its modules are seated by another unit"}));
+  EXPECT_EQ(r.refused[3], (std::pair<std::string, std::string>{"m.9", "named scheme: no prefix"}));
+}
+
+TEST(Arbiter, OverlapIsAncestryNotAPrefixOfTheName) {
+  EXPECT_TRUE(overlaps("a.b", {"a.b"}));
+  EXPECT_TRUE(overlaps("a.b.c", {"a.b"}));
+  EXPECT_TRUE(overlaps("a", {"a.b"}));
+  EXPECT_FALSE(overlaps("a.bc", {"a.b"}));
+  EXPECT_FALSE(overlaps("a.b", {"a.bc", "x"}));
+  EXPECT_FALSE(overlaps("a.b", {}));
+}
+
+TEST(SelfCheck, BothFloorsAreJudgedAndTheFirstShortfallNamed) {
+  const SelfCheckSpec& spec = catalog().decode_self_check();
+  std::vector<float> want = {1, 0, 0, 0, 2, 0, 0, 0, 3, 1, 1, 1};  // 3 positions x 4
+  std::vector<float> same = want;
+  SelfCheckVerdict v = judge_self_check(spec, vec(same, 3, 4), vec(want, 3, 4));
+  EXPECT_TRUE(v.passed);
+  EXPECT_EQ(v.text, "passed");
+  EXPECT_DOUBLE_EQ(v.top1_agreement, 1.0);
+  EXPECT_NEAR(v.min_cosine, 1.0, 1e-12);
+  // Every argmax agrees, the last position's values do not: refused by the values.
+  std::vector<float> skew = {1, 0, 0, 0, 2, 0, 0, 0, 3, 2.5f, 0, 0};
+  v = judge_self_check(spec, vec(skew, 3, 4), vec(want, 3, 4));
+  EXPECT_FALSE(v.passed);
+  EXPECT_DOUBLE_EQ(v.top1_agreement, 1.0);
+  EXPECT_EQ(v.worst_position, 2);
+  EXPECT_NE(v.text.find("teacher-forced logits cosine 0.8"), std::string::npos) << v.text;
+  EXPECT_NE(v.text.find("at position 2 of a 3-token probe (< 0.999)"), std::string::npos);
+  // Argmaxes moved on two of three positions: refused by the agreement, named first.
+  std::vector<float> moved = {0, 1, 0, 0, 0, 2, 0, 0, 3, 1, 1, 1};
+  v = judge_self_check(spec, vec(moved, 3, 4), vec(want, 3, 4));
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.text,
+            "self-check against the host: teacher-forced agreement 0.33 on a 3-token probe "
+            "(< 0.75); this stack computes something the loop does not");
+  std::vector<float> nan = want;
+  nan[1] = NAN;
+  v = judge_self_check(spec, vec(nan, 3, 4), vec(want, 3, 4));
+  EXPECT_FALSE(v.passed);
+  EXPECT_TRUE(std::isnan(v.min_cosine));
+  EXPECT_EQ(v.worst_position, 0);
+  EXPECT_THROW(judge_self_check(spec, vec(same, 2, 6), vec(want, 3, 4)), InvalidArgument);
+  EXPECT_THROW(judge_self_check(spec, vec(same, 1, 12), vec(want, 3, 4)), InvalidArgument);
+}
+
+TEST(SelfCheck, CertificationTakesTheWorstSample) {
+  CertificationVerdict v = judge_certification({0.9999, 0.99995}, 0.999);
+  EXPECT_TRUE(v.passed);
+  EXPECT_DOUBLE_EQ(v.worst_cosine, 0.9999);
+  EXPECT_EQ(v.samples, 2);
+  v = judge_certification({0.9999, 0.5, 0.9999}, 0.999);
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.text, "worst cosine 0.500000 < gate 0.999");
+  EXPECT_TRUE(judge_certification({0.5}, 0).passed);  // no floor: figures only
+  EXPECT_FALSE(judge_certification({0.9999, NAN, 0.9999}, 0.999).passed);
+  EXPECT_THROW(judge_certification({}, 0.999), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace frt

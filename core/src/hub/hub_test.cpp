@@ -174,6 +174,10 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
     EXPECT_EQ(&hub.table(repo), r.table);
     EXPECT_EQ(r.table->n_ops, static_cast<int32_t>(owns.at(repo).size())) << repo;
     for (OpKind kind : owns.at(repo)) EXPECT_NE(find_op(*r.table, kind), nullptr) << repo;
+    // The chosen variant names the digest of the library it loaded (receipts record it).
+    const VariantDecision* chosen = decision(r, tier);
+    ASSERT_NE(chosen, nullptr);
+    EXPECT_EQ(detail::sha256_file_hex(chosen->library).value_or(""), chosen->sha256) << repo;
     if (tier == "avx2") {
       EXPECT_EQ(decision(r, "generic")->reason, "not tried: cpu-x86_64-linux-avx2 chosen");
     }

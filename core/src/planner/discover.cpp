@@ -237,10 +237,8 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
     if (n.kind == NodeKind::linear || !a.count(n.name)) continue;
     const std::vector<std::string>& allowed = spec.attributes.at(n.attribute);
     const HostModule& m = *a.at(n.name);
-    const auto form = m.attributes.find("form");
-    const std::string got = n.kind == NodeKind::activation ? std::string(name_of(m.activation))
-                            : form == m.attributes.end()   ? std::string("unknown")
-                                                           : form->second;
+    const std::string got =
+        n.kind == NodeKind::activation ? name_of(m.activation) : name_of(m.norm.form);
     if (std::find(allowed.begin(), allowed.end(), got) == allowed.end()) {
       std::string set;
       for (const std::string& v : allowed) set += (set.empty() ? "" : ", ") + v;
@@ -262,13 +260,13 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
     // the code that modulates its output and the projections' module.
     for (const MatchNode& n : spec.match.nodes) {
       if (n.kind != NodeKind::norm || !a.count(n.name) || homes.size() < 2) continue;
-      const auto where = a.at(n.name)->attributes.find("modulation");
-      if (where == a.at(n.name)->attributes.end()) continue;
+      const std::string& where = a.at(n.name)->norm.modulation;
+      if (where.empty()) continue;
       std::string linears;
       for (const MatchNode& l : spec.match.nodes)
         if (l.kind == NodeKind::linear && a.count(l.name))
           linears += (linears.empty() ? "" : "/") + l.name;
-      return "modulation of " + a.at(n.name)->path + " is computed " + where->second +
+      return "modulation of " + a.at(n.name)->path + " is computed " + where +
              "; no module boundary holds " + n.name + "\u2192modulation\u2192" + linears + " (" +
              shape + " in " + parent_of(a.at(spec.match.nodes.back().name)->path) +
              "), so its projections stay free for other structures";

@@ -11,12 +11,12 @@
 #include <set>
 #include <sstream>
 
+#include "util/explain_groups.h"
+
 namespace frt {
 namespace {
 
 constexpr const char* kAuto = "auto";
-// A form band without a max: every row count from its min (a seat's band is an int64 range).
-constexpr int64_t kUnboundedRows = int64_t{1} << 62;
 
 bool usable(const SchemeSpec& s, KernelHub& hub) {
   for (const std::string& pkg : s.requires_packages)
@@ -62,10 +62,6 @@ std::string dtype_list(const std::vector<DType>& ds) {
 
 bool allows(const std::vector<DType>& ds, DType d) {
   return std::find(ds.begin(), ds.end(), d) != ds.end();
-}
-
-int32_t abi_dtype(DType d) {
-  return d == DType::bf16 ? FRT_BF16 : d == DType::f16 ? FRT_F16 : FRT_F32;
 }
 
 // One seat the rung would build, before the package is asked.
@@ -384,13 +380,11 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   return p;
 }
 
-std::string explain(const Plan& p) {
-  std::ostringstream s;
-  s << "flashrt plan: scheme " << p.scheme.name << ", " << p.seams_found << " seams found, "
-    << p.seats.size() << " seated, " << p.keep_host.size() << " kept at host, " << p.refused.size()
-    << " refused\n";
-  if (!p.seats.empty()) s << "\nseated:\n";
+std::string explain(const Plan& p, bool verbose) {
+  using detail::ExplainEntry;
+  std::vector<ExplainEntry> seats, keep, refused, assumed;
   for (const SeatPlan& seat : p.seats) {
+    std::ostringstream s;
     s << "  " << seat.site << "  " << seat.seam.structure << " " << seat.seam.shape << " -> "
       << seat.impl << " (" << seat.form.describe() << ", rows " << seat.band_min << ".."
       << (seat.band_max >= kUnboundedRows ? "" : std::to_string(seat.band_max)) << ", "
@@ -402,16 +396,39 @@ std::string explain(const Plan& p) {
       s << " (the first called computes all)\n";
     }
     for (const std::string& step : seat.ladder) s << "      ladder: " << step << "\n";
+    seats.push_back({seat.site, s.str()});
   }
-  if (!p.keep_host.empty()) s << "\nkept at host:\n";
-  for (const auto& [site, why] : p.keep_host) s << "  " << site << "  " << why << "\n";
-  if (!p.refused.empty()) s << "\nrefused:\n";
-  for (const auto& [site, why] : p.refused) s << "  " << site << "  " << why << "\n";
-  if (!p.assumed.empty()) s << "\nassumed:\n";
-  for (const std::string& a : p.assumed) s << "  " << a << "\n";
+  for (const auto& [site, why] : p.keep_host)
+    keep.push_back({site, "  " + site + "  " + why + "\n"});
+  for (const auto& [site, why] : p.refused)
+    refused.push_back({site, "  " + site + "  " + why + "\n"});
+  // An assumption starts with the site it is about ("blocks.0.ff: observed only ...").
+  for (const std::string& a : p.assumed)
+    assumed.push_back({a.substr(0, a.find_first_of(": ")), "  " + a + "\n"});
+
+  bool merged = false;
+  const auto section = [&](const char* title, const std::vector<ExplainEntry>& entries) {
+    if (entries.empty()) return std::string();
+    if (verbose) {
+      std::string out = std::string("\n") + title + ":\n";
+      for (const ExplainEntry& e : entries) out += e.text;
+      return out;
+    }
+    bool m = false;
+    std::string out = std::string("\n") + title + ":\n" + detail::group_entries(entries, &m);
+    merged = merged || m;
+    return out;
+  };
+  std::ostringstream s;
+  s << "flashrt plan: scheme " << p.scheme.name << ", " << p.seams_found << " seams found, "
+    << p.seats.size() << " seated, " << p.keep_host.size() << " kept at host, " << p.refused.size()
+    << " refused\n";
+  s << section("seated", seats) << section("kept at host", keep) << section("refused", refused)
+    << section("assumed", assumed);
   for (const UnavailableEntry& e : p.kernel_unavailable)
     s << "\nkernel unavailable: " << e.repo << " " << e.version << ": " << e.error << ": "
       << e.detail << "\n";
+  if (merged) s << detail::kGroupedNote;
   return s.str();
 }
 

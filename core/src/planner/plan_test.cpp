@@ -477,12 +477,12 @@ TEST(Plan, UnknownSchemeIsAnError) {
 // into the self-attention's q/k/v; a cross-attention whose q reads the hidden states and whose
 // k/v read the text. `form` is the norm's measured form; `modulated` says whether the
 // projections' input is the modulated norm output.
-void dit_block(GraphBuilder& b, const std::string& p, const std::string& form, bool modulated,
+void dit_block(GraphBuilder& b, const std::string& p, NormForm form, bool modulated,
                int64_t rows = 256) {
   b.module(p, ModuleKind::module);
   HostModule& norm = b.module(p + ".norm1", ModuleKind::norm);
-  norm.attributes = {{"form", form}, {"affine", "none"}};
-  if (modulated) norm.attributes["modulation"] = "in " + p + ".forward from table [6, 512]";
+  norm.norm = NormFacts{form, 0, /*affine=*/false, ""};
+  if (modulated) norm.norm.modulation = "in " + p + ".forward from table [6, 512]";
   b.module(p + ".attn1", ModuleKind::module);
   b.module(p + ".attn2", ModuleKind::module);
   const int64_t h = b.next_id++, n = b.next_id++, x = b.next_id++, text = b.next_id++;
@@ -502,7 +502,7 @@ void dit_block(GraphBuilder& b, const std::string& p, const std::string& form, b
 TEST(Discover, SiblingsOfOneInputPackAndACrossAttentionPacksOnlyItsKeyAndValue) {
   GraphBuilder b;
   b.module("", ModuleKind::module);
-  dit_block(b, "blocks.0", "layer", false);
+  dit_block(b, "blocks.0", NormForm::layer, false);
   const Discovery d = discover(b.g, catalog(), {"qkv_pack", "linear_proj"});
   EXPECT_EQ(count(d), (std::map<std::string, int>{{"linear_proj", 1}, {"qkv_pack", 2}}));
   for (const Seam& s : d.seams) {
@@ -541,9 +541,9 @@ TEST(Discover, ProjectionsSharingAnInputAcrossModulesAreNotAPack) {
 TEST(Discover, AModulatedNormChainIsRefusedWithWhereItsModulationIsComputed) {
   GraphBuilder b;
   b.module("", ModuleKind::module);
-  dit_block(b, "blocks.0", "layer", true);
-  dit_block(b, "blocks.1", "rms", true);
-  dit_block(b, "blocks.2", "layer", false);  // no modulation: no chain at all
+  dit_block(b, "blocks.0", NormForm::layer, true);
+  dit_block(b, "blocks.1", NormForm::rms, true);
+  dit_block(b, "blocks.2", NormForm::layer, false);  // no modulation: no chain at all
   const Discovery d = discover(b.g, catalog(), {"modnorm_qkv_chain", "qkv_pack", "linear_proj"});
   ASSERT_EQ(d.refused.size(), 2u);
   EXPECT_EQ(d.refused[0].first, "blocks.0");
@@ -560,7 +560,7 @@ TEST(Discover, AModulatedNormChainIsRefusedWithWhereItsModulationIsComputed) {
 TEST(Plan, APackYieldsToItsProjectionsWhereTheSchemeGivesItNoForm) {
   GraphBuilder b;
   b.module("", ModuleKind::module);
-  dit_block(b, "blocks.0", "layer", false);
+  dit_block(b, "blocks.0", NormForm::layer, false);
   PlanOptions o;
   o.scheme = "w8a16_decode";
   o.structures = {"qkv_pack", "linear_proj"};
@@ -583,6 +583,52 @@ TEST(Plan, APackYieldsToItsProjectionsWhereTheSchemeGivesItNoForm) {
                                                       "blocks.0.attn1.to_v"}));
   EXPECT_EQ(pack->slots.at("k_bias").module, "blocks.0.attn1.to_k");
   EXPECT_NE(explain(p).find("one GEMM for blocks.0.attn1.to_q"), std::string::npos);
+}
+
+// explain() writes seats, keep-at-host and refusals that differ only by the layer index once,
+// with the index set and the count (Note [Explain groups]); verbose lists each; the counts in
+// the header are the same either way.
+TEST(Plan, ExplainGroupsLayersThatDifferOnlyByTheirIndex) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  for (int i = 0; i < 6; ++i) {
+    b.attention("layers." + std::to_string(i) + ".attn", 512);
+    b.gated_mlp("layers." + std::to_string(i) + ".mlp", 512, 1536,
+                i == 3 ? Activation::relu : Activation::silu);
+  }
+  PlanOptions o;
+  o.structures = kDecoderStructures;
+  o.scheme = "w8a16_decode";
+  o.min_seat_weights = 0;
+  const Plan p = plan(b.g, catalog(), o, hub());
+  ASSERT_EQ(p.refused.size(), 1u) << explain(p, true);
+  const std::string grouped = explain(p), verbose = explain(p, /*verbose=*/true);
+  const std::string header = verbose.substr(0, verbose.find('\n'));
+  EXPECT_EQ(grouped.substr(0, grouped.find('\n')), header);
+  EXPECT_NE(header.find(std::to_string(p.seats.size()) + " seated"), std::string::npos);
+  const auto line = [](const std::string& text, const std::string& start) {
+    const size_t at = text.find("\n  " + start);
+    return at == std::string::npos ? std::string()
+                                   : text.substr(at + 3, text.find('\n', at + 1) - at - 3);
+  };
+  // q_proj of every layer: one line, the same text as layer 0's but for the index set.
+  const std::string q0 = line(verbose, "layers.0.attn.q_proj");
+  ASSERT_FALSE(q0.empty()) << verbose;
+  EXPECT_EQ(line(grouped, "layers.{0..5}.attn.q_proj"),
+            "layers.{0..5}" + q0.substr(std::string("layers.0").size()) + "  x6")
+      << grouped;
+  // Layer 3's relu MLP is refused: the other five feed-forwards are one line, layer 3's
+  // refusal and its projections' seats stand alone, without braces.
+  EXPECT_NE(line(grouped, "layers.{0..2,4..5}.mlp  decoder_ffn"), "") << grouped;
+  EXPECT_NE(grouped.find("x5\n"), std::string::npos) << grouped;
+  ASSERT_NE(line(verbose, "layers.3.mlp  "), "") << verbose;
+  EXPECT_EQ(line(grouped, "layers.3.mlp  "), line(verbose, "layers.3.mlp  "));
+  EXPECT_NE(line(grouped, "layers.3.mlp.gate_proj  linear_proj"), "") << grouped;
+  EXPECT_NE(grouped.find("the verbose form lists each"), std::string::npos);
+  // Verbose: every seat on its own line, nothing merged.
+  for (const SeatPlan& s : p.seats) EXPECT_NE(line(verbose, s.site + "  "), "") << s.site;
+  EXPECT_EQ(verbose.find("{0.."), std::string::npos) << verbose;
+  EXPECT_EQ(verbose.find("verbose form"), std::string::npos);
 }
 
 }  // namespace

@@ -3,12 +3,22 @@
 
 #include <sstream>
 
+#include "runtime/kernel_ops_unchecked.h"
+
 namespace frt {
+
+const char* name_of(GuardMode m) { return m == GuardMode::raise ? "raise" : "fallback"; }
+
+std::optional<GuardMode> parse_guard_mode(std::string_view name) {
+  if (name == "fallback") return GuardMode::fallback;
+  if (name == "raise") return GuardMode::raise;
+  return std::nullopt;
+}
 
 std::string SeatForm::describe() const {
   std::ostringstream s;
   s << structure << " " << impl << ": " << dtype_name(dtype) << " [rows " << band_min << "..";
-  if (band_max < (int64_t{1} << 62)) s << band_max;  // a form band without a max reads "64.."
+  if (band_max < kUnboundedRows) s << band_max;  // a form band without a max reads "64.."
   s << ", " << width << "] -> [" << out << "], weights " << weights;
   return s.str();
 }
@@ -91,8 +101,10 @@ std::string LinearSeat::refusal(const TensorView& x, const TensorView& y) const 
   return linear_refusal(table_, weight_, x, y);
 }
 
+// Seat::run has just asked refusal() for these views: the form is checked once per call.
 void LinearSeat::execute(const TensorView& x, const TensorView& y) {
-  run_linear(table_, process_parallel(), weight_, bias_.empty() ? nullptr : bias_.data(), x, y);
+  detail::run_linear_unchecked(table_, process_parallel(), weight_,
+                               bias_.empty() ? nullptr : bias_.data(), x, y);
 }
 
 FfnSeat::FfnSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode,
@@ -121,8 +133,9 @@ std::string FfnSeat::refusal(const TensorView& x, const TensorView& y) const {
   return ffn_refusal(table_, operands(), x, y);
 }
 
+// As LinearSeat::execute: Seat::run checked the form with refusal() just before.
 void FfnSeat::execute(const TensorView& x, const TensorView& y) {
-  run_ffn(table_, process_parallel(), operands(), x, y);
+  detail::run_ffn_unchecked(table_, process_parallel(), operands(), x, y);
 }
 
 namespace {

@@ -33,6 +33,19 @@ constexpr Table<OpKind, 7> kOps{{{OpKind::linear, "linear"},
                                  {OpKind::dense, "dense"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};
+constexpr Table<NormForm, 5> kNormForms{{{NormForm::unknown, "unknown"},
+                                         {NormForm::layer, "layer"},
+                                         {NormForm::rms, "rms"},
+                                         {NormForm::rms_one_plus, "rms_one_plus"},
+                                         {NormForm::other, "other"}}};
+constexpr Table<RopeKind, 8> kRopeKinds{{{RopeKind::plain, "default"},
+                                         {RopeKind::linear, "linear"},
+                                         {RopeKind::dynamic, "dynamic"},
+                                         {RopeKind::yarn, "yarn"},
+                                         {RopeKind::longrope, "longrope"},
+                                         {RopeKind::llama3, "llama3"},
+                                         {RopeKind::proportional, "proportional"},
+                                         {RopeKind::other, "other"}}};
 
 template <typename E, size_t N>
 const char* name_in(const Table<E, N>& t, E v) {
@@ -62,6 +75,8 @@ const char* name_of(Activation v) { return name_in(kActivations, v); }
 const char* name_of(WeightFormat v) { return name_in(kFormats, v); }
 const char* name_of(OpKind v) { return name_in(kOps, v); }
 const char* name_of(OutputKind v) { return name_in(kOutputKinds, v); }
+const char* name_of(NormForm v) { return name_in(kNormForms, v); }
+const char* name_of(RopeKind v) { return name_in(kRopeKinds, v); }
 std::optional<DType> parse_dtype(std::string_view n) { return parse_in(kDTypes, n); }
 std::optional<Activation> parse_activation(std::string_view n) { return parse_in(kActivations, n); }
 std::optional<WeightFormat> parse_weight_format(std::string_view n) {
@@ -71,6 +86,8 @@ std::optional<OpKind> parse_op(std::string_view n) { return parse_in(kOps, n); }
 std::optional<OutputKind> parse_output_kind(std::string_view n) {
   return parse_in(kOutputKinds, n);
 }
+std::optional<NormForm> parse_norm_form(std::string_view n) { return parse_in(kNormForms, n); }
+std::optional<RopeKind> parse_rope_kind(std::string_view n) { return parse_in(kRopeKinds, n); }
 const std::vector<std::string>& op_weight_operands(OpKind op) {
   static const std::vector<std::string> kLinear = {"weight"}, kGated = {"gate", "up", "down"},
                                         kUngated = {"up", "down"}, kNone = {};
@@ -86,10 +103,46 @@ const std::vector<std::string>& op_weight_operands(OpKind op) {
   }
 }
 
+template <typename E, size_t N>
+std::vector<std::pair<E, std::string_view>> entries_of(const Table<E, N>& t) {
+  return {t.begin(), t.end()};
+}
+
+template <>
+std::vector<std::pair<DType, std::string_view>> enum_entries<DType>() {
+  return entries_of(kDTypes);
+}
+template <>
+std::vector<std::pair<Activation, std::string_view>> enum_entries<Activation>() {
+  return entries_of(kActivations);
+}
+template <>
+std::vector<std::pair<WeightFormat, std::string_view>> enum_entries<WeightFormat>() {
+  return entries_of(kFormats);
+}
+template <>
+std::vector<std::pair<OpKind, std::string_view>> enum_entries<OpKind>() {
+  return entries_of(kOps);
+}
+template <>
+std::vector<std::pair<OutputKind, std::string_view>> enum_entries<OutputKind>() {
+  return entries_of(kOutputKinds);
+}
+template <>
+std::vector<std::pair<NormForm, std::string_view>> enum_entries<NormForm>() {
+  return entries_of(kNormForms);
+}
+template <>
+std::vector<std::pair<RopeKind, std::string_view>> enum_entries<RopeKind>() {
+  return entries_of(kRopeKinds);
+}
+
 std::string known_dtypes() { return list_of(kDTypes); }
 std::string known_activations() { return list_of(kActivations); }
 std::string known_weight_formats() { return list_of(kFormats); }
 std::string known_ops() { return list_of(kOps); }
 std::string known_output_kinds() { return list_of(kOutputKinds); }
+std::string known_norm_forms() { return list_of(kNormForms); }
+std::string known_rope_kinds() { return list_of(kRopeKinds); }
 
 }  // namespace frt

@@ -16,10 +16,11 @@
 // no thread touches are never backed.
 //
 // Every variant computes the same bits: the integer GEMM and quantization are shared with the
-// linear op (gemm_kernels.cpp), and the activation here is one definition written twice, with the
-// same IEEE operations in the same order (no FMA, built with -ffp-contract=off): AVX2 eight at a
-// time, the scalar mirror for the generic variant and for tails. It is a rational function of
-// one exp (Cephes' range reduction and polynomial):
+// linear op (kGemmTiles' per-row entries), and the activation (kGemmTiles.activate) is one
+// definition written twice, with the same IEEE operations in the same order (no FMA, built with
+// -ffp-contract=off): AVX2 eight at a time (x86/avx2/activate_avx2.cpp), the scalar mirror for
+// the generic variant and for tails (ref/activate_ref.cpp), their constants in gemm_act.h. It is
+// a rational function of one exp (Cephes' range reduction and polynomial):
 //   silu(g) = g / (1 + e^-g),  gelu_tanh(g) = g / (1 + e^-2u),  u = sqrt(2/pi) (g + 0.044715 g^3)
 //   gelu(g) = 0.5 g (1 + erf(g / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|err| <= 1.5e-7)
 // A NaN input stays NaN (the clamps keep the input on an unordered compare).
@@ -30,108 +31,13 @@
 #include <cstring>
 
 #include "gemm_op.h"
-
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "gemm_tiles.h"
 
 namespace frt::kern {
 namespace {
 
 constexpr int64_t kBlockRows = 32;  // rows per block (the hidden block: 32 x intermediate fp32)
 constexpr int64_t kMaxSlots = 32;   // threads that can get blocks
-
-// exp's constants: clamps that keep 2^n normal and finite, ln 2 in two parts, the polynomial.
-constexpr float kExpHi = 88.0f, kExpLo = -87.0f, kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kP[6] = {1.9875691500E-4f, 1.3981999507E-3f, 8.3334519073E-3f,
-                         4.1665795894E-2f, 1.6666665459E-1f, 5.0000001201E-1f};
-constexpr float kInvSqrt2 = 0.7071067811865476f, kTwoSqrt2OverPi = 1.5957691216057308f;
-constexpr float kCubic = 0.044715f, kAsP = 0.3275911f;
-constexpr float kAs[5] = {1.061405429f, -1.453152027f, 1.421413741f, -0.284496736f, 0.254829592f};
-
-float exp1(float x) {
-  x = kExpHi < x ? kExpHi : x;  // as _mm256_min_ps(hi, x): NaN stays
-  x = kExpLo > x ? kExpLo : x;  // as _mm256_max_ps(lo, x)
-  const float fx = std::floor(x * kLog2e + 0.5f);
-  x = x - fx * kLn2Hi;
-  x = x - fx * kLn2Lo;
-  float y = kP[0];
-  for (int i = 1; i < 6; ++i) y = y * x + kP[i];
-  y = y * (x * x) + (x + 1.0f);
-  if (std::isnan(fx)) return y;  // NaN: no exponent to build
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(fx) + 127) << 23;
-  float pow2;
-  std::memcpy(&pow2, &bits, 4);
-  return y * pow2;
-}
-
-float act1(int32_t act, float g) {
-  if (act == FRT_ACT_GELU) {
-    const float x = g * kInvSqrt2;
-    const float ax = std::fabs(x);
-    const float t = 1.0f / (kAsP * ax + 1.0f);
-    float poly = kAs[0];
-    for (int i = 1; i < 5; ++i) poly = poly * t + kAs[i];
-    poly = poly * t;
-    const float erf_abs = 1.0f - poly * exp1(0.0f - ax * ax);
-    const float erf = std::signbit(x) ? -erf_abs : erf_abs;
-    return (0.5f * g) * (1.0f + erf);
-  }
-  float z = g;  // silu
-  if (act == FRT_ACT_GELU_TANH) z = kTwoSqrt2OverPi * (kCubic * ((g * g) * g) + g);
-  return g / (1.0f + exp1(0.0f - z));
-}
-
-#if defined(__AVX2__)
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(kExpLo), _mm256_min_ps(_mm256_set1_ps(kExpHi), x));
-  const __m256 fx = _mm256_floor_ps(
-      _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(kLn2Hi)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(kLn2Lo)));
-  __m256 y = _mm256_set1_ps(kP[0]);
-  for (int i = 1; i < 6; ++i) y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(kP[i]));
-  y = _mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(x, x)), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(n, 23)));
-}
-
-inline __m256 act8(int32_t act, __m256 g) {
-  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-  if (act == FRT_ACT_GELU) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 x = _mm256_mul_ps(g, _mm256_set1_ps(kInvSqrt2));
-    const __m256 ax = _mm256_andnot_ps(sign, x);
-    const __m256 t =
-        _mm256_div_ps(one, _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(kAsP), ax), one));
-    __m256 poly = _mm256_set1_ps(kAs[0]);
-    for (int i = 1; i < 5; ++i)
-      poly = _mm256_add_ps(_mm256_mul_ps(poly, t), _mm256_set1_ps(kAs[i]));
-    poly = _mm256_mul_ps(poly, t);
-    const __m256 e = exp8(_mm256_sub_ps(zero, _mm256_mul_ps(ax, ax)));
-    const __m256 erf_abs = _mm256_sub_ps(one, _mm256_mul_ps(poly, e));
-    const __m256 erf = _mm256_xor_ps(erf_abs, _mm256_and_ps(sign, x));
-    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, erf));
-  }
-  __m256 z = g;
-  if (act == FRT_ACT_GELU_TANH) {
-    const __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
-    z = _mm256_mul_ps(_mm256_set1_ps(kTwoSqrt2OverPi),
-                      _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(kCubic), g3), g));
-  }
-  return _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, z))));
-}
-#endif
-
-// out[i] = act(in[i]) for i < n.
-void activate(int32_t act, const float* in, float* out, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, act8(act, _mm256_loadu_ps(in + i)));
-#endif
-  for (; i < n; ++i) out[i] = act1(act, in[i]);
-}
 
 bool known_act(int32_t act) {
   return act == FRT_ACT_SILU || act == FRT_ACT_GELU || act == FRT_ACT_GELU_TANH;
@@ -195,25 +101,26 @@ void run_block(const frt_ffn_args* a, const Slot& s, int64_t r0, int64_t rows) {
   const frt_packed_weight *up = a->up, *down = a->down;
   const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2;
   for (int64_t r = 0; r < rows; ++r)
-    quantize_row(static_cast<const char*>(a->x) + (r0 + r) * a->ldx * xsize, a->x_dtype, up->k,
-                 s.xq.u + r * s.xq.lda, s.xq.scale + r, s.xq.zero + r);
+    kGemmTiles.quantize_row(static_cast<const char*>(a->x) + (r0 + r) * a->ldx * xsize, a->x_dtype,
+                            up->k, s.xq.u + r * s.xq.lda, s.xq.scale + r, s.xq.zero + r);
   alignas(64) float tile[4 * FRT_PANEL];
   const int64_t up_panels = div_up(up->n, FRT_PANEL);
   for (int64_t p = 0; p < up_panels; ++p)
     for (int64_t t = 0; t < rows; t += 4) {
       const int64_t tr = std::min<int64_t>(4, rows - t);
-      gemm_tile(up, p, s.xq, t, tr, a->up_bias, tile);
+      kGemmTiles.w8a8_rows_tile(up, p, s.xq, t, tr, a->up_bias, tile);
       for (int64_t r = 0; r < tr; ++r)
-        activate(a->act, tile + r * FRT_PANEL, s.h + (t + r) * s.ldh + p * FRT_PANEL, FRT_PANEL);
+        kGemmTiles.activate(a->act, tile + r * FRT_PANEL, s.h + (t + r) * s.ldh + p * FRT_PANEL,
+                            FRT_PANEL);
     }
   for (int64_t r = 0; r < rows; ++r)
-    quantize_row(s.h + r * s.ldh, FRT_F32, up->n, s.hq.u + r * s.hq.lda, s.hq.scale + r,
-                 s.hq.zero + r);
+    kGemmTiles.quantize_row(s.h + r * s.ldh, FRT_F32, up->n, s.hq.u + r * s.hq.lda, s.hq.scale + r,
+                            s.hq.zero + r);
   const int64_t down_panels = div_up(down->n, FRT_PANEL);
   for (int64_t p = 0; p < down_panels; ++p)
     for (int64_t t = 0; t < rows; t += 4) {
       const int64_t tr = std::min<int64_t>(4, rows - t);
-      gemm_tile(down, p, s.hq, t, tr, a->down_bias, tile);
+      kGemmTiles.w8a8_rows_tile(down, p, s.hq, t, tr, a->down_bias, tile);
       gemm_store_rows(tile, tr, r0 + t, p, down->n, a->y, a->y_dtype, a->ldy);
     }
 }

@@ -3,6 +3,8 @@
 
 #include <frt_kern/util.h>
 
+#include "gemm_tiles.h"
+
 namespace frt::kern {
 
 int64_t gemm_row_stride(int64_t k) { return align64(div_up(k, 4) * 4); }
@@ -179,24 +181,24 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
     return run_phases(
         a, phase, ith, nth, err,
         [&](int64_t r) {
-          quantize_row_blocks(x_row(r), a->x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
+          kGemmTiles.quantize_row_blocks(x_row(r), a->x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
           block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd);
         },
         [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
           if (int4)
-            gemm_tile_int4(a->w, p, q, r0, rows, a->bias, tile);
+            kGemmTiles.w4a8_blocks_tile(a->w, p, q, r0, rows, a->bias, tile);
           else
-            gemm_tile_blocks(a->w, p, q, r0, rows, a->bias, tile);
+            kGemmTiles.w8a8_blocks_tile(a->w, p, q, r0, rows, a->bias, tile);
         });
   }
   const QuantRows q = quant_view(a);
   return run_phases(
       a, phase, ith, nth, err,
       [&](int64_t r) {
-        quantize_row(x_row(r), a->x_dtype, k, q.u + r * q.lda, q.scale + r, q.zero + r);
+        kGemmTiles.quantize_row(x_row(r), a->x_dtype, k, q.u + r * q.lda, q.scale + r, q.zero + r);
       },
       [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
-        gemm_tile(a->w, p, q, r0, rows, a->bias, tile);
+        kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
       });
 }
 

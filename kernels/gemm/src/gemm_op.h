@@ -41,15 +41,11 @@ struct QuantRows {
   int32_t* zero;
 };
 
-// One row to 7-bit asymmetric (frt_kernel_abi.h, FRT_W_INT8_GEMM); ISA-specific.
-void quantize_row(const void* x, int32_t x_dtype, int64_t k, uint8_t* u, float* scale,
-                  int32_t* zero);
-// y rows [r0, r0 + rows) x panel p: the integer GEMM and its epilogue into tile[rows][FRT_PANEL]
-// (fp32, bias added); rows <= 4.
-void gemm_tile(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0, int64_t rows,
-               const float* bias, float* tile);
+// Phase 0 quantizes the rows (7-bit asymmetric, frt_kernel_abi.h, FRT_W_INT8_GEMM), phase 1
+// multiplies them by the panels, both through the variant's kGemmTiles (gemm_tiles.h).
+
 // The decode form (an int8_gemm pack with group == kGemmActBlock; Note [W8A8 blocks] in
-// gemm_blocks.cpp): activations int8 per block of 32 inputs, symmetric, a scale per block.
+// ref/w8a8_blocks_ref.cpp): activations int8 per block of 32 inputs, symmetric, a scale per block.
 inline constexpr int32_t kGemmActBlock = 32;
 struct BlockRows {
   int8_t* a;  // [m][lda], zero past k
@@ -58,15 +54,10 @@ struct BlockRows {
   int64_t ldd;
   int32_t* sum;  // [m][ldd] sums of a per block (the int4 form's offsets, the zmm int8 flip's)
 };
-void quantize_row_blocks(const void* x, int32_t x_dtype, int64_t k, int8_t* a, float* d);
-void gemm_tile_blocks(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
-                      int64_t rows, const float* bias, float* tile);
-// The sums of a row's activation blocks (int4's offsets, the zmm int8 tile's flip; gemm_int4.cpp).
+// The sums of a row's activation blocks (int4's offsets, the zmm int8 tile's flip); scalar, in
+// every variant (ref/w8a8_blocks_ref.cpp). The int4 form (FRT_W_INT4_GEMM; Note [W4A8] in
+// ref/w4a8_blocks_ref.cpp) reads the same activation blocks and their sums.
 void block_sums(const int8_t* a, int64_t k, int32_t* sum);
-// The int4 form (FRT_W_INT4_GEMM; Note [W4A8] in gemm_int4.cpp): the same activation blocks and
-// their sums, and the tile over nibbles.
-void gemm_tile_int4(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
-                    int64_t rows, const float* bias, float* tile);
 // Writes the valid columns of tile[rows][FRT_PANEL] (panel p) to rows r0.. of y in y_dtype.
 void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t n, void* y,
                      int32_t y_dtype, int64_t ldy);

@@ -22,13 +22,5 @@ int32_t supports_op(const frt_op_desc* d, frt_error* err) {
 
 }  // namespace
 
-extern "C" const frt_kernel_table frt_kpkg_table = {
-    .abi_major = FRT_KERNEL_ABI_MAJOR,
-    .abi_minor = FRT_KERNEL_ABI_MINOR,
-    .struct_size = static_cast<int32_t>(sizeof(frt_kernel_table)),
-    .package = "flashrt/gemm",
-    .isa = FRT_VARIANT_ISA,
-    .supports_op = supports_op,
-    .n_ops = static_cast<int32_t>(sizeof kOps / sizeof kOps[0]),
-    .ops = kOps,
-};
+extern "C" constinit const frt_kernel_table frt_kpkg_table =
+    frt::kern::package_table("flashrt/gemm", supports_op, kOps);

@@ -5,6 +5,7 @@
 #include <flashrt/abi/frt_kernel_abi.h>
 #include <frt_kern/util.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace frt::kern {
@@ -40,6 +41,25 @@ constexpr frt_op primitive_op(int32_t kind) {
         if (phase != 0) return fail(err, FRT_E_INVALID, "a primitive has one phase, got %d", phase);
         return Run(static_cast<const Args*>(a), ith, nth, err);
       },
+  };
+}
+
+// The table a package exports as frt_kpkg_table: this build's ABI version and table size, the
+// package's name, the variant's ISA (FRT_VARIANT_ISA, set by kernels/CMakeLists.txt), its
+// plan-time supports_op and its ops.
+template <size_t N>
+constexpr frt_kernel_table package_table(const char* package,
+                                         int32_t (*supports_op)(const frt_op_desc*, frt_error*),
+                                         const frt_op (&ops)[N]) {
+  return frt_kernel_table{
+      .abi_major = FRT_KERNEL_ABI_MAJOR,
+      .abi_minor = FRT_KERNEL_ABI_MINOR,
+      .struct_size = static_cast<int32_t>(sizeof(frt_kernel_table)),
+      .package = package,
+      .isa = FRT_VARIANT_ISA,
+      .supports_op = supports_op,
+      .n_ops = static_cast<int32_t>(N),
+      .ops = ops,
   };
 }
 

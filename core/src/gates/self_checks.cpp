@@ -1,0 +1,88 @@
+// The self-checks that certify a built thing against the host before anyone relies on it:
+// decode_loop's teacher-forced probe and get().bind()'s calibration samples. Their floors are
+// catalog data (gates.yaml self_checks; a structure's parity band).
+#include <flashrt/errors.h>
+#include <flashrt/gates.h>
+
+#include <cmath>
+#include <sstream>
+
+namespace frt {
+namespace {
+
+// The cosine of row p of two [positions, vocab] matrices (float64 accumulation).
+double row_cosine(const TensorView& a, const TensorView& b, int64_t p) {
+  double dot = 0, na = 0, nb = 0;
+  for (int64_t v = 0; v < a.shape[1]; ++v) {
+    const double x = a.element(p * a.shape[1] + v), y = b.element(p * b.shape[1] + v);
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  if (na == 0 && nb == 0) return 1.0;
+  return dot / (std::sqrt(na) * std::sqrt(nb));
+}
+
+}  // namespace
+
+SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& got,
+                                  const TensorView& want) {
+  if (got.rank != 2 || want.rank != 2 || got.shape != want.shape || got.shape[0] < 1)
+    throw InvalidArgument("self-check: logits must be [positions, vocab] on both sides, got " +
+                          got.describe() + " vs " + want.describe());
+  // distribution_metrics checks contiguity and dtypes, and counts the argmax agreement.
+  const DistributionMetrics d = distribution_metrics(got, want);
+  SelfCheckVerdict v;
+  v.positions = d.positions;
+  v.top1_agreement = d.top1_agreement;
+  v.min_cosine = INFINITY;
+  for (int64_t p = 0; p < v.positions; ++p) {
+    const double c = row_cosine(got, want, p);
+    if (!std::isnan(v.min_cosine) && !(c >= v.min_cosine)) {  // a NaN position is the worst
+      v.min_cosine = c;
+      v.worst_position = p;
+    }
+  }
+  std::ostringstream s;
+  if (!(v.top1_agreement >= spec.top1_agreement)) {
+    s.precision(2);
+    s << std::fixed << "self-check against the host: teacher-forced agreement " << v.top1_agreement;
+    s.unsetf(std::ios::floatfield);
+    s.precision(6);
+    s << " on a " << v.positions << "-token probe (< " << spec.top1_agreement
+      << "); this stack computes something the loop does not";
+  } else if (!(v.min_cosine >= spec.logits_cosine)) {
+    s.precision(6);
+    s << std::fixed << "self-check against the host: teacher-forced logits cosine " << v.min_cosine;
+    s.unsetf(std::ios::floatfield);
+    s << " at position " << v.worst_position << " of a " << v.positions << "-token probe (< "
+      << spec.logits_cosine << "); this stack computes something the loop does not";
+  } else {
+    v.passed = true;
+    s << "passed";
+  }
+  v.text = s.str();
+  return v;
+}
+
+CertificationVerdict judge_certification(const std::vector<double>& cosines, double floor) {
+  if (cosines.empty()) throw InvalidArgument("certification: no calibration sample was scored");
+  CertificationVerdict v;
+  v.samples = static_cast<int64_t>(cosines.size());
+  for (double c : cosines)
+    if (!std::isnan(v.worst_cosine) && !(c >= v.worst_cosine)) v.worst_cosine = c;  // NaN sticks
+  v.passed = floor <= 0 || v.worst_cosine >= floor;  // NaN fails any floor
+  std::ostringstream s;
+  if (v.passed) {
+    s << "passed";
+  } else {
+    s.precision(6);
+    s << std::fixed << "worst cosine " << v.worst_cosine;
+    s.unsetf(std::ios::floatfield);
+    s << " < gate " << floor;
+  }
+  v.text = s.str();
+  return v;
+}
+
+}  // namespace frt

@@ -1,0 +1,142 @@
+// flashrt/gemm's per-ISA half: the row quantizers and the 4-row x FRT_PANEL integer tiles, behind
+// one table per variant (Note [GEMM variants]), and the scalar helpers every build shares.
+#pragma once
+
+#include <frt_kern/util.h>
+
+#include <type_traits>
+
+#include "gemm_op.h"
+
+namespace frt::kern {
+
+// Note [GEMM variants]: like kernels/common's PanelTable, every variant fills one GemmTiles
+// (kGemmTiles) at compile time and the op code (gemm_op.cpp, gemm_ffn.cpp) calls through it. The
+// generic variant holds the scalar reference (src/ref/, compiled into every variant), avx2 the
+// AVX2 paths (src/x86/avx2/), avx512vnni the zmm paths with vpdpbusd (src/x86/avx512/) and the
+// AVX2 activation; each variant's select_*.cpp names its entries, and CMake compiles each
+// variant's folder only into it. A fast path that leaves part of a row (AVX2's tail elements, a
+// partial block) finishes it with the reference's pieces declared below. Every path computes the
+// same integers and, built without FMA contraction (kernels/CMakeLists.txt) and with one epilogue
+// order, the same fp32 bits: the kernel tests compare the variants bit for bit.
+struct GemmTiles {
+  // One row to 7-bit asymmetric (Note [W8A8 rows]): u[k rounded up to 4], its scale and zero.
+  void (*quantize_row)(const void* x, int32_t x_dtype, int64_t k, uint8_t* u, float* scale,
+                       int32_t* zero);
+  // y rows [r0, r0 + rows) x panel p over int8 weights and per-row activations: the integer GEMM
+  // and its epilogue into tile[rows][FRT_PANEL] (fp32, bias added); rows <= 4.
+  void (*w8a8_rows_tile)(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0,
+                         int64_t rows, const float* bias, float* tile);
+  // One row to int8 per block of kGemmActBlock (Note [W8A8 blocks]): a and a scale per block.
+  void (*quantize_row_blocks)(const void* x, int32_t x_dtype, int64_t k, int8_t* a, float* d);
+  // As w8a8_rows_tile over int8 weights and activation blocks (Note [W8A8 blocks]).
+  void (*w8a8_blocks_tile)(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                           int64_t rows, const float* bias, float* tile);
+  // As w8a8_rows_tile over int4 weights (FRT_W_INT4_GEMM) and activation blocks (Note [W4A8]).
+  void (*w4a8_blocks_tile)(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                           int64_t rows, const float* bias, float* tile);
+  // out[i] = act(in[i]) for i < n: the feed-forward's activation (Note [GEMM feed-forward]).
+  void (*activate)(int32_t act, const float* in, float* out, int64_t n);
+};
+
+extern const GemmTiles kGemmTiles;
+
+// Quads (four inputs) and octs (eight) per activation block.
+inline constexpr int64_t kQuadsPerBlock = kGemmActBlock / 4;
+inline constexpr int64_t kOctsPerBlock = kGemmActBlock / 8;
+
+inline float gemm_load_x(const void* x, int32_t dt, int64_t i) {
+  return dt == FRT_F32 ? static_cast<const float*>(x)[i]
+                       : bf16_to_f32(static_cast<const uint16_t*>(x)[i]);
+}
+
+// The bias of panel p's columns (zero past n or without a bias).
+inline void gemm_panel_bias(const frt_packed_weight* w, int64_t p, const float* bias, float* out) {
+  const int64_t c0 = p * FRT_PANEL;
+  for (int64_t j = 0; j < FRT_PANEL; ++j)
+    out[j] = (bias != nullptr && c0 + j < w->n) ? bias[c0 + j] : 0.0f;
+}
+
+// Calls tile(std::integral_constant<int, R>) for R = rows in 1..4: tiles are templates on R.
+template <class Tile>
+void with_tile_rows(int64_t rows, Tile&& tile) {
+  switch (rows) {
+    case 4:
+      return tile(std::integral_constant<int, 4>{});
+    case 3:
+      return tile(std::integral_constant<int, 3>{});
+    case 2:
+      return tile(std::integral_constant<int, 2>{});
+    default:
+      return tile(std::integral_constant<int, 1>{});
+  }
+}
+
+// The int4 tiles are templates on R and on whether the pack has mins: calls
+// tile(std::integral_constant<int, R>, std::bool_constant<w has mins>) for R = rows in 1..4.
+template <class Tile>
+void with_int4_tile(int64_t rows, const frt_packed_weight* w, Tile&& tile) {
+  with_tile_rows(rows, [&](auto r) {
+    if (w->mins != nullptr)
+      tile(r, std::true_type{});
+    else
+      tile(r, std::false_type{});
+  });
+}
+
+// The scalar reference (src/ref/): the generic variant's table entries.
+void quantize_row_u7_ref(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale,
+                         int32_t* zero);
+void w8a8_rows_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0,
+                             int64_t rows, const float* bias, float* tile);
+void quantize_row_s8_blocks_ref(const void* x, int32_t dt, int64_t k, int8_t* a, float* d);
+void w8a8_blocks_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                               int64_t r0, int64_t rows, const float* bias, float* tile);
+void w4a8_blocks_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                               int64_t r0, int64_t rows, const float* bias, float* tile);
+void gemm_activate_ref(int32_t act, const float* in, float* out, int64_t n);
+
+// The reference's pieces a fast path finishes a row with. Per-row form (Note [W8A8 rows]): the
+// row's range, continued over [i, k); its scale, zero point and 1 / scale (false, and the row
+// written as a NaN scale over zero bytes, when no finite scale exists); u[i, k) quantized and
+// zeros on to the quad boundary.
+struct U7Range {
+  float lo = 0, hi = 0;
+  bool nan = false;
+};
+void u7_range_ref(const void* x, int32_t dt, int64_t i, int64_t k, U7Range* r);
+bool u7_params_ref(const U7Range& r, int64_t k, uint8_t* u, float* scale, int32_t* zero,
+                   float* inv);
+void u7_quantize_ref(const void* x, int32_t dt, int64_t i, int64_t k, float inv, int32_t z,
+                     uint8_t* u);
+// Block form (Note [W8A8 blocks]): whether x[i, k) is finite; the row of an x that is not (NaN
+// scales over zero bytes); one block [i0, i1) and its scale; zeros from k on to the quad boundary.
+bool s8_finite_ref(const void* x, int32_t dt, int64_t i, int64_t k);
+void s8_nan_row_ref(int64_t k, int8_t* a, float* d);
+void s8_block_ref(const void* x, int32_t dt, int64_t i0, int64_t i1, int8_t* a, float* d);
+void s8_pad_ref(int64_t k, int8_t* a);
+
+// The AVX2 paths (src/x86/avx2/).
+void quantize_row_u7_avx2(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale,
+                          int32_t* zero);
+void w8a8_rows_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0,
+                              int64_t rows, const float* bias, float* tile);
+void quantize_row_s8_blocks_avx2(const void* x, int32_t dt, int64_t k, int8_t* a, float* d);
+void w8a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                                int64_t r0, int64_t rows, const float* bias, float* tile);
+void w4a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                                int64_t r0, int64_t rows, const float* bias, float* tile);
+void gemm_activate_avx2(int32_t act, const float* in, float* out, int64_t n);
+
+// The zmm paths (src/x86/avx512/; the avx512vnni variant, and its test-only emulation).
+void quantize_row_u7_zmm(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale,
+                         int32_t* zero);
+void w8a8_rows_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0,
+                             int64_t rows, const float* bias, float* tile);
+void quantize_row_s8_blocks_zmm(const void* x, int32_t dt, int64_t k, int8_t* a, float* d);
+void w8a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                               int64_t r0, int64_t rows, const float* bias, float* tile);
+void w4a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                               int64_t r0, int64_t rows, const float* bias, float* tile);
+
+}  // namespace frt::kern

@@ -1,0 +1,100 @@
+// The int4 form (Note [W4A8] in ref/w4a8_blocks_ref.cpp) with AVX2: the 4-row x FRT_PANEL tile,
+// the two column halves of a 64-byte oct as two ymm, int16 sums per block widened once by
+// vpmaddwd, the panel and scales prefetched. The same integers and fp32 bits as the reference.
+#include <frt_kern/util.h>
+
+#include "gemm_tiles.h"
+#include "x86/avx2/gemm_avx2.h"
+#include "x86/prefetch.h"
+
+namespace frt::kern {
+namespace {
+
+constexpr int64_t kHalf = FRT_PANEL / 2;
+
+template <int R, bool Mins>
+void w4a8_blocks_tile_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                           const float* bias, float* tile) {
+  const int64_t blocks = w->k / kGemmActBlock;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
+  const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
+  const uint16_t* mp =
+      Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
+  const int8_t* a[R];
+  const float* d[R];
+  const int32_t* sa[R];
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.a + (r0 + r) * q.lda;
+    d[r] = q.d + (r0 + r) * q.ldd;
+    sa[r] = q.sum + (r0 + r) * q.ldd;
+    for (int h = 0; h < 2; ++h) _mm256_store_ps(tile + r * FRT_PANEL + 8 * h, _mm256_setzero_ps());
+  }
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i acc[R][2];  // int16 pair sums per column half
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+    const uint8_t* wb = wp + b * kOctsPerBlock * 64;
+    prefetch_block_scales<Mins>(sp, mp, b);
+    for (int64_t o = 0; o < kOctsPerBlock; ++o) {
+      _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
+      __m256i nl[2], nh[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + o * 64 + 32 * h));
+        nl[h] = _mm256_and_si256(v, low);
+        nh[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t q0, q1;
+        std::memcpy(&q0, a[r] + b * kGemmActBlock + 8 * o, 4);
+        std::memcpy(&q1, a[r] + b * kGemmActBlock + 8 * o + 4, 4);
+        const __m256i a0 = _mm256_set1_epi32(q0), a1 = _mm256_set1_epi32(q1);
+        for (int h = 0; h < 2; ++h)
+          acc[r][h] = _mm256_add_epi16(
+              acc[r][h],
+              _mm256_add_epi16(_mm256_maddubs_epi16(nl[h], a0), _mm256_maddubs_epi16(nh[h], a1)));
+      }
+    }
+    const uint16_t* sb = sp + b * FRT_PANEL;
+    const __m256 s[2] = {
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))),
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kHalf)))};
+    __m256 m[2] = {};
+    if constexpr (Mins) {
+      const uint16_t* mb = mp + b * FRT_PANEL;
+      m[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mb)));
+      m[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mb + kHalf)));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256 db = _mm256_set1_ps(d[r][b]);
+      for (int h = 0; h < 2; ++h) {
+        __m256i i = _mm256_madd_epi16(acc[r][h], ones);
+        if constexpr (!Mins) i = _mm256_sub_epi32(i, _mm256_set1_epi32(8 * sa[r][b]));
+        float* f = tile + r * FRT_PANEL + 8 * h;
+        __m256 v = _mm256_add_ps(_mm256_load_ps(f),
+                                 _mm256_mul_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(s[h], db)));
+        if constexpr (Mins)
+          v = _mm256_add_ps(
+              v, _mm256_mul_ps(m[h], _mm256_set1_ps(d[r][b] * static_cast<float>(sa[r][b]))));
+        _mm256_store_ps(f, v);
+      }
+    }
+  }
+  alignas(32) float bb[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, bb);
+  for (int r = 0; r < R; ++r)
+    for (int h = 0; h < 2; ++h) {
+      float* f = tile + r * FRT_PANEL + 8 * h;
+      _mm256_store_ps(f, _mm256_add_ps(_mm256_load_ps(f), _mm256_load_ps(bb + 8 * h)));
+    }
+}
+
+}  // namespace
+
+void w4a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                                int64_t r0, int64_t rows, const float* bias, float* tile) {
+  with_int4_tile(rows, w, [&](auto r, auto mins) {
+    w4a8_blocks_tile_avx2<decltype(r)::value, decltype(mins)::value>(w, p, q, r0, bias, tile);
+  });
+}
+
+}  // namespace frt::kern

@@ -1,0 +1,29 @@
+// What flashrt/gemm's zmm sources share (the avx512vnni variant, and its test-only emulation
+// through SIMDe, frt_kern/zmm.h): masked sixteen-lane loads and byte stores.
+#pragma once
+
+#include <frt_kern/zmm.h>
+
+#include "gemm_tiles.h"
+
+namespace frt::kern {
+
+// The first n lanes of sixteen (all for n >= 16).
+inline __mmask16 gemm_lanes(int64_t n) {
+  return n >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// Elements i .. i + min(n, 16) of x as fp32; the loads touch only those, other lanes are 0.
+inline __m512 gemm_load16(const void* x, int32_t dt, int64_t i, int64_t n) {
+  const __mmask16 m = gemm_lanes(n);
+  if (dt == FRT_F32) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(x) + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(x) + i);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Sixteen int32 already within int8 range as bytes, the first min(n, 16) stored.
+inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
+  _mm_mask_storeu_epi8(p, gemm_lanes(n), _mm512_cvtsepi32_epi8(v));
+}
+
+}  // namespace frt::kern

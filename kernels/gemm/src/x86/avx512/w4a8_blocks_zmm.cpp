@@ -1,0 +1,81 @@
+// The int4 form (Note [W4A8] in ref/w4a8_blocks_ref.cpp) with zmm: the 4-row x FRT_PANEL tile, one
+// 64-byte load per oct of the panel, its low and high nibbles through one vpdpbusd each (two
+// chains), the panel and scales prefetched; its epilogue is the AVX2 one lane for lane, so the
+// bits agree with every variant.
+#include <frt_kern/util.h>
+
+#include "gemm_tiles.h"
+#include "x86/avx512/gemm_zmm.h"
+#include "x86/prefetch.h"
+
+namespace frt::kern {
+namespace {
+
+template <int R, bool Mins>
+void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                          const float* bias, float* tile) {
+  const int64_t blocks = w->k / kGemmActBlock;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
+  const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
+  const uint16_t* mp =
+      Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
+  const int8_t* a[R];
+  const float* d[R];
+  const int32_t* sa[R];
+  __m512 f[R];
+  for (int r = 0; r < R; ++r) {
+    a[r] = q.a + (r0 + r) * q.lda;
+    d[r] = q.d + (r0 + r) * q.ldd;
+    sa[r] = q.sum + (r0 + r) * q.ldd;
+    f[r] = _mm512_setzero_ps();
+  }
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i lo[R], hi[R];  // inputs 8o..8o+3 and 8o+4..8o+7: two chains per row
+    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+    const uint8_t* wb = wp + b * kOctsPerBlock * 64;
+    prefetch_block_scales<Mins>(sp, mp, b);
+    for (int64_t o = 0; o < kOctsPerBlock; ++o) {
+      _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(wb + o * 64);
+      const __m512i nl = _mm512_and_si512(v, low);
+      const __m512i nh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      for (int r = 0; r < R; ++r) {
+        int32_t q0, q1;
+        std::memcpy(&q0, a[r] + b * kGemmActBlock + 8 * o, 4);
+        std::memcpy(&q1, a[r] + b * kGemmActBlock + 8 * o + 4, 4);
+        lo[r] = _mm512_dpbusd_epi32(lo[r], nl, _mm512_set1_epi32(q0));
+        hi[r] = _mm512_dpbusd_epi32(hi[r], nh, _mm512_set1_epi32(q1));
+      }
+    }
+    const __m512 s =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + b * FRT_PANEL)));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (Mins)
+      m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + b * FRT_PANEL)));
+    for (int r = 0; r < R; ++r) {
+      __m512i i = _mm512_add_epi32(lo[r], hi[r]);
+      if constexpr (!Mins) i = _mm512_sub_epi32(i, _mm512_set1_epi32(8 * sa[r][b]));
+      f[r] = _mm512_add_ps(
+          f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(s, _mm512_set1_ps(d[r][b]))));
+      if constexpr (Mins)
+        f[r] = _mm512_add_ps(
+            f[r], _mm512_mul_ps(m, _mm512_set1_ps(d[r][b] * static_cast<float>(sa[r][b]))));
+    }
+  }
+  alignas(64) float bb[FRT_PANEL];
+  gemm_panel_bias(w, p, bias, bb);
+  const __m512 bv = _mm512_load_ps(bb);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(tile + r * FRT_PANEL, _mm512_add_ps(f[r], bv));
+}
+
+}  // namespace
+
+void w4a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                               int64_t r0, int64_t rows, const float* bias, float* tile) {
+  with_int4_tile(rows, w, [&](auto r, auto mins) {
+    w4a8_blocks_tile_zmm<decltype(r)::value, decltype(mins)::value>(w, p, q, r0, bias, tile);
+  });
+}
+
+}  // namespace frt::kern
