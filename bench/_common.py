@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ import torch
 
 import flashrt_structures as S
 from flashrt_structures import ops
+from flashrt_structures.envlock import cpu_model
 
 # Note [Bracketed bandwidth]: this guest's read bandwidth is not one number. Its two vCPUs
 # together usually stream ~35 GB/s (one alone ~33), and for seconds at a time ~65; a probe taken
@@ -87,15 +87,6 @@ def summarize(brackets: list[Bracket]) -> dict[str, Any]:
             "brackets": len(brackets), "steady_brackets": len(steady),
             "samples": [[b.gbps, b.before, b.after] for b in brackets]}
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def cpu_family_model() -> str:

@@ -44,6 +44,9 @@ def build_swaps(model: nn.Module, plan: _core.Plan) -> dict[str, SeatModule]:
 
 
 def notes_of(plan: _core.Plan) -> dict[str, Any]:
+    """The handle's record of a plan (handle.notes: "refused", "assumed", "kernel_unavailable",
+    "scheme"): the one place the typed plan becomes the user-facing dict. The door's own code
+    reads the typed plan (AutoPlan.core)."""
     return {
         "refused": [tuple(r) for r in plan.refused],
         "assumed": list(plan.assumed),

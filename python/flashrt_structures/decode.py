@@ -143,7 +143,7 @@ class DecodeLoop:
         t0 = time.perf_counter()
         with torch.no_grad():
             out = self.model(input_ids, use_cache=True)
-        cache = out.past_key_values
+        cache = _host_cache(out)
         layers = getattr(cache, "layers", None)
         if layers is None:
             _refuse(f"host cache {type(cache).__name__} has no per-layer keys/values to import")
@@ -224,20 +224,49 @@ def decode_loop(model: nn.Module, max_len: int) -> DecodeLoop:
     return loop
 
 
+def _host_cache(out: Any) -> Any:
+    """The cache a host's forward returned (`cache` in transformers >= 5.20, before that
+    `past_key_values`, which now warns when read)."""
+    return out.get("cache", None) if "cache" in out else out.get("past_key_values", None)
+
+
+def _host_keys(out: Any) -> list[torch.Tensor]:
+    """The keys the host cached on a forward, per layer [positions, kv_heads, head_dim]."""
+    cache = _host_cache(out)
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        _refuse(f"the host's forward returned no per-layer key cache to check against "
+                f"({type(cache).__name__})")
+    return [layer.keys[0].transpose(0, 1).float() for layer in layers]
+
+
 def _self_check(loop: DecodeLoop, vocab: int) -> None:
     """Teacher-forced against the host on a probe of random tokens, the loop's logits and the
-    host's at every position: the declaration that the loop computes this host is checked before
-    anyone relies on it. The core judges (gates.yaml self_checks.decode_loop): values and
-    argmaxes."""
+    host's at every position, and the keys each layer cached (after rotary): the declaration that
+    the loop computes this host is checked before anyone relies on it. The core judges
+    (gates.yaml self_checks.decode_loop)."""
     spec = catalog.shipped().decode_self_check
-    probe = torch.randint(0, vocab, (1, spec.probe_tokens),
-                          generator=torch.Generator().manual_seed(3))
+    n = spec.probe_tokens
+    probe = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        host = loop.model(probe).logits[0].float().contiguous()
+        out = loop.model(probe, use_cache=True)
+    host = out.logits[0].float().contiguous()
+    host_keys = _host_keys(out)
     mine = torch.stack([torch.from_numpy(row) for row in loop.teacher_forced_logits(probe)])
-    verdict = _core.judge_self_check(spec, mine, host)
+    if len(host_keys) != loop.program.config.layers:
+        _refuse(f"the host cached {len(host_keys)} layers of keys; the loop runs "
+                f"{loop.program.config.layers}")
+    mine_keys = torch.cat([torch.from_numpy(loop.program.read_cache(i, n)[0]).reshape(n, -1)
+                           for i in range(len(host_keys))])
+    want_keys = torch.cat([k.reshape(n, -1) for k in host_keys]).contiguous()
+    if mine_keys.shape != want_keys.shape:
+        _refuse(f"the host's cached keys {tuple(want_keys.shape)} are not the loop's "
+                f"{tuple(mine_keys.shape)}")
+    verdict = _core.judge_self_check(spec, mine, host, mine_keys, want_keys)
     loop.self_check = {"tokens": verdict.positions, "agreement": verdict.top1_agreement,
                        "threshold": spec.top1_agreement, "min_cosine": verdict.min_cosine,
-                       "cosine_floor": spec.logits_cosine, "verdict": verdict.text}
+                       "cosine_floor": spec.logits_cosine,
+                       "min_keys_cosine": verdict.min_keys_cosine,
+                       "keys_cosine_floor": spec.keys_cosine, "verdict": verdict.text}
     if not verdict.passed:
         _refuse(verdict.text)

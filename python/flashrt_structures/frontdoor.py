@@ -21,7 +21,7 @@ from torch import nn
 
 from . import _core, catalog, swap
 from . import receipt as receipts
-from .autoswap import plan_observed
+from .autoswap import notes_of, plan_observed
 from .observe import Forward, normalise_forwards, observe
 
 log = logging.getLogger("flashrt")
@@ -185,11 +185,11 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     tried: dict[str, dict[str, dict[str, Any]]] = {}  # unit -> scheme -> its figures
     held: dict[str, dict[str, Any]] = {}  # unit -> the swaps of its best candidate so far
     arbiter = _core.UnitArbiter(bool(gated))  # the core decides (Note [Unit arbitration])
-    plan_notes: dict[str, dict[str, Any]] = {}
+    plans: dict[str, _core.Plan] = {}  # scheme -> the core's typed plan
     for name in gated or [scheme]:
         plan = plan_observed(model, graph, structures=structures, scheme=name)
-        plan_notes[name] = plan.notes
-        for path, reason in plan.notes["refused"]:
+        plans[name] = plan.core
+        for path, reason in plan.core.refused:
             arbiter.plan_refused(name, path, reason)
         by_unit: dict[str, dict[str, Any]] = {}
         for path, seat in plan.swaps.items():
@@ -221,14 +221,14 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
             chosen[outcome.unit] = outcome.scheme
     refused: list[tuple[str, str]] = [(site, why) for site, why in settled.refused]
 
-    first = plan_notes[gated[0] if gated else scheme]
-    notes = dict(first)
+    notes = notes_of(plans[gated[0] if gated else scheme])
     if gated:
         notes["scheme"] = {"name": "auto", "candidates": gated, "chosen": chosen,
-                           "formats": {u: plan_notes[n]["scheme"]["formats"].get(u)
-                                       for u, n in chosen.items()},
+                           "formats": {u: plans[n].scheme.formats[u].describe()
+                                       for u, n in chosen.items()
+                                       if u in plans[n].scheme.formats},
                            "keep_host": {p: why for n in gated
-                                         for p, why in plan_notes[n]["scheme"]["keep_host"].items()
+                                         for p, why in plans[n].keep_host
                                          if p not in winners}}
     notes["refused"] = refused
     handle = None

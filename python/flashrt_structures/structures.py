@@ -38,8 +38,7 @@ class StructureHandle:
                           structures=[self.name], scheme=scheme, min_seat_weights=0)
         bound = plan.swaps.get("")
         if bound is None:
-            reasons = [r for _, r in plan.notes["refused"]] + list(
-                plan.notes["scheme"]["keep_host"].values())
+            reasons = [r for _, r in plan.core.refused] + [r for _, r in plan.core.keep_host]
             raise ValueError(f"bind: {type(module).__name__} is not bound as {self.name}: "
                              + ("; ".join(reasons) or "the structure does not describe it"))
         with torch.no_grad():

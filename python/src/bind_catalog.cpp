@@ -113,7 +113,8 @@ void bind_catalog(nb::module_& m) {
   nb::class_<SelfCheckSpec>(m, "SelfCheckSpec")
       .def_ro("probe_tokens", &SelfCheckSpec::probe_tokens)
       .def_ro("top1_agreement", &SelfCheckSpec::top1_agreement)
-      .def_ro("logits_cosine", &SelfCheckSpec::logits_cosine);
+      .def_ro("logits_cosine", &SelfCheckSpec::logits_cosine)
+      .def_ro("keys_cosine", &SelfCheckSpec::keys_cosine);
 
   nb::class_<BindingSlot>(m, "BindingSlot")
       .def_ro("name", &BindingSlot::name)

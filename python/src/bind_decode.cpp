@@ -192,6 +192,29 @@ void bind_decode(nb::module_& m) {
                          static_cast<const float*>(vv.data));
           },
           nb::arg("layer"), nb::arg("k"), nb::arg("v"))
+      // Positions [0, n) of a layer's cache as two [n, kv_heads, head_dim] fp32 arrays (copies).
+      .def(
+          "read_cache",
+          [](const DecodeProgram& p, int64_t layer, int64_t n) {
+            const DecodeConfig& c = p.config();
+            const size_t count =
+                static_cast<size_t>(std::max<int64_t>(n, 0) * c.kv_heads * c.head_dim);
+            auto k = std::make_unique<std::vector<float>>(count);
+            auto v = std::make_unique<std::vector<float>>(count);
+            p.read_cache(layer, n, k->data(), v->data());  // throws before anyone owns them
+            const auto array = [&](std::unique_ptr<std::vector<float>> owned) {
+              std::vector<float>* data = owned.release();
+              nb::capsule owner(
+                  data, [](void* d) noexcept { delete static_cast<std::vector<float>*>(d); });
+              return nb::ndarray<nb::numpy, float, nb::ndim<3>>(
+                  data->data(),
+                  {static_cast<size_t>(n), static_cast<size_t>(c.kv_heads),
+                   static_cast<size_t>(c.head_dim)},
+                  owner);
+            };
+            return std::make_pair(array(std::move(k)), array(std::move(v)));
+          },
+          nb::arg("layer"), nb::arg("n"))
       // The last step's logits (a copy, [vocab] fp32): for scoring, not the hot path.
       .def("logits",
            [](const DecodeProgram& p) {

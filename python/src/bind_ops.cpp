@@ -1,6 +1,7 @@
 #include <flashrt/errors.h>
 #include <flashrt/hub.h>
 #include <flashrt/kernel_ops.h>
+#include <flashrt/op_dispatch.h>
 #include <flashrt/thread_pool.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -14,14 +15,6 @@ namespace nb = nanobind;
 
 namespace frt::py {
 namespace {
-
-const frt_kernel_table& table_for(const char* repo) { return process_hub().table(repo); }
-
-// The package whose linear op reads this weight's layout: the integer GEMM's, or the decode linear.
-const char* linear_package(const PackedLinear& w) {
-  const bool gemm = w.format() == WeightFormat::int8_gemm || w.format() == WeightFormat::int4_gemm;
-  return gemm ? "flashrt/gemm" : "flashrt/linear";
-}
 
 Activation activation(const std::string& name) {
   const std::optional<Activation> a = parse_activation(name);
@@ -76,16 +69,20 @@ void bind_ops(nb::module_& m) {
   m.def(
       "linear_refusal",
       [](nb::handle x, const PackedLinear& w, nb::handle out) {
-        return linear_refusal(table_for(linear_package(w)), w, view_of(x, "input"),
-                              view_of(out, "output"));
+        try {
+          return linear_refusal(linear_table(process_hub(), w, false), w, view_of(x, "input"),
+                                view_of(out, "output"));
+        } catch (const KernelUnavailable& e) {
+          return std::string(e.what());
+        }
       },
       nb::arg("x"), nb::arg("w"), nb::arg("out"));
   m.def(
       "linear",
       [](nb::handle x, const PackedLinear& w, nb::handle bias, nb::handle out, int threads) {
-        const frt_kernel_table& t = table_for(linear_package(w));
-        const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
         const float* b = bias_data(bias, w.n());
+        const frt_kernel_table& t = linear_table(process_hub(), w, b != nullptr);
+        const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
         nb::gil_scoped_release release;
         run_linear(t, process_parallel(), w, b, xv, yv, threads);
       },
@@ -97,8 +94,12 @@ void bind_ops(nb::module_& m) {
          const std::string& act, nb::handle out, nb::handle up_bias, nb::handle down_bias) {
         const FfnOperands f = operands(gate, up, down, bias_data(up_bias, up.n()),
                                        bias_data(down_bias, down.n()), act);
-        return ffn_refusal(table_for("flashrt/ffn"), f, view_of(x, "input"),
-                           view_of(out, "output"));
+        try {
+          return ffn_refusal(ffn_table(process_hub(), f), f, view_of(x, "input"),
+                             view_of(out, "output"));
+        } catch (const KernelUnavailable& e) {
+          return std::string(e.what());
+        }
       },
       nb::arg("x"), nb::arg("gate").none(), nb::arg("up"), nb::arg("down"), nb::arg("act"),
       nb::arg("out"), nb::arg("up_bias").none() = nb::none(),
@@ -108,10 +109,10 @@ void bind_ops(nb::module_& m) {
       [](nb::handle x, const PackedLinear* gate, const PackedLinear& up, const PackedLinear& down,
          const std::string& act, nb::handle out, int threads, nb::handle up_bias,
          nb::handle down_bias) {
-        const frt_kernel_table& t = table_for("flashrt/ffn");
-        const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
         const FfnOperands f = operands(gate, up, down, bias_data(up_bias, up.n()),
                                        bias_data(down_bias, down.n()), act);
+        const frt_kernel_table& t = ffn_table(process_hub(), f);
+        const TensorView xv = view_of(x, "input"), yv = view_of(out, "output");
         nb::gil_scoped_release release;
         run_ffn(t, process_parallel(), f, xv, yv, threads);
       },

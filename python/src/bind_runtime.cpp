@@ -186,14 +186,19 @@ void bind_gates(nb::module_& m) {
       .def_ro("top1_agreement", &SelfCheckVerdict::top1_agreement)
       .def_ro("min_cosine", &SelfCheckVerdict::min_cosine)
       .def_ro("worst_position", &SelfCheckVerdict::worst_position)
+      .def_ro("min_keys_cosine", &SelfCheckVerdict::min_keys_cosine)
+      .def_ro("worst_key_layer", &SelfCheckVerdict::worst_key_layer)
+      .def_ro("worst_key_position", &SelfCheckVerdict::worst_key_position)
       .def_ro("positions", &SelfCheckVerdict::positions)
       .def_ro("text", &SelfCheckVerdict::text);
   m.def(
       "judge_self_check",
-      [](const SelfCheckSpec& spec, nb::handle got, nb::handle want) {
-        return judge_self_check(spec, view_of(got, "got"), view_of(want, "want"));
+      [](const SelfCheckSpec& spec, nb::handle got, nb::handle want, nb::handle got_keys,
+         nb::handle want_keys) {
+        return judge_self_check(spec, view_of(got, "got"), view_of(want, "want"),
+                                view_of(got_keys, "got_keys"), view_of(want_keys, "want_keys"));
       },
-      nb::arg("spec"), nb::arg("got"), nb::arg("want"));
+      nb::arg("spec"), nb::arg("got"), nb::arg("want"), nb::arg("got_keys"), nb::arg("want_keys"));
   nb::class_<CertificationVerdict>(m, "CertificationVerdict")
       .def_ro("passed", &CertificationVerdict::passed)
       .def_ro("worst_cosine", &CertificationVerdict::worst_cosine)

@@ -8,6 +8,8 @@ import warnings
 import pytest
 import torch
 from transformers import (
+    Ernie4_5Config,
+    Ernie4_5ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     Phi3Config,
@@ -148,6 +150,30 @@ def test_the_host_graph_carries_typed_facts():
     rotary = mods["model.rotary_emb"].rotary
     assert len(rotary.inv_freq) == 32 and rotary.attention_scaling == 1.0
     assert mods["model.layers.0.mlp"].seated is None
+
+
+def test_an_interleaved_rotary_is_caught_by_the_keys_it_caches():
+    """Ernie 4.5 rotates interleaved pairs (0 and 1, 2 and 3, ...); the loop rotates the halves.
+    Its slots, norms and rotary frequencies all look like Llama's, and on random weights its
+    logits barely move (cosine 0.9996, every argmax the same): the rotated keys are the witness."""
+    cfg = Ernie4_5Config(vocab_size=hosts.VOCAB, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = Ernie4_5ForCausalLM(cfg).eval()
+    assert S.decode.plan_decode(model, 32).ok  # the plan cannot see it
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(S.Refused, match=r"the keys cached at layer 0, position \d have cosine"):
+        S.decode_loop(model, max_len=32)
+    assert all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
+
+
+def test_the_self_check_figures_are_kept_on_the_loop():
+    loop = S.decode_loop(hosts.llama(), max_len=32)
+    check = loop.self_check
+    assert check["verdict"] == "passed" and check["tokens"] == 8
+    assert check["min_cosine"] >= check["cosine_floor"] == 0.999
+    assert check["min_keys_cosine"] >= check["keys_cosine_floor"] == 0.999
 
 
 def test_a_fused_qkv_projection_is_refused():

@@ -168,12 +168,13 @@ struct OutputBand {
 };
 
 // decode_loop's self-check against the host (gates.yaml self_checks.decode_loop): teacher-forced
-// over a probe of probe_tokens tokens, the loop's logits against the host's at every position.
-// Both floors must hold: the values (the worst position's cosine) and the argmaxes.
+// over a probe of probe_tokens tokens, the loop's logits against the host's at every position,
+// and the rotated keys each layer cached. Every floor must hold.
 struct SelfCheckSpec {
   int64_t probe_tokens = 0;
   double top1_agreement = 0;  // floor on the share of positions whose argmax agrees
   double logits_cosine = 0;   // floor on every position's logits cosine
+  double keys_cosine = 0;     // floor on every layer's and position's cached key cosine
 };
 
 // Where a host family keeps the slots of a decode program (decode_loop): paths relative to the

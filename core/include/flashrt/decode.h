@@ -72,6 +72,9 @@ class DecodeProgram {
   static constexpr int64_t kBlock = FRT_MAX_ROWS;
   // Host K/V for positions [0, n) of `layer`, each [n][kv_heads][head_dim] contiguous fp32.
   void load_cache(int64_t layer, int64_t n, const float* k, const float* v);
+  // The same layout out: what the program wrote for positions [0, n) of `layer` (the self-check
+  // holds its keys, rotated, against the host's).
+  void read_cache(int64_t layer, int64_t n, float* k, float* v) const;
   const std::vector<float>& logits() const { return logits_; }
   const DecodeConfig& config() const { return cfg_; }
   // Weight bytes one step reads (packed where seated): the floor's numerator.
@@ -101,6 +104,7 @@ class DecodeProgram {
   };
   std::unique_ptr<float[], FreeCache> cache_;
   float* cache_at(int64_t layer, int64_t kv, int64_t head) const;
+  void copy_cache(int64_t layer, int64_t n, float* k, float* v, bool to_cache) const;
 };
 
 }  // namespace frt

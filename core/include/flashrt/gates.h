@@ -131,18 +131,22 @@ class UnitArbiter {
 // Whether a module path is, holds or sits inside one of `taken`.
 bool overlaps(const std::string& path, const std::vector<std::string>& taken);
 
-// decode_loop's self-check (SelfCheckSpec): got and want are logits [positions, vocab], f32,
-// contiguous; throws InvalidArgument on other shapes.
+// decode_loop's self-check (SelfCheckSpec): got and want are logits [positions, vocab]; got_keys
+// and want_keys the keys each layer cached after rotary, [layers * positions, kv_heads *
+// head_dim] (layer major). f32, contiguous; throws InvalidArgument on other shapes.
 struct SelfCheckVerdict {
   bool passed = false;
   double top1_agreement = 0;
   double min_cosine = 0;  // the worst position's logits cosine
   int64_t worst_position = 0;
+  double min_keys_cosine = 0;  // the worst cached key's cosine
+  int64_t worst_key_layer = 0, worst_key_position = 0;
   int64_t positions = 0;
   std::string text;  // "passed" or the refusal ("self-check against the host: ...")
 };
 SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& got,
-                                  const TensorView& want);
+                                  const TensorView& want, const TensorView& got_keys,
+                                  const TensorView& want_keys);
 
 // get().bind()'s certification: the worst of the samples' cosines against a floor (the
 // structure's parity pass band unless the caller names one; a floor <= 0 checks nothing).

@@ -329,6 +329,7 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(c.decode_self_check().probe_tokens, 8);
   EXPECT_DOUBLE_EQ(c.decode_self_check().top1_agreement, 0.75);
   EXPECT_DOUBLE_EQ(c.decode_self_check().logits_cosine, 0.999);
+  EXPECT_DOUBLE_EQ(c.decode_self_check().keys_cosine, 0.999);
 
   const BindingSpec& llama = c.binding("llama_decode");
   EXPECT_EQ(llama.layers, "model.layers");
@@ -803,7 +804,7 @@ TEST_F(CatalogFiles, DecodeSelfCheckIsOptionalButValidated) {
   EXPECT_THROW(Catalog::load(dir_.string()).decode_self_check(), InvalidArgument);
   const std::string check =
       "self_checks:\n  decode_loop: {probe_tokens: 8, top1_agreement: 0.75, logits_cosine: "
-      "0.999}\n";
+      "0.999, keys_cosine: 0.999}\n";
   write("gates.yaml", kGates + check);
   EXPECT_EQ(Catalog::load(dir_.string()).decode_self_check().probe_tokens, 8);
   expect_policy_error("gates.yaml", kGates + replaced(check, "probe_tokens: 8", "probe_tokens: 0"),

@@ -221,16 +221,18 @@ void load_gates(std::map<OutputKind, OutputBand>& out, std::optional<SelfCheckSp
     if (!d.IsMap())
       f.fail(field,
              "expected a mapping with probe_tokens, top1_agreement, "
-             "logits_cosine");
-    f.check_keys(d, field, {"probe_tokens", "top1_agreement", "logits_cosine"});
+             "logits_cosine, keys_cosine");
+    f.check_keys(d, field, {"probe_tokens", "top1_agreement", "logits_cosine", "keys_cosine"});
     SelfCheckSpec s;
     s.probe_tokens = f.integer(f.require(d, field, "probe_tokens"), child(field, "probe_tokens"));
     s.top1_agreement =
         f.number(f.require(d, field, "top1_agreement"), child(field, "top1_agreement"));
     s.logits_cosine = f.number(f.require(d, field, "logits_cosine"), child(field, "logits_cosine"));
+    s.keys_cosine = f.number(f.require(d, field, "keys_cosine"), child(field, "keys_cosine"));
     if (s.probe_tokens < 1) f.fail(child(field, "probe_tokens"), "must be >= 1");
-    for (const auto& [key, value] : {std::pair{"top1_agreement", s.top1_agreement},
-                                     std::pair{"logits_cosine", s.logits_cosine}})
+    for (const auto& [key, value] :
+         {std::pair{"top1_agreement", s.top1_agreement},
+          std::pair{"logits_cosine", s.logits_cosine}, std::pair{"keys_cosine", s.keys_cosine}})
       if (!(value > 0 && value <= 1)) f.fail(child(field, key), "must be in (0, 1]");
     self_check = s;
   }

@@ -267,18 +267,26 @@ TEST(Arbiter, OverlapIsAncestryNotAPrefixOfTheName) {
   EXPECT_FALSE(overlaps("a.b", {}));
 }
 
-TEST(SelfCheck, BothFloorsAreJudgedAndTheFirstShortfallNamed) {
+TEST(SelfCheck, EveryFloorIsJudgedAndTheFirstShortfallNamed) {
   const SelfCheckSpec& spec = catalog().decode_self_check();
   std::vector<float> want = {1, 0, 0, 0, 2, 0, 0, 0, 3, 1, 1, 1};  // 3 positions x 4
   std::vector<float> same = want;
-  SelfCheckVerdict v = judge_self_check(spec, vec(same, 3, 4), vec(want, 3, 4));
+  // Keys of 2 layers x 3 positions, width 2 (layer major).
+  std::vector<float> keys = {1, 0, 0, 1, 1, 1, 2, 0, 0, 2, 1, -1};
+  std::vector<float> keys_same = keys;
+  const auto judge = [&](std::vector<float>& got, std::vector<float>& got_keys) {
+    return judge_self_check(spec, vec(got, 3, 4), vec(want, 3, 4), vec(got_keys, 6, 2),
+                            vec(keys, 6, 2));
+  };
+  SelfCheckVerdict v = judge(same, keys_same);
   EXPECT_TRUE(v.passed);
   EXPECT_EQ(v.text, "passed");
   EXPECT_DOUBLE_EQ(v.top1_agreement, 1.0);
   EXPECT_NEAR(v.min_cosine, 1.0, 1e-12);
+  EXPECT_NEAR(v.min_keys_cosine, 1.0, 1e-12);
   // Every argmax agrees, the last position's values do not: refused by the values.
   std::vector<float> skew = {1, 0, 0, 0, 2, 0, 0, 0, 3, 2.5f, 0, 0};
-  v = judge_self_check(spec, vec(skew, 3, 4), vec(want, 3, 4));
+  v = judge(skew, keys_same);
   EXPECT_FALSE(v.passed);
   EXPECT_DOUBLE_EQ(v.top1_agreement, 1.0);
   EXPECT_EQ(v.worst_position, 2);
@@ -286,19 +294,41 @@ TEST(SelfCheck, BothFloorsAreJudgedAndTheFirstShortfallNamed) {
   EXPECT_NE(v.text.find("at position 2 of a 3-token probe (< 0.999)"), std::string::npos);
   // Argmaxes moved on two of three positions: refused by the agreement, named first.
   std::vector<float> moved = {0, 1, 0, 0, 0, 2, 0, 0, 3, 1, 1, 1};
-  v = judge_self_check(spec, vec(moved, 3, 4), vec(want, 3, 4));
+  v = judge(moved, keys_same);
   EXPECT_FALSE(v.passed);
   EXPECT_EQ(v.text,
             "self-check against the host: teacher-forced agreement 0.33 on a 3-token probe "
             "(< 0.75); this stack computes something the loop does not");
+  // Logits identical, the second layer's key at position 2 rotated the other way: refused by
+  // the keys (a wrong rotary pairing reads like this).
+  std::vector<float> rotated = keys;
+  rotated[10] = 1;
+  rotated[11] = 1;
+  v = judge(same, rotated);
+  EXPECT_FALSE(v.passed);
+  EXPECT_EQ(v.worst_key_layer, 1);
+  EXPECT_EQ(v.worst_key_position, 2);
+  EXPECT_NEAR(v.min_keys_cosine, 0.0, 1e-12);
+  EXPECT_NE(v.text.find("the keys cached at layer 1, position 2 have cosine 0.000000 with the "
+                        "host's (< 0.999) on a 3-token probe"),
+            std::string::npos)
+      << v.text;
   std::vector<float> nan = want;
   nan[1] = NAN;
-  v = judge_self_check(spec, vec(nan, 3, 4), vec(want, 3, 4));
+  v = judge(nan, keys_same);
   EXPECT_FALSE(v.passed);
   EXPECT_TRUE(std::isnan(v.min_cosine));
   EXPECT_EQ(v.worst_position, 0);
-  EXPECT_THROW(judge_self_check(spec, vec(same, 2, 6), vec(want, 3, 4)), InvalidArgument);
-  EXPECT_THROW(judge_self_check(spec, vec(same, 1, 12), vec(want, 3, 4)), InvalidArgument);
+  EXPECT_THROW(judge_self_check(spec, vec(same, 2, 6), vec(want, 3, 4), vec(keys_same, 6, 2),
+                                vec(keys, 6, 2)),
+               InvalidArgument);
+  EXPECT_THROW(judge_self_check(spec, vec(same, 1, 12), vec(want, 3, 4), vec(keys_same, 6, 2),
+                                vec(keys, 6, 2)),
+               InvalidArgument);
+  // Keys whose rows are not a whole number of layers of the probe's positions.
+  EXPECT_THROW(judge_self_check(spec, vec(same, 3, 4), vec(want, 3, 4), vec(keys_same, 4, 3),
+                                vec(keys, 4, 3)),
+               InvalidArgument);
 }
 
 TEST(SelfCheck, CertificationTakesTheWorstSample) {

@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 namespace frt {
 namespace {
@@ -23,26 +25,44 @@ double row_cosine(const TensorView& a, const TensorView& b, int64_t p) {
   return dot / (std::sqrt(na) * std::sqrt(nb));
 }
 
+// The worst row cosine of two [rows, width] matrices and its row (a NaN row is the worst).
+std::pair<double, int64_t> worst_row(const TensorView& a, const TensorView& b) {
+  double worst = INFINITY;
+  int64_t at = 0;
+  for (int64_t r = 0; r < a.shape[0]; ++r) {
+    const double c = row_cosine(a, b, r);
+    if (!std::isnan(worst) && !(c >= worst)) {
+      worst = c;
+      at = r;
+    }
+  }
+  return {worst, at};
+}
+
 }  // namespace
 
 SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& got,
-                                  const TensorView& want) {
+                                  const TensorView& want, const TensorView& got_keys,
+                                  const TensorView& want_keys) {
   if (got.rank != 2 || want.rank != 2 || got.shape != want.shape || got.shape[0] < 1)
     throw InvalidArgument("self-check: logits must be [positions, vocab] on both sides, got " +
                           got.describe() + " vs " + want.describe());
-  // distribution_metrics checks contiguity and dtypes, and counts the argmax agreement.
+  if (got_keys.rank != 2 || want_keys.rank != 2 || got_keys.shape != want_keys.shape ||
+      got_keys.shape[0] < 1 || got_keys.shape[0] % got.shape[0] != 0)
+    throw InvalidArgument(
+        "self-check: keys must be [layers * positions, width] on both sides, got " +
+        got_keys.describe() + " vs " + want_keys.describe());
+  // The metrics check contiguity and dtypes; distribution_metrics counts the argmax agreement.
   const DistributionMetrics d = distribution_metrics(got, want);
+  (void)value_metrics(got_keys, want_keys);
   SelfCheckVerdict v;
   v.positions = d.positions;
   v.top1_agreement = d.top1_agreement;
-  v.min_cosine = INFINITY;
-  for (int64_t p = 0; p < v.positions; ++p) {
-    const double c = row_cosine(got, want, p);
-    if (!std::isnan(v.min_cosine) && !(c >= v.min_cosine)) {  // a NaN position is the worst
-      v.min_cosine = c;
-      v.worst_position = p;
-    }
-  }
+  std::tie(v.min_cosine, v.worst_position) = worst_row(got, want);
+  int64_t key_row = 0;
+  std::tie(v.min_keys_cosine, key_row) = worst_row(got_keys, want_keys);
+  v.worst_key_layer = key_row / v.positions;
+  v.worst_key_position = key_row % v.positions;
   std::ostringstream s;
   if (!(v.top1_agreement >= spec.top1_agreement)) {
     s.precision(2);
@@ -57,6 +77,14 @@ SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& g
     s.unsetf(std::ios::floatfield);
     s << " at position " << v.worst_position << " of a " << v.positions << "-token probe (< "
       << spec.logits_cosine << "); this stack computes something the loop does not";
+  } else if (!(v.min_keys_cosine >= spec.keys_cosine)) {
+    s.precision(6);
+    s << std::fixed << "self-check against the host: the keys cached at layer " << v.worst_key_layer
+      << ", position " << v.worst_key_position << " have cosine " << v.min_keys_cosine;
+    s.unsetf(std::ios::floatfield);
+    s << " with the host's (< " << spec.keys_cosine << ") on a " << v.positions
+      << "-token probe; the loop's rotary or key projection computes something the host's does "
+         "not";
   } else {
     v.passed = true;
     s << "passed";

@@ -1,0 +1,42 @@
+"""Observation: turns `model, forward` into the core's neutral HostGraph.
+
+What is recorded is structural: module kinds, slot tensors (shape, dtype, identity), what an
+activation module computes (measured, not read from its class), and what one real forward showed
+(rows per call, dtypes, which calls shared a tensor, call order). Nothing is matched on type or
+model names; the planner in the core does the matching.
+
+* `probes`: what a module computes, measured (activations, norms, modulation);
+* `tree`: the module tree and the host's configuration as a HostGraph, and which modules to hook;
+* `calls`: the forwards run with those hooks (`CallRecorder`), their calls added to the graph.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .. import _core
+from .calls import CallRecorder, Forward, host_call, normalise_forwards, record_calls
+from .calls import _first_tensor as _first_tensor  # the vLLM door's seats unwrap (out, bias)
+from .probes import (
+    dtype_of,
+    fit_modulation,
+    measure_activation,
+    measure_bare_norm,
+    measure_norm,
+    measure_wrapped,
+)
+from .tree import config_facts, describe_tree, engine_projection
+
+
+def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
+    """The tree and what the forwards showed: rows, dtypes and which calls shared a tensor."""
+    graph, hooked = describe_tree(model)
+    record_calls(graph, hooked, forwards, model)
+    return graph
+
+
+__all__ = [
+    "CallRecorder", "Forward", "config_facts", "describe_tree", "dtype_of", "engine_projection",
+    "fit_modulation", "host_call", "measure_activation", "measure_bare_norm", "measure_norm",
+    "measure_wrapped", "normalise_forwards", "observe", "record_calls",
+]

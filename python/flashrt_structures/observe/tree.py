@@ -1,0 +1,157 @@
+"""The module tree as the core sees it: each module's kind, slot tensors and measured form,
+and the host's declared configuration (head counts, rotary form, sliding window).
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from .. import _core
+from ..seats import PackLead, PackMember, SeatModule
+from .probes import bare_leaf, dtype_of, measure_activation, measure_norm, wrapped_linear
+
+
+def _path_of(model: nn.Module, target: nn.Module | None) -> str:
+    if target is None:
+        return ""
+    for name, mod in model.named_modules():
+        if mod is target:
+            return name
+    return ""
+
+
+def _rope_name(config: object) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not params:
+        return "default"
+    return str(params.get("rope_type", params.get("type", "default")))
+
+
+def config_facts(model: nn.Module) -> _core.HostConfig:
+    """What the host's configuration declares that the structure of its modules cannot show:
+    head counts, the rotary form, a sliding window that applies."""
+    facts = _core.HostConfig()
+    first = next(iter(model.parameters()), None)
+    if first is not None:
+        facts.dtype = dtype_of(first.dtype)
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return facts
+    for key, name in (("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"),
+                      ("head_dim", "head_dim"), ("intermediate", "intermediate_size")):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int):
+            setattr(facts, key, value)
+    facts.rope_name = _rope_name(cfg)
+    facts.rope = _core.RopeKind.__members__.get(facts.rope_name, _core.RopeKind.other)
+    params = getattr(cfg, "rope_parameters", None) or {}
+    partial = getattr(cfg, "partial_rotary_factor", None)
+    if partial is None and isinstance(params, dict):
+        partial = params.get("partial_rotary_factor")
+    if isinstance(partial, (int, float)):
+        facts.partial_rotary_factor = float(partial)
+    window = getattr(cfg, "sliding_window", None)
+    sliding = getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (
+        getattr(cfg, "layer_types", None) or [])
+    if isinstance(window, int) and window > 0 and sliding:
+        facts.sliding_window = window
+    return facts
+
+
+def engine_projection(mod: nn.Module) -> bool:
+    """A serving engine's projection layer, recognised by what it holds rather than its class: a
+    2-D weight [out, in] applied by a `quant_method` (vLLM's linear layers and its head)."""
+    w = mod._parameters.get("weight")
+    method = getattr(mod, "quant_method", None)
+    return (isinstance(w, torch.Tensor) and w.dim() == 2
+            and callable(getattr(method, "apply", None)))
+
+
+def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
+    """One module as the core sees it, and whether its calls are worth observing."""
+    hm = _core.HostModule()
+    hm.path = path
+    hm.type_name = type(mod).__name__
+    hm.children = [f"{path}.{n}" if path else n for n, _ in mod.named_children()]
+    if isinstance(mod, (PackLead, PackMember)):
+        # A pack's module computes what its host projection does and nothing is read from its
+        # core seat (several projections'), so it is described as that projection.
+        mod = mod.host
+    if isinstance(mod, SeatModule):
+        # A seat stands here: it computes what its host did, with the op its form names.
+        form = mod.seat.form
+        hm.kind = _core.ModuleKind.module
+        hm.in_features, hm.out_features = form.width, form.out
+        hm.has_bias = getattr(mod.host, "bias", None) is not None
+        hm.seated = form.op
+        return hm, False
+    if isinstance(mod, nn.Linear):
+        hm.kind = _core.ModuleKind.linear
+        hm.in_features, hm.out_features = mod.in_features, mod.out_features
+        hm.has_bias = mod.bias is not None
+        hm.weight_dtype = dtype_of(mod.weight.dtype)
+        hm.weight_device = mod.weight.device.type
+        hm.weight_id = mod.weight.data_ptr()
+        return hm, True
+    if engine_projection(mod):
+        w = cast(torch.Tensor, mod.weight)
+        hm.kind = _core.ModuleKind.linear
+        hm.out_features, hm.in_features = w.shape
+        # A bias the layer hands back (skip_bias_add) is added by its caller, not by the layer.
+        hm.has_bias = (getattr(mod, "bias", None) is not None
+                       and not getattr(mod, "skip_bias_add", False))
+        hm.weight_dtype = dtype_of(w.dtype)
+        hm.weight_device = w.device.type
+        hm.weight_id = w.data_ptr()
+        return hm, True
+    if isinstance(mod, nn.Embedding):
+        hm.kind = _core.ModuleKind.embedding
+        hm.in_features, hm.out_features = mod.num_embeddings, mod.embedding_dim
+        hm.weight_dtype = dtype_of(mod.weight.dtype)
+        hm.weight_id = mod.weight.data_ptr()
+        return hm, False
+    if (act := measure_activation(mod)) is not None:
+        hm.kind = _core.ModuleKind.activation
+        hm.activation = act
+        return hm, True
+    if (norm := measure_norm(mod)) is not None:
+        hm.kind = _core.ModuleKind.norm
+        hm.in_features = norm[0]
+        hm.weight_dtype = dtype_of(cast(torch.Tensor, mod.weight).dtype)
+        hm.norm = norm[1]
+        return hm, False
+    hm.kind = _core.ModuleKind.module
+    if wrapped_linear(mod) is not None:
+        return hm, True  # observed: it is an activation node if its call shows one
+    inv_freq = getattr(mod, "inv_freq", None)  # a rotary embedding's own frequencies
+    if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
+        rotary = _core.RotaryFacts()
+        rotary.inv_freq = inv_freq.detach().float().tolist()
+        rotary.attention_scaling = float(getattr(mod, "attention_scaling", 1.0))
+        hm.rotary = rotary
+    # Observed: a norm without affine if its call shows one; a container, whose calls show whether
+    # it computes exactly a region of its children (Note [Enclosing site] in
+    # core/src/planner/discover.cpp).
+    return hm, bare_leaf(mod) or bool(hm.children)
+
+
+def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn.Module]]]:
+    """The module tree as a HostGraph (no calls yet), and the modules whose calls to observe."""
+    graph = _core.HostGraph()
+    modules = []
+    hooked: list[tuple[str, nn.Module]] = []
+    for path, mod in model.named_modules():
+        hm, hook = _describe(path, mod)
+        modules.append(hm)
+        if hook:
+            hooked.append((path, mod))
+    graph.modules = modules
+    graph.config = config_facts(model)
+    get_out = getattr(model, "get_output_embeddings", None)
+    get_in = getattr(model, "get_input_embeddings", None)
+    graph.output_head = _path_of(model, get_out()) if callable(get_out) else ""
+    graph.input_embedding = _path_of(model, get_in()) if callable(get_in) else ""
+    return graph, hooked
