@@ -208,12 +208,12 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     chosen: dict[str, str] = {}
     for outcome in settled.units:
         by_scheme = tried[outcome.unit]
-        shown_scheme = outcome.scheme if outcome.kept else next(iter(by_scheme))
+        shown_scheme = outcome.best or next(iter(by_scheme))  # a yielding unit shows its best
         shown = {k: v for k, v in by_scheme[shown_scheme].items() if k != "verdict"}
         if gated:
             shown["candidates"] = {n: {k: v for k, v in t.items() if k != "verdict"}
                                    for n, t in by_scheme.items()}
-        shown["scheme"] = outcome.scheme if outcome.kept else None
+        shown["scheme"] = outcome.best or None
         shown["decision"] = outcome.decision
         units[outcome.unit] = shown
         if outcome.kept:
@@ -225,8 +225,8 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     if gated:
         notes["scheme"] = {"name": "auto", "candidates": gated, "chosen": chosen,
                            "formats": {u: plans[n].scheme.formats[u].describe()
-                                       for u, n in chosen.items()
-                                       if u in plans[n].scheme.formats},
+                                       if u in plans[n].scheme.formats else None
+                                       for u, n in chosen.items()},
                            "keep_host": {p: why for n in gated
                                          for p, why in plans[n].keep_host
                                          if p not in winners}}

@@ -49,7 +49,9 @@ ProjWeights proj_of(nb::handle weight_or_seat, nb::handle bias, const std::strin
 // the plan. The door resolves every path the plan names (embed, head, each stack and layer slot)
 // to what stands there: a seat, the host's weight and bias, or None for a module with neither
 // (the rotary, an activation). It never names a slot; the program reads the ones it uses, by the
-// names the core declares (kDecode*Slots), and keeps every object alive as long as it runs.
+// names the core declares (kDecode*Slots). The program keeps the DecodeTensors alive
+// (keep_alive in make_decode_program), and a DecodeTensors a program was built from takes no
+// further put: what the program points into stays what was handed.
 struct SlotTensor {
   nb::object weight;  // a LinearSeat / FfnSeat, a host tensor, or None
   nb::object bias;    // a host bias tensor or None
@@ -60,6 +62,9 @@ class DecodeTensors {
   explicit DecodeTensors(const DecodePlan& plan) : plan_(plan) {}
 
   void put(const std::string& path, nb::object weight, nb::object bias) {
+    if (built_)
+      throw InvalidArgument("decode_loop: a program was built from these tensors; '" + path +
+                            "' cannot be replaced under it");
     if (!known(path))
       throw InvalidArgument("decode_loop: '" + path + "' is not a module the decode plan names");
     by_path_[path] = SlotTensor{std::move(weight), std::move(bias)};
@@ -74,6 +79,7 @@ class DecodeTensors {
   }
 
   ModelWeights weights() const {
+    built_ = true;
     const DecodeConfig& cfg = plan_.config;
     ModelWeights w;
     w.embed = view_of(at(plan_.embed).weight, "embedding");
@@ -122,6 +128,7 @@ class DecodeTensors {
   }
 
   DecodePlan plan_;
+  mutable bool built_ = false;
   std::map<std::string, SlotTensor> by_path_;
 };
 
@@ -197,6 +204,11 @@ void bind_decode(nb::module_& m) {
           "read_cache",
           [](const DecodeProgram& p, int64_t layer, int64_t n) {
             const DecodeConfig& c = p.config();
+            if (layer < 0 || layer >= c.layers || n < 0 || n > c.max_len)  // before allocating
+              throw InvalidArgument("decode_loop: cache of layer " + std::to_string(layer) +
+                                    " with " + std::to_string(n) +
+                                    " positions does not fit the window of " +
+                                    std::to_string(c.max_len));
             const size_t count =
                 static_cast<size_t>(std::max<int64_t>(n, 0) * c.kv_heads * c.head_dim);
             auto k = std::make_unique<std::vector<float>>(count);
@@ -246,7 +258,7 @@ void bind_decode(nb::module_& m) {
         const frt_kernel_table* ffn = hub.resolve(plan.ffn_package).table;
         return std::make_unique<DecodeProgram>(plan.config, std::move(w), decode, linear, ffn);
       },
-      nb::arg("plan"), nb::arg("tensors"));
+      nb::arg("plan"), nb::arg("tensors"), nb::keep_alive<0, 2>());
 }
 
 }  // namespace frt::py

@@ -159,6 +159,7 @@ void bind_gates(nb::module_& m) {
   nb::class_<UnitOutcome>(m, "UnitOutcome")
       .def_ro("unit", &UnitOutcome::unit)
       .def_ro("scheme", &UnitOutcome::scheme)
+      .def_ro("best", &UnitOutcome::best)
       .def_ro("decision", &UnitOutcome::decision)
       .def_ro("paths", &UnitOutcome::paths)
       .def_prop_ro("kept", &UnitOutcome::kept);

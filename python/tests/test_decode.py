@@ -176,6 +176,22 @@ def test_the_self_check_figures_are_kept_on_the_loop():
     assert check["min_keys_cosine"] >= check["keys_cosine_floor"] == 0.999
 
 
+def test_the_tensors_a_program_reads_cannot_be_replaced_under_it():
+    model = hosts.qwen3(1)
+    loop = S.decode_loop(model, max_len=32)
+    (tensors,) = loop._keep
+    head = loop.plan.head
+    with pytest.raises(ValueError, match="a program was built from these tensors"):
+        tensors.put(head, None, None)
+    fresh = S._core.DecodeTensors(loop.plan)
+    with pytest.raises(ValueError, match="'model.nowhere' is not a module the decode plan names"):
+        fresh.put("model.nowhere", None, None)
+    with pytest.raises(ValueError, match="nothing was put for"):
+        S._core.make_decode_program(loop.plan, fresh)
+    with pytest.raises(ValueError, match="does not fit the window of 32"):
+        loop.program.read_cache(0, 33)
+
+
 def test_a_fused_qkv_projection_is_refused():
     cfg = Phi3Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
                      num_attention_heads=4, num_key_value_heads=4, pad_token_id=0)

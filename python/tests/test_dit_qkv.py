@@ -124,6 +124,15 @@ def test_scheme_none_and_weight_only_schemes_do_not_pack(host):
         assert torch.equal(sample(step()), want)
 
 
+def test_a_pack_asked_for_by_name_under_a_scheme_without_its_form_says_why(host):
+    _, model, step, _, _ = host
+    plan = S.auto_swaps(model, step, structures=["qkv_pack", "linear_proj"],
+                        scheme="w8a8_decode")
+    assert not packs(plan)
+    assert ("qkv_pack: scheme 'w8a8_decode' gives it no form; its modules go to the structures "
+            "below it") in plan.core.assumed
+
+
 def _pack_of(plan, members: int = 3):
     return next(sp for sp in packs(plan) if len(sp.replaces) == members)
 

@@ -10,6 +10,7 @@
 #include <flashrt/tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -104,7 +105,8 @@ class DecodeProgram {
   };
   std::unique_ptr<float[], FreeCache> cache_;
   float* cache_at(int64_t layer, int64_t kv, int64_t head) const;
-  void copy_cache(int64_t layer, int64_t n, float* k, float* v, bool to_cache) const;
+  void for_cache_rows(int64_t layer, int64_t n,
+                      const std::function<void(float*, float*, int64_t)>& copy) const;
 };
 
 }  // namespace frt

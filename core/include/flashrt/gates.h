@@ -97,6 +97,7 @@ struct CandidateResult {
 struct UnitOutcome {
   std::string unit;
   std::string scheme;              // the kept candidate's scheme; "" when the unit keeps nothing
+  std::string best;                // the best candidate's scheme, kept or yielded; "" if none
   std::string decision;            // "activated" or "refused: <reason>"
   std::vector<std::string> paths;  // kept: the seated modules; else every module refused
   bool kept() const { return !scheme.empty(); }
@@ -133,7 +134,7 @@ bool overlaps(const std::string& path, const std::vector<std::string>& taken);
 
 // decode_loop's self-check (SelfCheckSpec): got and want are logits [positions, vocab]; got_keys
 // and want_keys the keys each layer cached after rotary, [layers * positions, kv_heads *
-// head_dim] (layer major). f32, contiguous; throws InvalidArgument on other shapes.
+// head_dim] (layer major). f32 or bf16, contiguous; throws InvalidArgument otherwise.
 struct SelfCheckVerdict {
   bool passed = false;
   double top1_agreement = 0;

@@ -89,6 +89,11 @@ class KernelHub {
   const KernelPathConfig& config() const { return config_; }
   const CpuFeatures& cpu() const { return cpu_; }
 
+  // Which package a direct op call runs on, remembered per descriptor key (op_dispatch.cpp):
+  // nullptr when not chosen yet. Thread-safe.
+  const frt_kernel_table* op_choice(const std::string& key) const;
+  void remember_op_choice(const std::string& key, const frt_kernel_table* table);
+
  private:
   KernelPathConfig config_;
   CpuFeatures cpu_;
@@ -98,6 +103,8 @@ class KernelHub {
   // Failed resolutions forgotten by clear_unavailable_report(): kept alive because resolve()
   // handed out references to them.
   std::vector<std::unique_ptr<PackageResolution>> retired_;
+  mutable std::mutex choices_mu_;
+  std::map<std::string, const frt_kernel_table*> op_choices_;
 };
 
 // The process-wide hub. set_bundled_root() must come before the first process_hub() call

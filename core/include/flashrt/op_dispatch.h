@@ -11,8 +11,8 @@ namespace frt {
 
 // The first package on the path, in name order, that owns the op and whose supports_op takes a
 // one-row fp32 descriptor of these weights (layout, group, scale dtype, widths, bias). Throws
-// KernelUnavailable with every package's answer when none does. Answers are cached per
-// descriptor, so a call in a loop does not walk the path again.
+// KernelUnavailable with every package's answer when none does. The hub remembers each answer
+// per descriptor, so a call in a loop does not walk the path again.
 const frt_kernel_table& linear_table(KernelHub& hub, const PackedLinear& w, bool has_bias);
 const frt_kernel_table& ffn_table(KernelHub& hub, const FfnOperands& f);
 

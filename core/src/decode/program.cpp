@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "quant/weight_memory.h"
 #include "runtime/run_on_threads.h"
@@ -290,31 +291,34 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
   return best;
 }
 
-// Positions [0, n) of a layer's cache against the door's layout [n][kv_heads][head_dim], in
-// (to_cache) or out.
-void DecodeProgram::copy_cache(int64_t layer, int64_t n, float* k, float* v, bool to_cache) const {
+// Positions [0, n) of a layer's cache against the door's layout [n][kv_heads][head_dim]: `copy`
+// gets each row's cache K and V and the row's offset in the door's buffers.
+void DecodeProgram::for_cache_rows(int64_t layer, int64_t n,
+                                   const std::function<void(float*, float*, int64_t)>& copy) const {
   if (layer < 0 || layer >= cfg_.layers || n < 0 || n > cfg_.max_len)
     throw InvalidArgument("decode_loop: cache of layer " + std::to_string(layer) + " with " +
                           std::to_string(n) + " positions does not fit the window of " +
                           std::to_string(cfg_.max_len));
-  const size_t row = cfg_.head_dim * sizeof(float);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < cfg_.kv_heads; ++j) {
-      const int64_t at = (t * cfg_.kv_heads + j) * cfg_.head_dim;
-      float* ck = cache_at(layer, 0, j) + t * cfg_.head_dim;
-      float* cv = cache_at(layer, 1, j) + t * cfg_.head_dim;
-      std::memcpy(to_cache ? ck : k + at, to_cache ? k + at : ck, row);
-      std::memcpy(to_cache ? cv : v + at, to_cache ? v + at : cv, row);
-    }
+    for (int64_t j = 0; j < cfg_.kv_heads; ++j)
+      copy(cache_at(layer, 0, j) + t * cfg_.head_dim, cache_at(layer, 1, j) + t * cfg_.head_dim,
+           (t * cfg_.kv_heads + j) * cfg_.head_dim);
 }
 
 void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const float* v) {
-  // The door's buffers are only read when copying into the cache.
-  copy_cache(layer, n, const_cast<float*>(k), const_cast<float*>(v), /*to_cache=*/true);
+  const size_t row = cfg_.head_dim * sizeof(float);
+  for_cache_rows(layer, n, [&](float* ck, float* cv, int64_t at) {
+    std::memcpy(ck, k + at, row);
+    std::memcpy(cv, v + at, row);
+  });
 }
 
 void DecodeProgram::read_cache(int64_t layer, int64_t n, float* k, float* v) const {
-  copy_cache(layer, n, k, v, /*to_cache=*/false);
+  const size_t row = cfg_.head_dim * sizeof(float);
+  for_cache_rows(layer, n, [&](float* ck, float* cv, int64_t at) {
+    std::memcpy(k + at, ck, row);
+    std::memcpy(v + at, cv, row);
+  });
 }
 
 int64_t DecodeProgram::weight_bytes() const {

@@ -72,7 +72,7 @@ Arbitration UnitArbiter::settle() const {
     o.unit = u.name;
     if (u.best >= 0) {
       const CandidateResult& kept = u.tried[u.best];
-      o.scheme = kept.scheme;
+      o.scheme = o.best = kept.scheme;
       o.decision = decision_of(kept);
       o.paths = kept.paths;
       if (std::any_of(kept.paths.begin(), kept.paths.end(),

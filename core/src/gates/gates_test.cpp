@@ -226,6 +226,7 @@ TEST(Arbiter, AUnitWithNoPassingCandidateRefusesEveryModuleAnyCandidateSeats) {
   const Arbitration r = a.settle();
   ASSERT_EQ(r.units.size(), 1u);
   EXPECT_FALSE(r.units[0].kept());
+  EXPECT_EQ(r.units[0].best, "");
   EXPECT_EQ(r.units[0].decision,
             "refused: no candidate passed (w8: refused: median speedup 0.900x < 1.05x, parity "
             "pass; w4: refused: the seat gave its region back, parity unmeasured)");
@@ -250,6 +251,8 @@ TEST(Arbiter, AUnitWhoseModulesAnotherKeptUnitHoldsIsRefused) {
   EXPECT_TRUE(r.units[0].kept());  // a named scheme keeps a warn band
   EXPECT_FALSE(r.units[1].kept());
   EXPECT_EQ(r.units[1].decision, "refused: its modules are seated by another unit");
+  EXPECT_EQ(r.units[1].best, "w8");  // what it would have kept
+  EXPECT_EQ(r.units[2].best, "");
   EXPECT_EQ(r.units[2].decision, "refused: cosine 0.9 < floor 0.99");
   ASSERT_EQ(r.refused.size(), 4u);
   EXPECT_EQ(r.refused[0],

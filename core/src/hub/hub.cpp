@@ -171,4 +171,15 @@ KernelHub& process_hub() {
   return *g_process_hub;
 }
 
+const frt_kernel_table* KernelHub::op_choice(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(choices_mu_);
+  const auto it = op_choices_.find(key);
+  return it == op_choices_.end() ? nullptr : it->second;
+}
+
+void KernelHub::remember_op_choice(const std::string& key, const frt_kernel_table* table) {
+  std::lock_guard<std::mutex> lock(choices_mu_);
+  op_choices_[key] = table;
+}
+
 }  // namespace frt

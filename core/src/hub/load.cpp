@@ -20,7 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The loader hands the whole ABI 2.0 table to the runtime, so every member up to the last one
+// The loader hands the whole table to the runtime, so every member up to the last one
 // must lie inside what the package says it filled.
 constexpr size_t kTableBytesRead = offsetof(frt_kernel_table, ops) + sizeof(frt_kernel_table::ops);
 

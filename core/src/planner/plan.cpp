@@ -237,7 +237,7 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   }
   Discovery d = looked_for.empty() ? Discovery{} : discover(graph, catalog, looked_for);
   p.refused = d.refused;
-  p.assumed = d.assumed;
+  p.assumed.insert(p.assumed.end(), d.assumed.begin(), d.assumed.end());  // after any said above
   p.seams_found = static_cast<int64_t>(d.seams.size());
   std::set<std::string> unavailable_noted;
   for (Seam& seam : d.seams) {

@@ -1,9 +1,6 @@
 #include <flashrt/errors.h>
 #include <flashrt/op_dispatch.h>
 
-#include <cstring>
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,28 +18,27 @@ frt_op_desc weights_desc(OpKind op, const frt_packed_weight& w) {
   return d;
 }
 
-// Descriptors compare as bytes (a plain struct, zero-initialised).
-struct DescLess {
-  bool operator()(const frt_op_desc& a, const frt_op_desc& b) const {
-    return std::memcmp(&a, &b, sizeof(frt_op_desc)) < 0;
-  }
-};
+// The descriptor's fields, named: the key a hub remembers its answer under.
+std::string key_of(const frt_op_desc& d) {
+  std::string key;
+  for (const int64_t v : {int64_t{d.op}, int64_t{d.wformat}, int64_t{d.group}, int64_t{d.act},
+                          int64_t{d.x_dtype}, int64_t{d.y_dtype}, int64_t{d.has_bias}, d.rows_max,
+                          d.n, d.k, d.inner, int64_t{d.scale_dtype}})
+    key += std::to_string(v) + ",";
+  return key;
+}
 
 const frt_kernel_table& table_for(KernelHub& hub, const frt_op_desc& desc,
                                   const std::string& what) {
-  static std::mutex mu;
-  static std::map<const KernelHub*, std::map<frt_op_desc, const frt_kernel_table*, DescLess>>
-      chosen;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& cache = chosen[&hub];
-  if (const auto it = cache.find(desc); it != cache.end()) return *it->second;
+  const std::string key = key_of(desc);
+  if (const frt_kernel_table* known = hub.op_choice(key)) return *known;
   std::string answers;
   for (const std::string& repo : hub.visible_packages()) {
     const PackageResolution& r = hub.resolve(repo);
     const std::string why =
         r.table == nullptr ? "not loaded on this machine" : form_refusal(*r.table, desc);
     if (why.empty()) {
-      cache[desc] = r.table;
+      hub.remember_op_choice(key, r.table);
       return *r.table;
     }
     answers += (answers.empty() ? "" : "; ") + repo + ": " + why;
