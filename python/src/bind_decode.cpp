@@ -12,9 +12,9 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <map>
 #include <memory>
+#include <set>
 
 #include "convert.h"
 
@@ -59,24 +59,28 @@ struct SlotTensor {
 
 class DecodeTensors {
  public:
-  explicit DecodeTensors(const DecodePlan& plan) : plan_(plan) {}
+  explicit DecodeTensors(const DecodePlan& plan) : plan_(plan) {
+    // Every module the plan names, once (a module may fill several slots).
+    const auto add = [&](const std::string& path) {
+      if (known_.insert(path).second) paths_.push_back(path);
+    };
+    add(plan_.embed);
+    add(plan_.head);
+    for (const auto& [slot, path] : plan_.stack) add(path);
+    for (const DecodeLayerPlan& L : plan_.layers)
+      for (const auto& [slot, path] : L.slots) add(path);
+  }
 
   void put(const std::string& path, nb::object weight, nb::object bias) {
     if (built_)
       throw InvalidArgument("decode_loop: a program was built from these tensors; '" + path +
                             "' cannot be replaced under it");
-    if (!known(path))
+    if (!known_.count(path))
       throw InvalidArgument("decode_loop: '" + path + "' is not a module the decode plan names");
     by_path_[path] = SlotTensor{std::move(weight), std::move(bias)};
   }
 
-  std::vector<std::string> paths() const {
-    std::vector<std::string> out = {plan_.embed, plan_.head};
-    for (const auto& [slot, path] : plan_.stack) out.push_back(path);
-    for (const DecodeLayerPlan& L : plan_.layers)
-      for (const auto& [slot, path] : L.slots) out.push_back(path);
-    return out;
-  }
+  const std::vector<std::string>& paths() const { return paths_; }
 
   ModelWeights weights() const {
     built_ = true;
@@ -116,10 +120,6 @@ class DecodeTensors {
   }
 
  private:
-  bool known(const std::string& path) const {
-    const std::vector<std::string> all = paths();
-    return std::find(all.begin(), all.end(), path) != all.end();
-  }
   const SlotTensor& at(const std::string& path) const {
     const auto it = by_path_.find(path);
     if (it == by_path_.end())
@@ -128,6 +128,8 @@ class DecodeTensors {
   }
 
   DecodePlan plan_;
+  std::vector<std::string> paths_;
+  std::set<std::string> known_;
   mutable bool built_ = false;
   std::map<std::string, SlotTensor> by_path_;
 };
@@ -210,7 +212,7 @@ void bind_decode(nb::module_& m) {
                                     " positions does not fit the window of " +
                                     std::to_string(c.max_len));
             const size_t count =
-                static_cast<size_t>(std::max<int64_t>(n, 0) * c.kv_heads * c.head_dim);
+                static_cast<size_t>(n * c.kv_heads * c.head_dim);  // n checked above
             auto k = std::make_unique<std::vector<float>>(count);
             auto v = std::make_unique<std::vector<float>>(count);
             p.read_cache(layer, n, k->data(), v->data());  // throws before anyone owns them

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "gates/metrics.h"
+
 namespace frt {
 namespace {
 
@@ -13,6 +15,22 @@ int64_t elements_of(const TensorView& t) {
   for (int i = 0; i < t.rank; ++i) n *= t.shape[i];
   return n;
 }
+
+double at(const TensorView& t, int64_t i) { return t.element(i); }
+
+double max_abs(const TensorView& a, const TensorView& b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::fabs(at(a, i) - at(b, i));
+    if (std::isnan(d)) return NAN;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+}  // namespace
+
+namespace detail {
 
 void check_pair(const TensorView& got, const TensorView& want) {
   if (got.rank != want.rank || got.shape != want.shape)
@@ -27,8 +45,6 @@ void check_pair(const TensorView& got, const TensorView& want) {
   }
 }
 
-double at(const TensorView& t, int64_t i) { return t.element(i); }
-
 double cosine(const TensorView& a, const TensorView& b, int64_t begin, int64_t end) {
   double dot = 0, na = 0, nb = 0;
   for (int64_t i = begin; i < end; ++i) {
@@ -41,17 +57,10 @@ double cosine(const TensorView& a, const TensorView& b, int64_t begin, int64_t e
   return dot / (std::sqrt(na) * std::sqrt(nb));
 }
 
-double max_abs(const TensorView& a, const TensorView& b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = std::fabs(at(a, i) - at(b, i));
-    if (std::isnan(d)) return NAN;
-    m = std::max(m, d);
-  }
-  return m;
-}
+}  // namespace detail
 
-}  // namespace
+using detail::check_pair;
+using detail::cosine;
 
 const char* band_name(ParityBand b) {
   return b == ParityBand::pass ? "pass" : b == ParityBand::warn ? "warn" : "low";

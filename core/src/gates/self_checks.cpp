@@ -9,28 +9,17 @@
 #include <tuple>
 #include <utility>
 
+#include "gates/metrics.h"
+
 namespace frt {
 namespace {
-
-// The cosine of row p of two [positions, vocab] matrices (float64 accumulation).
-double row_cosine(const TensorView& a, const TensorView& b, int64_t p) {
-  double dot = 0, na = 0, nb = 0;
-  for (int64_t v = 0; v < a.shape[1]; ++v) {
-    const double x = a.element(p * a.shape[1] + v), y = b.element(p * b.shape[1] + v);
-    dot += x * y;
-    na += x * x;
-    nb += y * y;
-  }
-  if (na == 0 && nb == 0) return 1.0;
-  return dot / (std::sqrt(na) * std::sqrt(nb));
-}
 
 // The worst row cosine of two [rows, width] matrices and its row (a NaN row is the worst).
 std::pair<double, int64_t> worst_row(const TensorView& a, const TensorView& b) {
   double worst = INFINITY;
   int64_t at = 0;
   for (int64_t r = 0; r < a.shape[0]; ++r) {
-    const double c = row_cosine(a, b, r);
+    const double c = detail::cosine(a, b, r * a.shape[1], (r + 1) * a.shape[1]);
     if (!std::isnan(worst) && !(c >= worst)) {
       worst = c;
       at = r;
@@ -52,9 +41,9 @@ SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& g
     throw InvalidArgument(
         "self-check: keys must be [layers * positions, width] on both sides, got " +
         got_keys.describe() + " vs " + want_keys.describe());
-  // The metrics check contiguity and dtypes; distribution_metrics counts the argmax agreement.
+  // Same shapes, contiguous (check_pair); distribution_metrics also counts argmax agreement.
   const DistributionMetrics d = distribution_metrics(got, want);
-  (void)value_metrics(got_keys, want_keys);
+  detail::check_pair(got_keys, want_keys);
   SelfCheckVerdict v;
   v.positions = d.positions;
   v.top1_agreement = d.top1_agreement;
