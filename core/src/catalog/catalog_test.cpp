@@ -329,7 +329,7 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(c.decode_self_check().probe_tokens, 8);
   EXPECT_DOUBLE_EQ(c.decode_self_check().top1_agreement, 0.75);
   EXPECT_DOUBLE_EQ(c.decode_self_check().logits_cosine, 0.999);
-  EXPECT_DOUBLE_EQ(c.decode_self_check().keys_cosine, 0.999);
+  EXPECT_DOUBLE_EQ(c.decode_self_check().keys_cosine, 0.99);
 
   const BindingSpec& llama = c.binding("llama_decode");
   EXPECT_EQ(llama.layers, "model.layers");

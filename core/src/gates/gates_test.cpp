@@ -313,7 +313,7 @@ TEST(SelfCheck, EveryFloorIsJudgedAndTheFirstShortfallNamed) {
   EXPECT_EQ(v.worst_key_position, 2);
   EXPECT_NEAR(v.min_keys_cosine, 0.0, 1e-12);
   EXPECT_NE(v.text.find("the keys cached at layer 1, position 2 have cosine 0.000000 with the "
-                        "host's (< 0.999) on a 3-token probe"),
+                        "host's (< 0.99) on a 3-token probe"),
             std::string::npos)
       << v.text;
   std::vector<float> nan = want;
