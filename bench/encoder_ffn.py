@@ -23,10 +23,10 @@ import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PhiConfig, PhiForCausalLM
 
 import flashrt_structures as S
-from door import run_arm, weight_bytes
 from flashrt_structures import ops
 
 from _common import machine, write_result
+from door import run_arm, weight_bytes
 
 PROMPT, NEW = 32, 32
 PROJECTIONS = ["linear_proj", "lm_head"]  # the door before encoder_ffn: MLPs as two projections

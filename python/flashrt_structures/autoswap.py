@@ -60,22 +60,27 @@ def notes_of(plan: _core.Plan) -> dict[str, Any]:
 
 def auto_swaps(model: nn.Module, forward: Forward | Iterable[Forward], *,
                structures: Iterable[str] | None = None, scheme: str = "auto",
-               min_seat_weights: int | None = None) -> AutoPlan:
+               min_seat_weights: int | None = None,
+               account_weights: int | None = None) -> AutoPlan:
     """Observes one real forward (or several), plans in the core, builds the seat modules.
-    structures: catalog names to look for (default: every structure in the catalog)."""
+    structures: catalog names to look for (default: every structure in the catalog).
+    account_weights: the size from which the plan names every parameter (default: the
+    catalog's keep_host.account_weights; Note [Every weight accounted] in the core)."""
     graph = observe(model, normalise_forwards(forward))
     return plan_observed(model, graph, structures=structures, scheme=scheme,
-                         min_seat_weights=min_seat_weights)
+                         min_seat_weights=min_seat_weights, account_weights=account_weights)
 
 
 def plan_observed(model: nn.Module, graph: _core.HostGraph, *,
                   structures: Iterable[str] | None = None, scheme: str = "auto",
-                  min_seat_weights: int | None = None) -> AutoPlan:
+                  min_seat_weights: int | None = None,
+                  account_weights: int | None = None) -> AutoPlan:
     """auto_swaps over a host already observed (one observation, several schemes' plans)."""
     options = _core.PlanOptions()
     options.structures = list(structures or [])
     options.scheme = scheme
     options.min_seat_weights = min_seat_weights
+    options.account_weights = account_weights
     core_plan = _core.plan(graph, catalog.shipped(), options)
     return AutoPlan(build_swaps(model, core_plan), notes_of(core_plan), list(core_plan.seats),
                     core_plan)

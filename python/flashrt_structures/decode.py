@@ -1,4 +1,5 @@
-"""decode_loop: the whole decode step of a Llama-family decoder run in the core (DESIGN §8).
+"""decode_loop: the whole decode step of a Llama-family decoder run in the core (DESIGN §8), its
+feed-forwards dense or routed (a bank of experts, its router measured on a call of its own).
 
 The door observes the module tree (norm forms, activations and rotary frequencies measured, not
 read from class names; the host's declared head counts and rotary form) into a HostGraph; the core
@@ -25,6 +26,8 @@ from torch import nn
 from . import _core, catalog, swap
 from . import receipt as receipts
 from .observe import describe_tree
+from .observe.experts import describe_bank
+from .observe.routing import describe_routing
 from .seats import PackLead, PackMember, SeatModule
 
 Refused = _core.Refused
@@ -188,18 +191,28 @@ class DecodeLoop:
 def plan_decode(model: nn.Module, max_len: int, binding: str = BINDING) -> _core.DecodePlan:
     """The core's decode plan for `model` (print it with explain()); builds nothing."""
     graph, _ = describe_tree(model)
+    describe_routing(model, graph)  # banks' and routers' forms, measured on calls of their own
     return _core.plan_decode(graph, catalog.shipped(), binding, max_len)
 
 
 def _standing(model: nn.Module, path: str) -> tuple[Any, Any]:
     """What stands at a module the plan names: (a seat's core object, None), the host's own
     (weight, bias) (also under a packed seat's module, whose core seat computes several
-    projections), or (None, None) for a module with no weight (a rotary, an activation)."""
+    projections), a bank's (gate, up, down) [experts, out, in] tensors (a fused gate_up's two
+    halves, views), or (None, None) for a module with no weight (a rotary, an activation)."""
     module = model.get_submodule(path)
     if isinstance(module, (PackLead, PackMember)):
         module = module.host
     if isinstance(module, SeatModule):
         return module.seat, None
+    bank = describe_bank(module)
+    if bank is not None:
+        tensor = lambda name: getattr(module, name).detach()  # noqa: E731
+        if bank.gate_up:
+            gate, up = tensor(bank.gate_up).chunk(2, dim=1)
+        else:
+            gate, up = tensor(bank.gate), tensor(bank.up)
+        return (gate, up, tensor(bank.down)), None
     weight = getattr(module, "weight", None)
     bias = getattr(module, "bias", None)
     return (weight.detach() if isinstance(weight, torch.Tensor) else None,

@@ -314,17 +314,57 @@ def build_pack(model: nn.Module, plan: _core.SeatPlan) -> dict[str, SeatModule]:
     return out
 
 
+class BankSeat(SeatModule):
+    """A seated bank of routed experts: every call brings the router's choice beside the hidden
+    rows, (hidden [rows, D], top_k_index [rows, k], top_k_weights [rows, k]) -> [rows, D]."""
+
+    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        call = (x, *args)
+        if torch.compiler.is_compiling():
+            # A compiled graph traces the host's bank (its call carries the routing, which the
+            # one-input flashrt::seat op does not take).
+            return self._host(*call, **kwargs)
+        if (kwargs or len(args) != 2 or not all(isinstance(t, torch.Tensor) for t in call)):
+            return self._miss(self._seat.miss(
+                "a bank's call is (hidden, top_k_index, top_k_weights)"), call, kwargs)
+        index, weights = args
+        if x.dim() != 2 or x.shape[-1] != self.width:
+            return self._miss(self._seat.miss(
+                f"hidden {tuple(x.shape)} is not [rows, {self.width}]"), call)
+        verdict = self._seat.admit_rows(x.shape[0])
+        if verdict != RAN:
+            return self._miss(verdict, call)
+        if x.requires_grad and torch.is_grad_enabled():
+            return self._miss(self._seat.miss("input requires grad (autograd)"), call)
+        if index.dtype != torch.int64:  # the router's own ids, widened (rows x k values)
+            index = index.to(torch.int64)
+        if weights.dtype not in (torch.float32, torch.bfloat16):
+            weights = weights.float()
+        out = torch.empty((x.shape[0], self.out_width), dtype=x.dtype)
+        verdict = self._seat.run_routed(x, index.contiguous(), weights.contiguous(), out,
+                                        self.training)
+        if verdict == RAN:
+            return out
+        return self._miss(verdict, call)
+
+
+def _operand(model: nn.Module, slot: _core.SlotTensor) -> torch.Tensor:
+    """The host tensor a slot names, read in place: a fused bank's part is a view of its slice
+    of the second dimension (gate rows, then up rows)."""
+    tensor = getattr(model.get_submodule(slot.module), slot.tensor).detach()
+    if slot.parts > 1:
+        tensor = tensor.chunk(slot.parts, dim=1)[slot.part]
+    return tensor
+
+
 def build(model: nn.Module, plan: _core.SeatPlan,
           adopted: dict[str, _core.PackedLinear] | None = None) -> SeatModule:
     """The seat module for one planned seat: the host tensor of each operand, read in place, or
     the checkpoint's own pack of it when adopted (which moves into the seat)."""
-    tensors = {}
-    for operand, slot in plan.slots.items():
-        if adopted and operand in adopted:
-            continue
-        tensor = getattr(model.get_submodule(slot.module), slot.tensor)
-        tensors[operand] = tensor.detach()
+    tensors = {operand: _operand(model, slot) for operand, slot in plan.slots.items()
+               if not (adopted and operand in adopted)}
     seat = _core.build_seat(plan, tensors, adopted=adopted or {})  # attach sets its guard mode
-    module = SeatModule(plan.site, model.get_submodule(plan.site), seat)
+    kind = BankSeat if plan.op == _core.OpKind.moe_ffn else SeatModule
+    module = kind(plan.site, model.get_submodule(plan.site), seat)
     module.plan = plan
     return module

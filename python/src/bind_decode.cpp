@@ -12,6 +12,7 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <set>
@@ -43,6 +44,26 @@ ProjWeights proj_of(nb::handle weight_or_seat, nb::handle bias, const std::strin
   p.host = view_of(weight_or_seat, what.c_str());
   if (p.host.rank == 2) p.bias = vector_of(bias, p.host.shape[0], what + " bias");
   return p;
+}
+
+// A bank from the door: a seated bank of experts (a MoeSeat), or the host's (gate, up, down)
+// [experts, out, in] tensors, borrowed.
+BankWeights bank_of(nb::handle weight, Activation act, const std::string& what) {
+  BankWeights b;
+  b.act = act;
+  if (nb::isinstance<Seat>(weight)) {
+    b.seat = dynamic_cast<const MoeSeat*>(nb::cast<const Seat*>(weight));
+    if (b.seat == nullptr)
+      throw Refused("decode_loop: " + what + " is seated, but not as a bank of experts");
+    return b;
+  }
+  if (!nb::isinstance<nb::tuple>(weight) || nb::len(weight) != 3)
+    throw Refused("decode_loop: " + what + ": expected a bank seat or (gate, up, down) tensors");
+  const nb::tuple t = nb::borrow<nb::tuple>(weight);
+  b.gate = view_of(t[0], (what + " gate").c_str());
+  b.up = view_of(t[1], (what + " up").c_str());
+  b.down = view_of(t[2], (what + " down").c_str());
+  return b;
 }
 
 // Note [Decode tensors]: what the door hands the program crosses as one object built against
@@ -106,13 +127,38 @@ class DecodeTensors {
         const SlotTensor t = slot(name);
         *proj = proj_of(t.weight, t.bias, where + name);
       }
-      if (P.mlp_seated) {
-        L.mlp.seat = nb::cast<const FfnSeat*>(slot("mlp").weight);
-      } else {
-        L.mlp.gate = proj_of(slot("gate").weight, nb::none(), where + "gate");
-        L.mlp.up = proj_of(slot("up").weight, nb::none(), where + "up");
-        L.mlp.down = proj_of(slot("down").weight, nb::none(), where + "down");
-        L.mlp.act = P.activation;
+      // A gated feed-forward: one seat at `module`, or its projections.
+      const auto gated = [&](bool seated, const char* module, std::array<const char*, 3> parts,
+                             Activation act, const std::string& what) {
+        FfnWeights f;
+        if (seated) {
+          f.seat = nb::cast<const FfnSeat*>(slot(module).weight);
+          return f;
+        }
+        f.gate = proj_of(slot(parts[0]).weight, nb::none(), what + "gate");
+        f.up = proj_of(slot(parts[1]).weight, nb::none(), what + "up");
+        f.down = proj_of(slot(parts[2]).weight, nb::none(), what + "down");
+        f.act = act;
+        return f;
+      };
+      if (!P.routed) {
+        L.mlp = gated(P.mlp_seated, "mlp", {"gate", "up", "down"}, P.activation, where);
+        w.layers.push_back(L);
+        continue;
+      }
+      const DecodeMoePlan& M = P.moe;
+      L.routed = true;
+      L.moe.router = proj_of(slot("router").weight, nb::none(), where + "router");
+      L.moe.top_k = M.top_k;
+      L.moe.renormalise = M.renormalise;
+      L.moe.bank = bank_of(slot("experts").weight, M.activation, where + "experts");
+      if (M.shared) {
+        L.moe.shared = true;
+        L.moe.shared_expert = gated(M.shared_seated, "shared",
+                                    {"shared_gate_proj", "shared_up_proj", "shared_down_proj"},
+                                    M.shared_activation, where + "shared ");
+        const SlotTensor g = slot("shared_expert_gate");
+        L.moe.shared_gate = proj_of(g.weight, g.bias, where + "shared expert gate");
       }
       w.layers.push_back(L);
     }
@@ -152,10 +198,23 @@ void bind_decode(nb::module_& m) {
       .def_rw("inv_freq", &DecodeConfig::inv_freq)
       .def_rw("attention_scaling", &DecodeConfig::attention_scaling);
 
+  nb::class_<DecodeMoePlan>(m, "DecodeMoePlan")
+      .def_ro("experts", &DecodeMoePlan::experts)
+      .def_ro("top_k", &DecodeMoePlan::top_k)
+      .def_ro("intermediate", &DecodeMoePlan::intermediate)
+      .def_ro("renormalise", &DecodeMoePlan::renormalise)
+      .def_ro("bank_seated", &DecodeMoePlan::bank_seated)
+      .def_ro("activation", &DecodeMoePlan::activation)
+      .def_ro("shared", &DecodeMoePlan::shared)
+      .def_ro("shared_intermediate", &DecodeMoePlan::shared_intermediate)
+      .def_ro("shared_seated", &DecodeMoePlan::shared_seated)
+      .def_ro("shared_activation", &DecodeMoePlan::shared_activation);
   nb::class_<DecodeLayerPlan>(m, "DecodeLayerPlan")
       .def_ro("slots", &DecodeLayerPlan::slots)
       .def_ro("mlp_seated", &DecodeLayerPlan::mlp_seated)
-      .def_ro("activation", &DecodeLayerPlan::activation);
+      .def_ro("activation", &DecodeLayerPlan::activation)
+      .def_ro("routed", &DecodeLayerPlan::routed)
+      .def_ro("moe", &DecodeLayerPlan::moe);
   nb::class_<DecodePlan>(m, "DecodePlan")
       .def_ro("binding", &DecodePlan::binding)
       .def_ro("decode_package", &DecodePlan::decode_package)

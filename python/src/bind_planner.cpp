@@ -47,6 +47,35 @@ void bind_planner(nb::module_& m) {
       .def_rw("partial_rotary_factor", &HostConfig::partial_rotary_factor)
       .def_rw("sliding_window", &HostConfig::sliding_window);
 
+  nb::class_<RouterFacts>(m, "RouterFacts")
+      .def(nb::init<>())
+      .def_rw("form", &RouterFacts::form)
+      .def_rw("experts", &RouterFacts::experts)
+      .def_rw("hidden", &RouterFacts::hidden)
+      .def_rw("top_k", &RouterFacts::top_k)
+      .def_rw("other", &RouterFacts::other);
+
+  nb::class_<ExpertFacts>(m, "ExpertFacts")
+      .def(nb::init<>())
+      .def_rw("experts", &ExpertFacts::experts)
+      .def_rw("hidden", &ExpertFacts::hidden)
+      .def_rw("intermediate", &ExpertFacts::intermediate)
+      .def_rw("top_k", &ExpertFacts::top_k)
+      .def_rw("gate_up", &ExpertFacts::gate_up)
+      .def_rw("gate", &ExpertFacts::gate)
+      .def_rw("up", &ExpertFacts::up)
+      .def_rw("down", &ExpertFacts::down)
+      .def_rw("transposed", &ExpertFacts::transposed)
+      .def_rw("has_bias", &ExpertFacts::has_bias)
+      .def_rw("router", &ExpertFacts::router);
+
+  nb::class_<HostParam>(m, "HostParam")
+      .def(nb::init<>())
+      .def_rw("module", &HostParam::module)
+      .def_rw("name", &HostParam::name)
+      .def_rw("shape", &HostParam::shape)
+      .def_rw("elements", &HostParam::elements);
+
   nb::class_<HostModule>(m, "HostModule")
       .def(nb::init<>())
       .def_rw("path", &HostModule::path)
@@ -62,6 +91,8 @@ void bind_planner(nb::module_& m) {
       .def_rw("norm", &HostModule::norm)
       .def_rw("rotary", &HostModule::rotary)
       .def_rw("seated", &HostModule::seated)
+      .def_rw("experts", &HostModule::experts)
+      .def_rw("router", &HostModule::router)
       .def_rw("children", &HostModule::children);
 
   nb::class_<HostCall>(m, "HostCall")
@@ -78,6 +109,7 @@ void bind_planner(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("modules", &HostGraph::modules)
       .def_rw("calls", &HostGraph::calls)
+      .def_rw("params", &HostGraph::params)
       .def_rw("output_head", &HostGraph::output_head)
       .def_rw("input_embedding", &HostGraph::input_embedding)
       .def_rw("config", &HostGraph::config);
@@ -94,11 +126,14 @@ void bind_planner(nb::module_& m) {
       .def_ro("rows_seen", &Seam::rows_seen)
       .def_ro("tied", &Seam::tied)
       .def_ro("shape", &Seam::shape)
-      .def_ro("weight_count", &Seam::weight_count);
+      .def_ro("weight_count", &Seam::weight_count)
+      .def_ro("top_k", &Seam::top_k);
 
   nb::class_<SlotTensor>(m, "SlotTensor")
       .def_ro("module", &SlotTensor::module)
       .def_ro("tensor", &SlotTensor::tensor)
+      .def_ro("part", &SlotTensor::part)
+      .def_ro("parts", &SlotTensor::parts)
       .def("__repr__",
            [](const SlotTensor& t) { return "SlotTensor(" + t.module + "." + t.tensor + ")"; });
 
@@ -129,6 +164,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("structures", &PlanOptions::structures)
       .def_rw("scheme", &PlanOptions::scheme)
       .def_rw("min_seat_weights", &PlanOptions::min_seat_weights)
+      .def_rw("account_weights", &PlanOptions::account_weights)
       .def_rw("source_forms", &PlanOptions::source_forms)
       .def_rw("source_refusals", &PlanOptions::source_refusals)
       .def_rw("source", &PlanOptions::source);

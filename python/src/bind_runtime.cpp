@@ -75,6 +75,16 @@ void bind_runtime(nb::module_& m) {
              nb::gil_scoped_release release;
              return static_cast<int>(s.run(xv, yv, training));
            })
+      // A bank of experts' call: the router's choice beside x (index int64, weights f32/bf16).
+      .def("run_routed",
+           [](Seat& s, nb::handle x, nb::handle index, nb::handle weights, nb::handle y,
+              bool training) {
+             const TensorView xv = view_of(x, "input"), yv = view_of(y, "output");
+             const Routing r{index_view_of(index, "routing index"),
+                             view_of(weights, "routing weights")};
+             nb::gil_scoped_release release;
+             return static_cast<int>(s.run(xv, yv, training, &r));
+           })
       .def("miss", [](Seat& s, const std::string& why) { return static_cast<int>(s.miss(why)); })
       .def("first_time", &Seat::first_time)
       .def_prop_ro("form", &Seat::form)

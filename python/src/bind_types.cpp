@@ -34,7 +34,13 @@ void bind_types(nb::module_& m) {
       .value("embedding", ModuleKind::embedding)
       .value("activation", ModuleKind::activation)
       .value("norm", ModuleKind::norm)
+      .value("experts", ModuleKind::experts)
       .value("module", ModuleKind::module);
+  nb::enum_<RouterForm>(m, "RouterForm")
+      .value("unknown", RouterForm::unknown)
+      .value("softmax_topk", RouterForm::softmax_topk)
+      .value("softmax_topk_renormalised", RouterForm::softmax_topk_renormalised)
+      .value("other", RouterForm::other);
 }
 
 }  // namespace frt::py

@@ -28,7 +28,15 @@ std::string dtype_text(uint8_t code, uint8_t bits, uint16_t lanes) {
   return name;
 }
 
-DType dtype_of(uint8_t code, uint8_t bits, uint16_t lanes, const char* what) {
+// What a view may hold: activations and weights (f32, bf16), or indices (a router's int64 ids).
+enum class Holds { values, indices };
+
+DType dtype_of(uint8_t code, uint8_t bits, uint16_t lanes, const char* what, Holds holds) {
+  if (holds == Holds::indices) {
+    if (lanes == 1 && bits == 64 && code == dl::kInt) return DType::i64;
+    throw Refused(std::string(what) + ": dtype " + dtype_text(code, bits, lanes) +
+                  "; supported: int64");
+  }
   if (lanes == 1 && bits == 32 && code == dl::kFloat) return DType::f32;
   if (lanes == 1 && bits == 16 && code == dl::kBfloat) return DType::bf16;
   throw Refused(std::string(what) + ": dtype " + dtype_text(code, bits, lanes) +
@@ -39,7 +47,7 @@ void check_rank(int64_t ndim, const char* what) {
   if (ndim > 4) throw Refused(std::string(what) + ": rank " + std::to_string(ndim) + " > 4");
 }
 
-TensorView from_exchange(nb::handle obj, const char* what) {
+TensorView from_exchange(nb::handle obj, const char* what, Holds holds) {
   dl::Tensor t{};
   if (g_api->dltensor_from_py_object_no_sync(obj.ptr(), &t) != 0) {
     // torch cannot describe it (a meta tensor, say): refuse with the first line of its reason.
@@ -50,7 +58,7 @@ TensorView from_exchange(nb::handle obj, const char* what) {
   }
   if (t.device.device_type != dl::kCpu) refuse_device(what, t.device.device_type);
   TensorView v;
-  v.dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes, what);
+  v.dtype = dtype_of(t.dtype.code, t.dtype.bits, t.dtype.lanes, what, holds);
   check_rank(t.ndim, what);
   v.rank = t.ndim;
   int64_t compact = 1;
@@ -63,13 +71,13 @@ TensorView from_exchange(nb::handle obj, const char* what) {
   return v;
 }
 
-TensorView from_ndarray(nb::handle obj, const char* what) {
+TensorView from_ndarray(nb::handle obj, const char* what, Holds holds) {
   nb::ndarray<nb::ro> a;
   if (!nb::try_cast(obj, a, /*convert=*/false))
     throw Refused(std::string(what) + ": " + nb::inst_name(obj).c_str() + " is not a tensor");
   if (a.device_type() != nb::device::cpu::value) refuse_device(what, a.device_type());
   TensorView v;
-  v.dtype = dtype_of(a.dtype().code, a.dtype().bits, a.dtype().lanes, what);
+  v.dtype = dtype_of(a.dtype().code, a.dtype().bits, a.dtype().lanes, what, holds);
   check_rank(static_cast<int64_t>(a.ndim()), what);
   v.rank = static_cast<int>(a.ndim());
   for (int i = 0; i < v.rank; ++i) {
@@ -84,8 +92,14 @@ TensorView from_ndarray(nb::handle obj, const char* what) {
 
 TensorView view_of(nb::handle obj, const char* what) {
   if (g_api != nullptr && PyObject_TypeCheck(obj.ptr(), g_tensor_type))
-    return from_exchange(obj, what);
-  return from_ndarray(obj, what);
+    return from_exchange(obj, what, Holds::values);
+  return from_ndarray(obj, what, Holds::values);
+}
+
+TensorView index_view_of(nb::handle obj, const char* what) {
+  if (g_api != nullptr && PyObject_TypeCheck(obj.ptr(), g_tensor_type))
+    return from_exchange(obj, what, Holds::indices);
+  return from_ndarray(obj, what, Holds::indices);
 }
 
 bool use_dlpack_exchange(nb::handle tensor_type) {

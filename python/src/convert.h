@@ -12,6 +12,8 @@ namespace nb = nanobind;
 // Throws frt::Refused naming `what` and the device or dtype when the object is not a CPU f32 or
 // bf16 tensor of rank <= 4.
 TensorView view_of(nb::handle obj, const char* what);
+// The same for indices: an int64 tensor (a router's choice of experts), anything else refused.
+TensorView index_view_of(nb::handle obj, const char* what);
 
 // Registers the fast path for tensors of `tensor_type` (torch.Tensor) from its
 // __dlpack_c_exchange_api__ capsule; returns false (and keeps the generic path) when the capsule

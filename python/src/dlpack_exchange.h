@@ -46,6 +46,7 @@ struct ExchangeApi {
 
 inline constexpr uint32_t kMajorVersion = 1;
 inline constexpr int32_t kCpu = 1;
+inline constexpr uint8_t kInt = 0;
 inline constexpr uint8_t kFloat = 2;
 inline constexpr uint8_t kBfloat = 4;
 

@@ -2,14 +2,19 @@
 
 The file's tensors are the host's projections quantised by gguf's own quantisers, named by
 transformers' own tensor-name map, with q/k rows in the file's order (the inverse of the row
-permutation transformers' loader applies). The host's weights are then set to what the loader
-would produce from the file (gguf's dequantiser, then the loader's processor), so host and file
-are the same model, as after `from_pretrained(gguf_file=...)`.
+permutation transformers' loader applies). A bank of routed experts is written as llama.cpp
+writes it: blk.N.ffn_gate_exps / ffn_up_exps [experts, F, D] (the halves of the host's fused
+gate_up_proj) and ffn_down_exps [experts, D, F]; routers and Qwen2-MoE's shared-expert gate
+(1-D) stay F32, as llama.cpp's converter keeps them. The host's weights are then set to what the
+loader would produce from the file (gguf's dequantiser, then the loader's processor, which merges
+gate and up back into gate_up_proj), so host and file are the same model, as after
+`from_pretrained(gguf_file=...)`.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import gguf
@@ -18,7 +23,11 @@ import torch
 from torch import nn
 from transformers import modeling_gguf_pytorch_utils as tg
 
-ARCH = {"llama": "llama", "qwen3": "qwen3"}
+ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe",
+        "olmoe": "olmoe"}
+# Routers and the shared-expert gate: F32 in llama.cpp's files whatever the file's type.
+_F32 = re.compile(r"blk\.\d+\.ffn_gate_inp(_shexp)?\.weight")
+_BANK = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps")
 
 
 def _processor(model: nn.Module, arch: str):
@@ -46,8 +55,26 @@ def write(model: nn.Module, path: Path, qtype: str | dict[str, str], *,
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(model.config.num_hidden_layers)
     loaded = {}
+    parsed: dict[str, dict] = {"tensors": {}}  # where the loader merges expert tensors
     for gname, hname in sorted(g2h.items()):
         param = model.get_parameter(hname)
+        if _F32.fullmatch(gname):
+            writer.add_tensor(gname, param.detach().float().numpy().squeeze(0)
+                              if param.shape[0] == 1 else param.detach().float().numpy())
+            continue
+        if bank := _BANK.fullmatch(gname):
+            fname = gname + ".weight"
+            kind = qtype if isinstance(qtype, str) else qtype.get(fname, qtype["*"])
+            qt = gguf.GGMLQuantizationType[kind]
+            host = param.detach().float().numpy()
+            half = host.shape[1] // 2
+            rows = {"gate": host[:, :half], "up": host[:, half:], "down": host}[bank[1]]
+            data = gguf.quants.quantize(np.ascontiguousarray(rows), qt)
+            writer.add_tensor(fname, data, raw_dtype=qt)
+            back = gguf.quants.dequantize(data, qt)
+            processor.process(weights=back, name=fname, tensor_key_mapping=g2h,
+                              parsed_parameters=parsed)
+            continue
         if id(param) not in linear_weights or gname in loaded:
             continue
         kind = qtype if isinstance(qtype, str) else qtype.get(gname, qtype["*"])
@@ -72,4 +99,6 @@ def write(model: nn.Module, path: Path, qtype: str | dict[str, str], *,
         with torch.no_grad():
             for hname, values in loaded.values():
                 model.get_parameter(hname).copy_(torch.from_numpy(np.ascontiguousarray(values)))
+            for hname, merged in parsed["tensors"].items():
+                model.get_parameter(hname).copy_(merged)
     return path

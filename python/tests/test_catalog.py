@@ -12,7 +12,7 @@ import pytest
 from flashrt_structures import _core, catalog
 
 SHIPPED = ["decoder_ffn", "encoder_ffn", "linear_proj", "lm_head", "modnorm_qkv_chain",
-           "qkv_pack"]
+           "moe_experts", "qkv_pack"]
 
 
 def test_catalog_dir_is_inside_the_installed_package():

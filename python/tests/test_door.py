@@ -35,7 +35,7 @@ def counts(plan):
 
 def test_catalog_lists_the_shipped_structures():
     assert S.list_structures() == ["decoder_ffn", "encoder_ffn", "linear_proj", "lm_head",
-                                   "modnorm_qkv_chain", "qkv_pack"]
+                                   "modnorm_qkv_chain", "moe_experts", "qkv_pack"]
 
 
 @pytest.mark.parametrize("make,layers", [(hosts.qwen3, 3), (hosts.llama, 2), (hosts.gemma, 2)])

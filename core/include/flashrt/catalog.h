@@ -58,8 +58,11 @@ struct GateSpec {
 // modulates (b reads a per-channel affine function of a's output, x*scale + shift, measured by
 // the door). The site is the node's own module (one node) or the parent holding all nodes; with
 // `siblings` every node must be a child of the first node's parent. An `optional` node may be
-// left unassigned (a pack of two where a third sibling reads another tensor).
-enum class NodeKind : int32_t { linear, activation, norm };
+// left unassigned (a pack of two where a third sibling reads another tensor). An `experts` node is
+// a bank of routed experts (a module of kind experts): its 3-D banks fill the slots gate, up
+// [experts, intermediate, hidden] and down [experts, hidden, intermediate], binding those dims,
+// and its measured gated form's activation must be one of its attribute's values.
+enum class NodeKind : int32_t { linear, activation, norm, experts };
 enum class FlowKind : int32_t { same_input, feeds, not_feeds, modulates };
 enum class SiteKind : int32_t { node, parent };
 
@@ -70,7 +73,11 @@ struct MatchNode {
   std::string weight_slot;      // linear: the slot its weight fills (the node's name)
   std::string bias_slot;        // linear: the slot its bias fills; "" = a bias is out of bounds
   bool output_head = false;     // linear: must be the graph's output head
-  std::string attribute;  // activation / norm: the attribute whose allowed values it must take
+  std::string attribute;  // activation / norm / experts: the attribute whose values it must take
+  // experts: the slots its banks fill, gate, up, down (3-D, [experts, out, in]); the dims they
+  // bind are experts_dim, and out_dim / in_dim as a linear's (gate's [out, in])
+  std::vector<std::string> bank_slots;
+  std::string experts_dim;
   bool optional = false;  // may stay unassigned (never the first node)
 };
 
@@ -146,6 +153,9 @@ struct SchemePolicy {
   std::vector<std::string> gated_auto;
   // Seams with fewer weights stay with the host: below it a seat cannot pay for its call.
   int64_t min_seat_weights = 0;
+  // Every parameter of at least this many elements (outside the input embedding) is accounted
+  // for by a plan over all structures: seated, kept at host or refused, each with its reason.
+  int64_t account_weights = int64_t{1} << 62;
 };
 
 // One impl a ladder tries: a kernel package's op. per_node seats each linear node of the seam

@@ -1,7 +1,8 @@
 // decode_loop's program (DESIGN §8): the whole decode step of a Llama-family decoder (RMSNorm,
 // q/k/v, per-head q/k norm, rotary, attention over a static KV window with grouped heads, o,
-// residuals, gated feed-forward, final norm, head, argmax) run in the core, one token at a time,
-// over the host's own weights (borrowed, never copied) or the packed weights of seated impls.
+// residuals, a gated feed-forward or a routed bank of gated experts, final norm, head, argmax)
+// run in the core, one token at a time, over the host's own weights (borrowed, never copied) or
+// the packed weights of seated impls.
 #pragma once
 
 #include <flashrt/abi/frt_kernel_abi.h>
@@ -44,11 +45,37 @@ struct FfnWeights {
   const FfnSeat* seat = nullptr;  // the fused impl, when the FFN is seated as one
 };
 
+// A bank of routed experts: a seat's packed bank (run by moe_ffn) when `seat` is set, else the
+// host's own banks, borrowed: gate and up [experts][inner][hidden] (the halves of a fused
+// gate_up), down [experts][hidden][inner], fp32 or bf16, each matrix's rows contiguous.
+struct BankWeights {
+  TensorView gate, up, down;
+  Activation act = Activation::silu;
+  const MoeSeat* seat = nullptr;
+  int64_t experts() const;
+  int64_t inner() const;
+  int64_t hidden() const;
+};
+
+// A routed feed-forward (Note [Routed layers] in plan_decode.cpp): the router's weight at the
+// host's precision and its measured form, the bank, and a shared expert beside it.
+struct MoeWeights {
+  ProjWeights router;  // [experts][hidden], the host's own
+  int64_t top_k = 0;
+  bool renormalise = false;  // the top-k probabilities divided by their sum
+  BankWeights bank;
+  bool shared = false;
+  FfnWeights shared_expert;
+  ProjWeights shared_gate;  // [1][hidden]: sigmoid(x g) scales the shared expert's output
+};
+
 struct LayerWeights {
   const float *input_norm = nullptr, *post_norm = nullptr;
   const float *q_norm = nullptr, *k_norm = nullptr;  // per-head, when the host has them
   ProjWeights q, k, v, o;
-  FfnWeights mlp;
+  FfnWeights mlp;  // a dense layer's
+  bool routed = false;
+  MoeWeights moe;  // a routed layer's
 };
 
 struct ModelWeights {
@@ -88,6 +115,9 @@ class DecodeProgram {
   void project_group(std::initializer_list<std::pair<const ProjWeights*, float*>> outs,
                      const float* x, int64_t m);
   void ffn(const FfnWeights& f, const float* x, float* y, int64_t m);
+  void moe(const MoeWeights& w, const float* x, float* y, int64_t m);
+  void route(const MoeWeights& w, const float* x, int64_t m);
+  void host_bank(const BankWeights& b, const float* x, float* y, int64_t m, int64_t top_k);
   void norm_rows(const float* w, float* x, int64_t rows, int64_t width);
 
   DecodeConfig cfg_;
@@ -98,6 +128,10 @@ class DecodeProgram {
   const frt_kernel_table* ffn_;
   // Preallocated once for a block of kBlock rows (row-major [row][width]): no allocation per step.
   std::vector<float> h_, xn_, q_, k_, v_, attn_, o_, gate_, up_, mlp_out_, scores_, logits_;
+  // Routed layers: the router's logits [row][experts], the choice [row][top_k], the rows one
+  // expert takes (gathered), its output, the shared expert's output and gate.
+  std::vector<float> router_, route_w_, xg_, yg_, shared_out_, shared_g_;
+  std::vector<int64_t> route_i_;
   std::vector<float> cos_, sin_;  // [row][head_dim / 2]
   // The KV cache, one buffer: [layer][K, V][kv_head][max_len][head_dim] (Note [KV cache layout]).
   struct FreeCache {

@@ -18,21 +18,47 @@ namespace frt {
 
 // The slots the decode program reads, by name: a binding maps each to a path on its family.
 // The stack's and the layer's are read always (a binding must mark them required); the
-// feed-forward's only when the layer's feed-forward is not one seat; q_norm and k_norm are
-// optional (per-head norms, when the host has them).
+// feed-forward's only when the layer is dense and its feed-forward is not one seat; q_norm and
+// k_norm are optional (per-head norms, when the host has them).
 inline constexpr std::array<const char*, 2> kDecodeStackSlots = {"final_norm", "rotary"};
 inline constexpr std::array<const char*, 7> kDecodeLayerSlots = {
     "input_norm", "post_norm", "q", "k", "v", "o", "mlp"};
 inline constexpr std::array<const char*, 4> kDecodeFfnSlots = {"gate", "up", "down", "act"};
+// A routed feed-forward (read when the binding names `experts` and a layer holds it): the bank,
+// its router, and a shared expert with the sigmoid gate that mixes it in (both optional on a
+// host; the shared expert's projections are read when it is not one seat).
+inline constexpr std::array<const char*, 2> kDecodeMoeSlots = {"experts", "router"};
+inline constexpr std::array<const char*, 6> kDecodeSharedSlots = {
+    "shared",           "shared_gate_proj", "shared_up_proj",
+    "shared_down_proj", "shared_act",       "shared_expert_gate"};
 // What the program computes: a binding may only admit these (checked when it is planned).
 inline constexpr std::array<NormForm, 1> kDecodeNormForms = {NormForm::rms};
 inline constexpr std::array<Activation, 2> kDecodeActivations = {Activation::silu,
                                                                  Activation::gelu_tanh};
 
+// A layer's routed feed-forward: what the program computes per row is
+//   p = softmax(x W_r^T) (fp32), the top_k of p (ties to the lower expert), divided by their sum
+//   when `renormalise`, y = sum_j p_j expert_j(x) (+ sigmoid(x g) shared(x) with a shared expert)
+// where the router's form and the bank's activation are what the door measured on their calls.
+struct DecodeMoePlan {
+  int64_t experts = 0, top_k = 0, intermediate = 0;
+  bool renormalise = false;
+  bool bank_seated = false;  // a moe_ffn seat holds the bank packed; else the host's tensors
+  Activation activation = Activation::unknown;
+  bool shared = false;              // a shared expert beside the bank, mixed in by a sigmoid gate
+  int64_t shared_intermediate = 0;  // its width (its up projection's)
+  bool shared_seated = false;       // it is one seated gated_ffn
+  Activation shared_activation = Activation::unknown;
+};
+
 struct DecodeLayerPlan {
   std::map<std::string, std::string> slots;  // binding slot -> module path (present slots only)
   bool mlp_seated = false;                   // the feed-forward is one seated gated_ffn
   Activation activation = Activation::unknown;
+  // The layer holds the binding's `experts` (a bank of routed experts): its feed-forward is
+  // `moe`, else the dense one of gate/up/down.
+  bool routed = false;
+  DecodeMoePlan moe;
 };
 
 struct DecodePlan {

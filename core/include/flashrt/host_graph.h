@@ -17,7 +17,42 @@ enum class ModuleKind : int32_t {
   embedding,   // a lookup table [rows, width]
   activation,  // a parameter-free elementwise nonlinearity; `activation` says which
   norm,        // a 1-D-weighted normalisation over the last dim; attributes say which form
+  experts,     // a bank of routed experts: 3-D weights [experts, out, in]; `experts` says which
   module,      // anything else (a container)
+};
+
+// A bank of routed experts (transformers' experts modules: gate_up_proj [E, 2F, D], down_proj
+// [E, D, F]), as the door read its tensors and measured its calls. The module's own call is
+// (hidden [rows, D], top_k_index [rows, k], top_k_weights [rows, k]) -> [rows, D].
+struct ExpertFacts {
+  int64_t experts = 0, hidden = 0, intermediate = 0;
+  int64_t top_k = 0;  // from its observed calls (0: never called)
+  // Tensor names: gate and up fused in one bank (gate_up, gate rows first) or apart; down.
+  std::string gate_up, gate, up, down;
+  bool transposed = false;  // banks stored [E, in, out], or gate and up rows interleaved
+  bool has_bias = false;    // per-expert biases
+  std::string router;       // the sibling holding the routing weight [E, D], "" if none located
+};
+
+// How a router (the module holding a bank's routing weight [experts, hidden]) chooses, as the
+// door measured it on a call of its own: the top-k of softmax(x W^T) taken in fp32, the k
+// probabilities as they are or renormalised to sum to one. Anything else is `other`.
+enum class RouterForm : int32_t { unknown, softmax_topk, softmax_topk_renormalised, other };
+
+// What the door measured of a router (filled for a decode plan; RouterForm::unknown elsewhere).
+struct RouterFacts {
+  RouterForm form = RouterForm::unknown;
+  int64_t experts = 0, hidden = 0, top_k = 0;  // its weight's [experts, hidden]; k per row
+  std::string other;  // form other: what its call showed instead, for the refusal
+};
+
+// A weight-holding parameter of the host (two dimensions or more), whatever module holds it: the
+// plan accounts for every large one (seated, kept at host or refused, never silent).
+struct HostParam {
+  std::string module;  // path of the module holding it
+  std::string name;    // "weight", "gate_up_proj"
+  std::vector<int64_t> shape;
+  int64_t elements = 0;
 };
 
 // What the door measured of a norm module (kind norm).
@@ -54,8 +89,11 @@ struct HostModule {
   DType weight_dtype = DType::f32;
   std::string weight_device;
   int64_t weight_id = 0;  // storage identity: equal for tied weights
-  // activation: what the door measured the module to compute.
+  // activation: what the door measured the module to compute (experts: its gated form's act,
+  // unknown when act(gate) * up with none of the kernels' activations reproduced its calls).
   Activation activation = Activation::unknown;
+  ExpertFacts experts;                // kind experts
+  RouterFacts router;                 // a bank's router, as measured on its own call
   NormFacts norm;                     // kind norm: its measured form and epsilon
   RotaryFacts rotary;                 // a rotary embedding; empty inv_freq otherwise
   std::optional<OpKind> seated;       // a flashrt seat stands here and runs this op
@@ -77,9 +115,10 @@ struct HostCall {
 struct HostGraph {
   std::vector<HostModule> modules;
   std::vector<HostCall> calls;
-  std::string output_head;      // the module that produces the logits, "" if none
-  std::string input_embedding;  // the token embedding, "" if none
-  HostConfig config;            // the host's configuration as the door read it
+  std::vector<HostParam> params;  // every parameter of 2-D or more
+  std::string output_head;        // the module that produces the logits, "" if none
+  std::string input_embedding;    // the token embedding, "" if none
+  HostConfig config;              // the host's configuration as the door read it
 
   const HostModule* find(const std::string& path) const;
   std::vector<const HostCall*> calls_of(const std::string& path) const;

@@ -57,6 +57,45 @@ std::string ffn_refusal(const frt_kernel_table& table, const FfnOperands& f, con
 void run_ffn(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f,
              const TensorView& x, const TensorView& y, int threads = 0);
 
+// A bank of routed experts (moe_ffn): each expert's gate and up [inner x k] and down [n x inner],
+// all in one form, with the per-expert views the op reads.
+class ExpertBank {
+ public:
+  // Throws InvalidArgument when the three lists differ in length, are empty, or a pack's form or
+  // shape differs from the first expert's.
+  ExpertBank(std::vector<PackedLinear> gate, std::vector<PackedLinear> up,
+             std::vector<PackedLinear> down, Activation act);
+  int64_t experts() const { return static_cast<int64_t>(gate_.size()); }
+  int64_t hidden() const { return gate_.front().k(); }
+  int64_t intermediate() const { return gate_.front().n(); }
+  Activation activation() const { return act_; }
+  std::string form() const { return gate_.front().form(); }
+  int64_t nbytes() const;         // every expert's packed bytes
+  int64_t expert_nbytes() const;  // one expert's: what a routed row's expert streams
+  const frt_packed_weight* gate_views() const { return gate_views_.data(); }
+  const frt_packed_weight* up_views() const { return up_views_.data(); }
+  const frt_packed_weight* down_views() const { return down_views_.data(); }
+
+ private:
+  std::vector<PackedLinear> gate_, up_, down_;
+  std::vector<frt_packed_weight> gate_views_, up_views_, down_views_;
+  Activation act_;
+};
+
+// The router's choice for one call: index i64 [rows, top_k], weights f32 or bf16 [rows, top_k],
+// both row-major and contiguous.
+struct Routing {
+  TensorView index, weights;
+};
+
+// "" when the table's moe_ffn op takes this call (x, y [rows, hidden]), else the reason.
+std::string moe_refusal(const frt_kernel_table& table, const ExpertBank& bank, const TensorView& x,
+                        const Routing& routing, const TensorView& y);
+// y[r] = sum_j weights[r][j] * expert index[r][j] (x[r]). Throws Refused with moe_refusal()'s
+// reason.
+void run_moe(const frt_kernel_table& table, Parallel& pool, const ExpertBank& bank,
+             const TensorView& x, const Routing& routing, const TensorView& y, int threads = 0);
+
 // Streams `bytes` of memory on `threads` threads of the process team (at most its size) `repeats`
 // times and returns the best read rate in GB/s (1e9 bytes/s): the floor every decode kernel is
 // measured against (core/src/runtime/read_probe.cpp, Note [Read probe]).

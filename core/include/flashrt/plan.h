@@ -32,6 +32,7 @@ struct Seam {
   bool tied = false;  // an output head sharing the input embedding's weight
   std::string shape;  // "gate/up [640x256], down [256x640]": what refusals and explain quote
   int64_t weight_count = 0;
+  int64_t top_k = 0;  // a bank of experts: the experts each row is routed to
 };
 
 using SiteReason = std::pair<std::string, std::string>;
@@ -47,9 +48,12 @@ struct Discovery {
 Discovery discover(const HostGraph& graph, const Catalog& catalog,
                    const std::vector<std::string>& structures);
 
-// A tensor of the host a seat reads: `tensor` ("weight", "bias") of the module at `module`.
+// A tensor of the host a seat reads: `tensor` ("weight", "bias", "gate_up_proj") of the module at
+// `module`; of a fused bank (gate and up in one [experts, 2F, D] tensor), the part'th of `parts`
+// equal slices of its second dimension (gate 0 of 2, up 1 of 2).
 struct SlotTensor {
   std::string module, tensor;
+  int part = 0, parts = 1;
 };
 
 // The band_max of a form band without a max (a catalog form's `rows: {min}`, rows_max -1): every
@@ -87,11 +91,15 @@ struct PlanOptions {
   std::vector<std::string> structures;  // empty: every structure in the catalog
   std::string scheme = "auto";
   std::optional<int64_t> min_seat_weights;  // unset: the catalog's keep_host rule
+  std::optional<int64_t> account_weights;   // unset: the catalog's (Note [Every weight accounted])
   // Adoption (adopt_prequantized): the form each module's weight already has in a quantised
   // checkpoint, by module path. When any is given the scheme is not consulted: a seam takes its
   // projections' own forms, a seam whose weights the checkpoint holds unquantised stays at host,
   // and a module in source_refusals (a block type no kernel reads) refuses its seam with that
-  // reason. source names the checkpoint format for the plan ("gguf").
+  // reason. A bank of experts is keyed by its module's path (all three operands) or by
+  // "<module>/<operand>" for one ("model.layers.0.mlp.experts/gate", "/up", "/down"); a bank
+  // whose operands differ in form is refused (one bank op runs one form). source names the
+  // checkpoint format for the plan ("gguf").
   std::map<std::string, WeightForm> source_forms;
   std::map<std::string, std::string> source_refusals;
   std::string source;

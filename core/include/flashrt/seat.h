@@ -69,7 +69,9 @@ class Seat {
   // Returns Verdict::ran when the call is in band (the door then calls run()).
   Verdict admit_rows(int64_t rows);
   // Runs the call: form checks, then the kernel. `training` is the module's mode at the call.
-  Verdict run(const TensorView& x, const TensorView& y, bool training);
+  // `routing`: the router's choice, for a seat of a bank of experts (nullptr for the others).
+  Verdict run(const TensorView& x, const TensorView& y, bool training,
+              const Routing* routing = nullptr);
   // The door reports a miss it found itself (an input it cannot view without a copy).
   Verdict miss(const std::string& reason);
   // First time a reason is seen (the door warns once per reason).
@@ -85,11 +87,13 @@ class Seat {
   void set_mode(GuardMode mode);  // swap.attach(on_guard_fail=...) sets it on a planned seat
 
  protected:
-  // The form checks of one call: "" when the kernel takes it, else the reason.
-  virtual std::string refusal(const TensorView& x, const TensorView& y) const = 0;
+  // The form checks of one call: "" when the kernel takes it, else the reason. `routing` is
+  // run()'s (a seat that takes none refuses a call that brings one, and the other way round).
+  virtual std::string refusal(const TensorView& x, const TensorView& y,
+                              const Routing* routing) const = 0;
   // Runs the kernel; only run() calls it, right after refusal() returned "" for the same views,
   // so it does not check the form again (each seated call is checked once).
-  virtual void execute(const TensorView& x, const TensorView& y) = 0;
+  virtual void execute(const TensorView& x, const TensorView& y, const Routing* routing) = 0;
   const frt_kernel_table& table_;
 
  private:
@@ -109,8 +113,9 @@ class LinearSeat : public Seat {
   int64_t nbytes() const override { return weight_.nbytes(); }
 
  private:
-  std::string refusal(const TensorView& x, const TensorView& y) const override;
-  void execute(const TensorView& x, const TensorView& y) override;
+  std::string refusal(const TensorView& x, const TensorView& y,
+                      const Routing* routing) const override;
+  void execute(const TensorView& x, const TensorView& y, const Routing* routing) override;
   PackedLinear weight_;
   std::vector<float> bias_;
 };
@@ -131,8 +136,9 @@ class FfnSeat : public Seat {
   }
 
  private:
-  std::string refusal(const TensorView& x, const TensorView& y) const override;
-  void execute(const TensorView& x, const TensorView& y) override;
+  std::string refusal(const TensorView& x, const TensorView& y,
+                      const Routing* routing) const override;
+  void execute(const TensorView& x, const TensorView& y, const Routing* routing) override;
   std::optional<PackedLinear> gate_;
   PackedLinear up_, down_;
   std::vector<float> up_bias_, down_bias_;
@@ -150,8 +156,26 @@ class MemberSeat : public Seat {
   int64_t nbytes() const override { return 0; }  // the pack's first seat streams the weights
 
  private:
-  std::string refusal(const TensorView&, const TensorView&) const override { return ""; }
-  void execute(const TensorView&, const TensorView&) override {}
+  std::string refusal(const TensorView&, const TensorView&, const Routing* routing) const override {
+    return routing != nullptr ? "a projection takes no routing" : "";
+  }
+  void execute(const TensorView&, const TensorView&, const Routing*) override {}
+};
+
+// A bank of routed experts (moe_ffn): each call brings the router's choice beside x.
+class MoeSeat : public Seat {
+ public:
+  MoeSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, ExpertBank bank)
+      : Seat(std::move(form), table, mode), bank_(std::move(bank)) {}
+  const ExpertBank& bank() const { return bank_; }
+  // Every expert's bytes; a call streams only its selected experts' (expert_nbytes() each).
+  int64_t nbytes() const override { return bank_.nbytes(); }
+
+ private:
+  std::string refusal(const TensorView& x, const TensorView& y,
+                      const Routing* routing) const override;
+  void execute(const TensorView& x, const TensorView& y, const Routing* routing) override;
+  ExpertBank bank_;
 };
 
 // The seat of the pack's module `index` (its position in SeatPlan.replaces, >= 1) at `site`.
@@ -164,6 +188,9 @@ std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::s
 // throws Refused naming the operand and its shape when a tensor does not fit the plan.
 // `adopted` holds weights a checkpoint already quantised (adopt_prequantized): an operand found
 // there is taken as it is (its form must be the plan's) instead of packed from the host tensor.
+// A bank (moe_ffn) is adopted per expert: "gate/0".."gate/<E-1>", "up/<e>", "down/<e>", each
+// that expert's [out, in] pack; an operand is adopted for every expert or for none, and a key
+// outside the bank is refused. The door still hands the bank's host views (its shapes).
 std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const std::map<std::string, TensorView>& tensors, GuardMode mode,
                                  KernelHub& hub, std::map<std::string, PackedLinear> adopted = {});

@@ -13,9 +13,9 @@
 
 namespace frt {
 
-// Element types a host may hold. Tensor views the kernels read are f32 or bf16; the others are
-// named so a refusal can say what the host has.
-enum class DType : int32_t { f32, bf16, f16, f64, other };
+// Element types a host may hold. Tensor views the kernels read are f32 or bf16 (i64: a routed
+// bank's expert indices); the others are named so a refusal can say what the host has.
+enum class DType : int32_t { f32, bf16, f16, f64, i64, other };
 
 // What a feed-forward's activation computes (measured by the door, never read from a class name).
 enum class Activation : int32_t {
@@ -48,6 +48,7 @@ enum class OpKind : int32_t {
   rotary = FRT_OP_ROTARY,
   attention = FRT_OP_ATTENTION,
   dense = FRT_OP_DENSE,
+  moe_ffn = FRT_OP_MOE_FFN,
 };
 
 // How a gate scores a forward's output (DESIGN §7).
@@ -124,6 +125,7 @@ inline int32_t abi_dtype(DType d) {
     case DType::f16:
       return FRT_F16;
     case DType::f64:
+    case DType::i64:
     case DType::other:
       break;
   }

@@ -26,7 +26,8 @@ using detail::YamlFields;
 
 // The dtypes a boundary or slot may declare. A new one is a core change (every impl's contract
 // check must learn it), not a catalog edit.
-constexpr std::array<std::string_view, 2> kDtypes = {"f32", "bf16"};
+// i64: index tensors at a boundary (a router's choice of experts).
+constexpr std::array<std::string_view, 3> kDtypes = {"f32", "bf16", "i64"};
 constexpr std::array<std::string_view, 3> kPointSides = {"input", "output", "internal"};
 // Only regions so far; a stage pipeline has a different shape and would need its own parser.
 constexpr std::array<std::string_view, 1> kKinds = {"region"};
@@ -74,6 +75,9 @@ class SpecParser : YamlFields {
     parse_boundary(require(root, "", "boundary"), s);
     s.slots = tensors(require(root, "", "slots"), "slots", s, /*allow_empty=*/true,
                       /*dtype_sources=*/nullptr);
+    for (const TensorSpec& t : s.slots)
+      for (DType d : t.dtypes)
+        if (d == DType::i64) fail("slots." + t.name + ".dtypes", "a weight slot holds f32 or bf16");
     check_unique_tensor_names(s);
     if (const YAML::Node a = root["attributes"]) parse_attributes(a, s);
     parse_points(require(root, "", "points"), s);
@@ -297,8 +301,9 @@ class SpecParser : YamlFields {
     for (const auto& kv : nodes) {
       const std::string field = child("match.nodes", kv.first.Scalar());
       if (!kv.second.IsMap()) fail(field, "expected a mapping with kind");
-      check_keys(kv.second, field,
-                 {"kind", "weight", "bias", "output_head", "attribute", "optional"});
+      check_keys(
+          kv.second, field,
+          {"kind", "weight", "bias", "output_head", "attribute", "optional", "gate", "up", "down"});
       MatchNode n;
       n.name = kv.first.Scalar();
       if (const YAML::Node o = kv.second["optional"]) {
@@ -353,18 +358,56 @@ class SpecParser : YamlFields {
         }
         for (const char* k : {"weight", "bias", "output_head"})
           if (kv.second[k]) fail(child(field, k), "a norm node has none");
+      } else if (kind == "experts") {
+        // A bank of routed experts: gate and up [experts, intermediate, hidden], down [experts,
+        // hidden, intermediate], and the activation of its gated form.
+        n.kind = NodeKind::experts;
+        for (const char* k : {"gate", "up", "down"}) {
+          const std::string slot = text(require(kv.second, field, k), child(field, k));
+          const TensorSpec* t = s.slot(slot);
+          if (t == nullptr) fail(child(field, k), "'" + slot + "' is not a slot");
+          if (t->shape.size() != 3)
+            fail(child(field, k), "slot '" + slot + "' is not [experts, out, in]");
+          n.bank_slots.push_back(slot);
+        }
+        const std::vector<std::string>& gate = s.slot(n.bank_slots[0])->shape;
+        const std::vector<std::string>& up = s.slot(n.bank_slots[1])->shape;
+        const std::vector<std::string>& down = s.slot(n.bank_slots[2])->shape;
+        if (up != gate || down[0] != gate[0] || down[1] != gate[2] || down[2] != gate[1])
+          fail(child(field, "down"),
+               "banks do not chain: gate and up [experts, inner, hidden], down [experts, hidden, "
+               "inner]");
+        n.experts_dim = gate[0];
+        n.out_dim = gate[1];
+        n.in_dim = gate[2];
+        n.weight_slot = n.bank_slots[0];
+        n.attribute = text(require(kv.second, field, "attribute"), child(field, "attribute"));
+        if (!s.attributes.count(n.attribute))
+          fail(child(field, "attribute"), "'" + n.attribute + "' is not a declared attribute");
+        for (size_t i = 0; i < s.attributes.at(n.attribute).size(); ++i) {
+          const std::string& v = s.attributes.at(n.attribute)[i];
+          if (!parse_activation(v))
+            fail("attributes." + n.attribute + "[" + std::to_string(i) + "]",
+                 "unknown activation '" + v + "' (known: " + known_activations() + ")");
+        }
+        for (const char* k : {"weight", "bias", "output_head"})
+          if (kv.second[k]) fail(child(field, k), "an experts node has none");
       } else {
-        fail(child(field, "kind"), "'" + kind + "' is not linear, activation or norm");
+        fail(child(field, "kind"), "'" + kind + "' is not linear, activation, norm or experts");
       }
+      if (n.kind != NodeKind::experts)
+        for (const char* k : {"gate", "up", "down"})
+          if (kv.second[k]) fail(child(field, k), "only an experts node names banks");
       m.nodes.push_back(std::move(n));
     }
     if (m.site == SiteKind::node && m.nodes.size() != 1)
       fail("match.site", "site 'node' needs exactly one node");
-    // A seam is seated through its projections' weights: a pattern without one has nothing to
-    // pack, and its weight dtype and rows come from its first linear node.
-    if (std::none_of(m.nodes.begin(), m.nodes.end(),
-                     [](const MatchNode& n) { return n.kind == NodeKind::linear; }))
-      fail("match.nodes", "needs at least one linear node");
+    // A seam is seated through its weights: a pattern without a weight node (a projection or a
+    // bank) has nothing to pack, and its weight dtype and rows come from the first one.
+    if (std::none_of(m.nodes.begin(), m.nodes.end(), [](const MatchNode& n) {
+          return n.kind == NodeKind::linear || n.kind == NodeKind::experts;
+        }))
+      fail("match.nodes", "needs at least one linear or experts node");
     if (const YAML::Node flow = node["flow"]) {
       if (!flow.IsSequence()) fail("match.flow", "expected a list of relations");
       for (size_t i = 0; i < flow.size(); ++i) {
@@ -436,6 +479,7 @@ std::string canonical(const StructureSpec& s) {
                      {"output_head", n.output_head},
                      {"attribute", n.attribute}};
     if (n.optional) nodes[n.name]["optional"] = true;  // absent when unset: digests stay put
+    if (!n.bank_slots.empty()) nodes[n.name]["banks"] = n.bank_slots;
   }
   json flow = json::array();
   for (const FlowEdge& e : s.match.flow) flow.push_back({static_cast<int>(e.kind), e.a, e.b});

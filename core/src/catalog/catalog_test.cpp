@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -478,7 +479,7 @@ TEST_F(CatalogFiles, ShapeNamesAnUndeclaredDim) {
 
 TEST_F(CatalogFiles, UnknownDtype) {
   expect_error(replaced(kValid, "dtypes: [f32]", "dtypes: [f32, fp16]"), "slots.weight.dtypes[1]",
-               "unknown dtype 'fp16' (known: f32, bf16)");
+               "unknown dtype 'fp16' (known: f32, bf16, i64)");
   expect_error(replaced(kValid, "dtypes: [f32, bf16]", "dtypes: [f32, float16]"),
                "boundary.inputs.x.dtypes[1]", "unknown dtype 'float16'");
   expect_error(replaced(kValid, "dtype_of: x", "dtype_of: w"), "boundary.outputs.y.dtype_of",
@@ -576,9 +577,44 @@ TEST_F(CatalogFiles, NormNodesOptionalNodesAndModulatesAreCheckedAtLoad) {
                         "proj: {kind: linear, weight: weight, optional: true}"),
                "match.nodes.proj.optional", "the first node is not");
   expect_error(replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
-               "'layernorm' is not linear, activation or norm");
+               "'layernorm' is not linear, activation, norm or experts");
   expect_error(replaced(with_norm, "site: parent", "site: parent\n  siblings: maybe"),
                "match.siblings", "");
+}
+
+// The shipped bank structure, renamed: an experts node binds its banks' dims, and banks that do
+// not chain, a weight slot of indices, a bank under a non-routing op are refused at load.
+TEST_F(CatalogFiles, ExpertsNodesBindBanksAndAreCheckedAtLoad) {
+  std::ifstream in(std::string(FRT_TEST_CATALOG_DIR) + "/structures/moe_experts.yaml");
+  const std::string shipped((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bank = replaced(shipped, "name: moe_experts", "name: demo");
+  write("structures/demo.yaml", bank);
+  const Catalog c = Catalog::load(dir_.string());
+  const MatchNode& n = *c.get("demo").match.node("bank");
+  EXPECT_EQ(n.kind, NodeKind::experts);
+  EXPECT_EQ(n.bank_slots, (std::vector<std::string>{"gate", "up", "down"}));
+  EXPECT_EQ(n.experts_dim, "experts");
+  EXPECT_EQ(n.out_dim, "intermediate");
+  EXPECT_EQ(n.in_dim, "hidden");
+  expect_error(replaced(bank, "down: {shape: [experts, hidden, intermediate]",
+                        "down: {shape: [experts, intermediate, hidden]"),
+               "match.nodes.bank.down", "banks do not chain");
+  expect_error(replaced(bank, "gate: {shape: [experts, intermediate, hidden]",
+                        "gate: {shape: [intermediate, hidden]"),
+               "match.nodes.bank.gate", "slot 'gate' is not [experts, out, in]");
+  expect_error(replaced(bank, "down: {shape: [experts, hidden, intermediate], dtypes: [f32, bf16]",
+                        "down: {shape: [experts, hidden, intermediate], dtypes: [f32, i64]"),
+               "slots.down.dtypes", "a weight slot holds f32 or bf16");
+  expect_error(replaced(bank, "up: up, down: down,", "up: up,"), "match.nodes.bank", "down");
+  expect_error(replaced(bank, "gate: gate, up: up,", "gate: gate, up: up, weight: gate,"),
+               "match.nodes.bank.weight", "an experts node has none");
+  // A bank under the gated feed-forward's op: the op does not route rows.
+  write("structures/demo.yaml", bank);
+  write("schemes.yaml", kSchemes);
+  write("gates.yaml", kGates);
+  write("ladders.yaml", replaced(kLadders, "{impl: linear, package: flashrt/linear, op: linear}",
+                                 "{impl: ffn, package: flashrt/ffn, op: gated_ffn}"));
+  expect_error_in("ladders.yaml", "ladders.demo[0].op", "does not route rows to experts");
 }
 
 TEST_F(CatalogFiles, APackedRungRunsTheLinearOpOverLinearNodesOnly) {
@@ -648,7 +684,7 @@ TEST_F(CatalogFiles, AMatchPatternNeedsALinearNode) {
   // An activation alone: nothing to pack, and no weight to take dtype or rows from.
   expect_error(replaced(replaced(kWithActivation, "    proj: {kind: linear, weight: weight}\n", ""),
                         "    - feeds: [proj, act]\n", ""),
-               "match.nodes", "needs at least one linear node");
+               "match.nodes", "needs at least one linear or experts node");
 }
 
 TEST_F(CatalogFiles, ALinearRungOnARegionOfOneProjectionAndAnActivationMustBePerNode) {

@@ -146,10 +146,14 @@ void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
 
   if (const YAML::Node k = root["keep_host"]) {
     if (!k.IsMap()) f.fail("keep_host", "expected a mapping with min_seat_weights");
-    f.check_keys(k, "keep_host", {"min_seat_weights"});
+    f.check_keys(k, "keep_host", {"min_seat_weights", "account_weights"});
     p.min_seat_weights =
         f.integer(f.require(k, "keep_host", "min_seat_weights"), "keep_host.min_seat_weights");
     if (p.min_seat_weights < 0) f.fail("keep_host.min_seat_weights", "must be >= 0");
+    if (const YAML::Node a = k["account_weights"]) {
+      p.account_weights = f.integer(a, "keep_host.account_weights");
+      if (p.account_weights < 1) f.fail("keep_host.account_weights", "must be >= 1");
+    }
   }
 }
 
@@ -339,15 +343,27 @@ void check_ladders(const Catalog& c, const fs::path& root) {
       for (const std::string& operand : op_weight_operands(r.op)) {
         const bool filled =
             std::any_of(spec.match.nodes.begin(), spec.match.nodes.end(), [&](const MatchNode& n) {
-              return n.kind == NodeKind::linear && n.weight_slot == operand;
+              return (n.kind == NodeKind::linear && n.weight_slot == operand) ||
+                     std::find(n.bank_slots.begin(), n.bank_slots.end(), operand) !=
+                         n.bank_slots.end();
             });
         if (spec.slot(operand) == nullptr || !filled)
           f.fail(field, std::string("op '") + name_of(r.op) + "' reads slot '" + operand +
                             "', which structure '" + structure +
-                            "' does not declare and fill from a linear node");
+                            "' does not declare and fill from a linear or experts node");
       }
+      // A bank's op routes rows to experts: it seats a bank, and a bank takes no other op.
+      const bool bank = std::any_of(spec.match.nodes.begin(), spec.match.nodes.end(),
+                                    [](const MatchNode& n) { return n.kind == NodeKind::experts; });
+      if (bank != (r.op == OpKind::moe_ffn))
+        f.fail(field, std::string("op '") + name_of(r.op) + "' " +
+                          (bank ? "does not route rows to experts; structure '" + structure +
+                                      "' is a bank of experts"
+                                : "routes rows to a bank of experts; structure '" + structure +
+                                      "' has no experts node"));
       bool has_act = false;
-      for (const MatchNode& n : spec.match.nodes) has_act |= n.kind == NodeKind::activation;
+      for (const MatchNode& n : spec.match.nodes)
+        has_act |= n.kind == NodeKind::activation || n.kind == NodeKind::experts;
       if (!has_act)
         f.fail(field, std::string("op '") + name_of(r.op) + "' applies an activation; structure '" +
                           structure + "' matches none");

@@ -1,6 +1,8 @@
 // The decode plan's explain(): its refusals and assumptions grouped by index like a Plan's
-// (Note [Explain groups]), verbose listing each. The plan itself is tested on real hosts by the
-// door's tests (python/tests/test_decode.py).
+// (Note [Explain groups]), verbose listing each; and the planning of routed layers (Note [Routed
+// layers]) on HostGraphs written here. The plan is tested on real hosts by the door's tests
+// (python/tests/test_decode.py, test_decode_moe.py).
+#include <flashrt/catalog.h>
 #include <flashrt/decode_plan.h>
 #include <gtest/gtest.h>
 
@@ -49,6 +51,207 @@ TEST(DecodePlanExplain, VerboseListsEachEntry) {
   EXPECT_EQ(verbose.find("verbose form"), std::string::npos);
   // Same header either way.
   EXPECT_EQ(verbose.substr(0, verbose.find('\n')), explain(p).substr(0, explain(p).find('\n')));
+}
+
+// A two-layer Llama-style stack (hidden 64, 4 heads of 16, vocab 100) whose layers are dense or
+// routed (8 experts of width 32, top-2, a shared expert where asked), as the door describes one.
+constexpr int64_t kHidden = 64, kExperts = 8, kInner = 32;
+
+HostModule module(const std::string& path, ModuleKind kind, int64_t in = 0, int64_t out = 0) {
+  HostModule m;
+  m.path = path;
+  m.kind = kind;
+  m.type_name = "T";
+  m.in_features = in;
+  m.out_features = out;
+  return m;
+}
+
+HostModule norm(const std::string& path, int64_t width) {
+  HostModule m = module(path, ModuleKind::norm, width, width);
+  m.norm.form = NormForm::rms;
+  m.norm.eps = 1e-6;
+  return m;
+}
+
+void dense_ffn(HostGraph& g, const std::string& at, int64_t inner) {
+  g.modules.push_back(module(at + ".gate_proj", ModuleKind::linear, kHidden, inner));
+  g.modules.push_back(module(at + ".up_proj", ModuleKind::linear, kHidden, inner));
+  g.modules.push_back(module(at + ".down_proj", ModuleKind::linear, inner, kHidden));
+  HostModule act = module(at + ".act_fn", ModuleKind::activation);
+  act.activation = Activation::silu;
+  g.modules.push_back(act);
+}
+
+enum class Ffn { dense, routed, shared };
+
+HostGraph stack(const std::vector<Ffn>& layers, RouterForm form = RouterForm::softmax_topk) {
+  HostGraph g;
+  g.config.heads = 4;
+  g.config.kv_heads = 2;
+  g.config.head_dim = 16;
+  g.config.intermediate = 128;
+  g.input_embedding = "model.embed_tokens";
+  g.output_head = "lm_head";
+  g.modules.push_back(module("model.embed_tokens", ModuleKind::embedding, 100, kHidden));
+  g.modules.push_back(module("lm_head", ModuleKind::linear, kHidden, 100));
+  g.modules.push_back(norm("model.norm", kHidden));
+  HostModule rotary = module("model.rotary_emb", ModuleKind::module);
+  rotary.rotary.inv_freq.assign(8, 0.5f);
+  g.modules.push_back(rotary);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string at = "model.layers." + std::to_string(i);
+    g.modules.push_back(module(at, ModuleKind::module));
+    g.modules.push_back(norm(at + ".input_layernorm", kHidden));
+    g.modules.push_back(norm(at + ".post_attention_layernorm", kHidden));
+    for (const char* p : {"q_proj", "o_proj"})
+      g.modules.push_back(module(at + ".self_attn." + p, ModuleKind::linear, kHidden, kHidden));
+    for (const char* p : {"k_proj", "v_proj"})
+      g.modules.push_back(module(at + ".self_attn." + p, ModuleKind::linear, kHidden, 32));
+    const std::string mlp = at + ".mlp";
+    HostModule block = module(mlp, ModuleKind::module);
+    if (layers[i] == Ffn::dense) {
+      g.modules.push_back(block);
+      dense_ffn(g, mlp, 128);
+      continue;
+    }
+    block.children = {mlp + ".gate", mlp + ".experts"};
+    HostModule bank = module(mlp + ".experts", ModuleKind::experts, kHidden, kHidden);
+    bank.experts.experts = kExperts;
+    bank.experts.hidden = kHidden;
+    bank.experts.intermediate = kInner;
+    bank.experts.gate_up = "gate_up_proj";
+    bank.experts.down = "down_proj";
+    bank.experts.router = mlp + ".gate";
+    bank.activation = Activation::silu;
+    HostModule router = module(mlp + ".gate", ModuleKind::module);
+    router.router.form = form;
+    router.router.experts = kExperts;
+    router.router.hidden = kHidden;
+    router.router.top_k = 2;
+    router.router.other = form == RouterForm::other ? "sigmoid scores" : "";
+    g.params.push_back({mlp + ".gate", "weight", {kExperts, kHidden}, kExperts * kHidden});
+    g.params.push_back({mlp + ".experts", "gate_up_proj", {kExperts, 2 * kInner, kHidden}, 0});
+    if (layers[i] == Ffn::shared) {
+      block.children.push_back(mlp + ".shared_expert");
+      block.children.push_back(mlp + ".shared_expert_gate");
+      g.modules.push_back(module(mlp + ".shared_expert", ModuleKind::module));
+      dense_ffn(g, mlp + ".shared_expert", 48);
+      g.modules.push_back(module(mlp + ".shared_expert_gate", ModuleKind::linear, kHidden, 1));
+    }
+    g.modules.push_back(block);
+    g.modules.push_back(bank);
+    g.modules.push_back(router);
+  }
+  return g;
+}
+
+const Catalog& shipped() {
+  static const Catalog c = Catalog::load(FRT_TEST_CATALOG_DIR);
+  return c;
+}
+
+DecodePlan plan_of(const HostGraph& g) { return plan_decode(g, shipped(), "llama_decode", 32); }
+
+TEST(DecodePlanRouted, EachLayerIsDenseOrRoutedByWhatItHolds) {
+  const DecodePlan p = plan_of(stack({Ffn::dense, Ffn::routed}, RouterForm::softmax_topk));
+  ASSERT_TRUE(p.ok()) << explain(p);
+  ASSERT_EQ(p.layers.size(), 2u);
+  EXPECT_FALSE(p.layers[0].routed);
+  EXPECT_EQ(p.layers[0].activation, Activation::silu);
+  const DecodeLayerPlan& r = p.layers[1];
+  EXPECT_TRUE(r.routed);
+  EXPECT_EQ(r.slots.at("router"), "model.layers.1.mlp.gate");
+  EXPECT_EQ(r.moe.experts, kExperts);
+  EXPECT_EQ(r.moe.intermediate, kInner);
+  EXPECT_EQ(r.moe.top_k, 2);
+  EXPECT_FALSE(r.moe.renormalise);
+  EXPECT_FALSE(r.moe.bank_seated);
+  EXPECT_FALSE(r.moe.shared);
+  EXPECT_NE(explain(p).find("\nrouted:\n  model.layers.1.mlp  8 experts (silu), top-2 of softmax, "
+                            "bank at host precision\n"),
+            std::string::npos)
+      << explain(p);
+}
+
+TEST(DecodePlanRouted, TheRouterFormIsWhatTheDoorMeasured) {
+  const DecodePlan renorm = plan_of(stack({Ffn::routed}, RouterForm::softmax_topk_renormalised));
+  ASSERT_TRUE(renorm.ok()) << explain(renorm);
+  EXPECT_TRUE(renorm.layers[0].moe.renormalise);
+  const DecodePlan other = plan_of(stack({Ffn::routed}, RouterForm::other));
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.refused[0].first, "model.layers.0.mlp.gate");
+  EXPECT_EQ(other.refused[0].second,
+            "model.layers.0.mlp.gate (T) does not route as the top-k of softmax(x W^T): sigmoid "
+            "scores");
+  const DecodePlan unmeasured = plan_of(stack({Ffn::routed}, RouterForm::unknown));
+  ASSERT_FALSE(unmeasured.ok());
+  EXPECT_NE(unmeasured.refused[0].second.find("the door measured no routing"), std::string::npos);
+}
+
+TEST(DecodePlanRouted, ASharedExpertIsPlannedWithItsGateAndTheMixIsAnAssumption) {
+  const DecodePlan p = plan_of(stack({Ffn::shared}));
+  ASSERT_TRUE(p.ok()) << explain(p);
+  const DecodeMoePlan& m = p.layers[0].moe;
+  EXPECT_TRUE(m.shared);
+  EXPECT_EQ(m.shared_intermediate, 48);
+  EXPECT_EQ(m.shared_activation, Activation::silu);
+  ASSERT_EQ(p.assumed.size(), 1u);
+  EXPECT_NE(p.assumed[0].find("sigmoid(model.layers.0.mlp.shared_expert_gate x)"),
+            std::string::npos);
+}
+
+TEST(DecodePlanRouted, BankAndRouterAreBothJudged) {
+  HostGraph g = stack({Ffn::routed}, RouterForm::other);
+  for (HostModule& m : g.modules)
+    if (m.path == "model.layers.0.mlp.experts") {
+      m.experts.transposed = true;
+      m.experts.has_bias = true;
+    }
+  const DecodePlan p = plan_of(g);
+  ASSERT_EQ(p.refused.size(), 2u) << explain(p);
+  EXPECT_EQ(p.refused[0].first, "model.layers.0.mlp.experts");
+  EXPECT_NE(p.refused[0].second.find("transposed [experts, in, out] with per-expert biases"),
+            std::string::npos);
+  EXPECT_EQ(p.refused[1].first, "model.layers.0.mlp.gate");
+}
+
+TEST(DecodePlanRouted, ARouterOutsideTheBindingsSlotIsNamedWithWhatItComputes) {
+  HostGraph g = stack({Ffn::routed}, RouterForm::other);
+  for (HostModule& m : g.modules) {
+    if (m.path == "model.layers.0.mlp.gate") m.path = "model.layers.0.mlp.router";
+    if (m.path == "model.layers.0.mlp.experts") m.experts.router = "model.layers.0.mlp.router";
+  }
+  const DecodePlan p = plan_of(g);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.refused[0].second,
+            "a required slot is absent on this host: model.layers.0.mlp.gate; the bank's routing "
+            "weight is held by model.layers.0.mlp.router; model.layers.0.mlp.router (T) does not "
+            "route as the top-k of softmax(x W^T): sigmoid scores");
+}
+
+TEST(DecodePlanRouted, AWeightInTheBlockOutsideTheSlotsIsRefused) {
+  HostGraph g = stack({Ffn::routed});
+  for (HostModule& m : g.modules)
+    if (m.path == "model.layers.0.mlp") m.children.push_back("model.layers.0.mlp.shared_experts");
+  g.modules.push_back(module("model.layers.0.mlp.shared_experts", ModuleKind::module));
+  g.params.push_back({"model.layers.0.mlp.shared_experts.up_proj", "weight", {96, 64}, 96 * 64});
+  const DecodePlan p = plan_of(g);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.refused[0].second,
+            "model.layers.0.mlp.shared_experts.up_proj.weight [96, 64] is part of the routed "
+            "block model.layers.0.mlp and no slot the loop computes");
+}
+
+TEST(DecodePlanRouted, ABankWhoseGatedFormWasNotReproducedIsRefused) {
+  HostGraph g = stack({Ffn::routed});
+  for (HostModule& m : g.modules)
+    if (m.path == "model.layers.0.mlp.experts") m.activation = Activation::unknown;
+  const DecodePlan p = plan_of(g);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(p.refused[0].second.find("none of {silu, gelu_tanh} reproduced its call"),
+            std::string::npos)
+      << p.refused[0].second;
 }
 
 }  // namespace

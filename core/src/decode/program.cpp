@@ -34,6 +34,15 @@ void check(bool ok, const std::string& what) {
 
 int64_t ProjWeights::n() const { return seat != nullptr ? seat->weight().n() : host.shape[0]; }
 int64_t ProjWeights::k() const { return seat != nullptr ? seat->weight().k() : host.shape[1]; }
+int64_t BankWeights::experts() const {
+  return seat != nullptr ? seat->bank().experts() : gate.shape[0];
+}
+int64_t BankWeights::inner() const {
+  return seat != nullptr ? seat->bank().intermediate() : gate.shape[1];
+}
+int64_t BankWeights::hidden() const {
+  return seat != nullptr ? seat->bank().hidden() : gate.shape[2];
+}
 
 DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
                              const frt_kernel_table& decode, const frt_kernel_table* linear,
@@ -65,6 +74,20 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
     else
       check(linear_ != nullptr, name + " is seated but the linear package is unavailable");
   };
+  const auto gated = [&](const FfnWeights& f, int64_t inner, const std::string& at) {
+    if (f.seat != nullptr) {
+      check(ffn_ != nullptr, at + "ffn is seated but the ffn package is unavailable");
+      check(f.seat->gate() != nullptr, at + "ffn seat is not a gated feed-forward");
+      check(f.seat->up().k() == c.hidden && f.seat->down().n() == c.hidden,
+            at + "seated ffn widths");
+    } else {
+      proj(f.gate, inner, c.hidden, at + "gate");
+      proj(f.up, inner, c.hidden, at + "up");
+      proj(f.down, c.hidden, inner, at + "down");
+    }
+  };
+  // The widest feed-forward and the largest bank and top-k: the buffers' sizes.
+  int64_t inner = c.intermediate, experts = 0, top_k = 0;
   const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerWeights& L = w_.layers[l];
@@ -75,15 +98,43 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
     proj(L.k, kvd, c.hidden, at + "k");
     proj(L.v, kvd, c.hidden, at + "v");
     proj(L.o, c.hidden, qd, at + "o");
-    if (L.mlp.seat != nullptr) {
-      check(ffn_ != nullptr, at + "ffn is seated but the ffn package is unavailable");
-      check(L.mlp.seat->gate() != nullptr, at + "ffn seat is not a gated feed-forward");
-      check(L.mlp.seat->up().k() == c.hidden && L.mlp.seat->down().n() == c.hidden,
-            at + "seated ffn widths");
+    if (!L.routed) {
+      gated(L.mlp, c.intermediate, at);
+      continue;
+    }
+    const MoeWeights& M = L.moe;
+    const BankWeights& b = M.bank;
+    if (b.seat == nullptr) {
+      const auto bank = [&](const TensorView& t, int64_t out, int64_t in, const char* what) {
+        check(t.rank == 3 && t.data != nullptr && t.shape[0] == b.experts() && t.shape[1] == out &&
+                  t.shape[2] == in && t.strides[2] == 1 &&
+                  (t.dtype == DType::f32 || t.dtype == DType::bf16),
+              at + what + " bank " + t.describe() + ", expected f32 or bf16 [" +
+                  std::to_string(b.experts()) + ", " + std::to_string(out) + ", " +
+                  std::to_string(in) + "] with contiguous rows");
+      };
+      bank(b.gate, b.inner(), c.hidden, "gate");
+      bank(b.up, b.inner(), c.hidden, "up");
+      bank(b.down, c.hidden, b.inner(), "down");
+      check(b.act == Activation::silu || b.act == Activation::gelu_tanh,
+            at + "bank activation " + name_of(b.act));
     } else {
-      proj(L.mlp.gate, c.intermediate, c.hidden, at + "gate");
-      proj(L.mlp.up, c.intermediate, c.hidden, at + "up");
-      proj(L.mlp.down, c.hidden, c.intermediate, at + "down");
+      check(b.hidden() == c.hidden, at + "seated bank reads " + std::to_string(b.hidden()) +
+                                        " features, expected " + std::to_string(c.hidden));
+    }
+    check(M.router.seat == nullptr, at + "router must be the host's own weight");
+    proj(M.router, b.experts(), c.hidden, at + "router");
+    check(M.top_k >= 1 && M.top_k <= b.experts() && M.top_k <= FRT_MAX_TOP_K,
+          at + "top-" + std::to_string(M.top_k) + " of " + std::to_string(b.experts()));
+    inner = std::max(inner, b.inner());
+    experts = std::max(experts, b.experts());
+    top_k = std::max(top_k, M.top_k);
+    if (M.shared) {
+      const FfnWeights& f = M.shared_expert;
+      const int64_t shared = f.seat != nullptr ? f.seat->up().n() : f.up.n();
+      gated(f, shared, at + "shared ");
+      proj(M.shared_gate, 1, c.hidden, at + "shared expert gate");
+      inner = std::max(inner, shared);
     }
   }
   check(w_.final_norm != nullptr, "final norm weight");
@@ -96,9 +147,18 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   v_.resize(B * kvd);
   attn_.resize(B * qd);
   o_.resize(B * c.hidden);
-  gate_.resize(B * c.intermediate);
-  up_.resize(B * c.intermediate);
+  gate_.resize(B * inner);
+  up_.resize(B * inner);
   mlp_out_.resize(B * c.hidden);
+  if (experts > 0) {
+    router_.resize(B * experts);
+    route_w_.resize(B * top_k);
+    route_i_.resize(B * top_k);
+    xg_.resize(B * c.hidden);
+    yg_.resize(B * c.hidden);
+    shared_out_.resize(B * c.hidden);
+    shared_g_.resize(B);
+  }
   scores_.resize(c.heads * c.max_len);
   logits_.resize(c.vocab);
   cos_.resize(B * c.head_dim / 2);
@@ -175,7 +235,7 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y, int64_t m
   project_group({{&f.gate, gate_.data()}, {&f.up, up_.data()}}, x, m);
   // The activation on the team too: one exp per hidden element (3,072 on Qwen3-0.6B) is ~2% of
   // a decode step on one thread while the other waits. Elementwise, so any split is exact.
-  const int64_t count = m * cfg_.intermediate;
+  const int64_t count = m * f.gate.n();
   Parallel& par = process_parallel();
   const int nth = par.size();
   par.run(nth, [&](int ith, int team) {
@@ -190,6 +250,121 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y, int64_t m
     }
   });
   project(f.down, gate_.data(), y, m);
+}
+
+// The router at the host's precision: logits x W^T, softmax in fp32, the top-k (ties to the
+// lower expert), divided by their sum where the host's router does so.
+void DecodeProgram::route(const MoeWeights& w, const float* x, int64_t m) {
+  const int64_t E = w.bank.experts(), k = w.top_k;
+  project(w.router, x, router_.data(), m);
+  for (int64_t r = 0; r < m; ++r) {
+    float* p = router_.data() + r * E;
+    float top = p[0];
+    for (int64_t e = 1; e < E; ++e) top = std::max(top, p[e]);
+    float sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - top));
+    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
+    int64_t* index = route_i_.data() + r * k;
+    float* weight = route_w_.data() + r * k;
+    // k passes, each taking the largest probability not yet taken (the first, on a tie).
+    float total = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j && !taken; ++i) taken = index[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      index[j] = best;
+      weight[j] = p[best];
+      total += p[best];
+    }
+    if (w.renormalise)
+      for (int64_t j = 0; j < k; ++j) weight[j] /= total;
+  }
+}
+
+// The host's own banks at its precision: each chosen expert in ascending order runs once over
+// the rows that chose it (gathered), and each row adds weight * its output, as the host's bank
+// does (its first term stored, not added to a zero).
+void DecodeProgram::host_bank(const BankWeights& b, const float* x, float* y, int64_t m,
+                              int64_t top_k) {
+  const int64_t H = cfg_.hidden, F = b.inner(), E = b.experts();
+  const auto dense = [&](const TensorView& bank, int64_t e, const float* in, int64_t rows,
+                         int64_t n, int64_t k, float* out) {
+    const int64_t bytes = bank.dtype == DType::f32 ? 4 : 2;
+    frt_dense_args a{};
+    a.w_dtype = bank.dtype == DType::f32 ? FRT_F32 : FRT_BF16;
+    a.m = rows;
+    a.n = n;
+    a.k = k;
+    a.x = in;
+    a.ldx = k;
+    a.w = static_cast<const char*>(bank.data) + e * bank.strides[0] * bytes;
+    a.ldw = bank.strides[1];
+    a.y = out;
+    a.ldy = n;
+    parallel(dense_, a, "dense", n * k);
+  };
+  bool started[kBlock] = {};
+  int64_t rows_of[kBlock], slot_of[kBlock];
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t rows = 0;
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < top_k; ++j)
+        if (route_i_[r * top_k + j] == e) {
+          rows_of[rows] = r;
+          slot_of[rows] = r * top_k + j;
+          std::memcpy(xg_.data() + rows * H, x + r * H, H * sizeof(float));
+          ++rows;
+          break;  // a row takes an expert once (top-k picks distinct experts)
+        }
+    if (rows == 0) continue;
+    dense(b.gate, e, xg_.data(), rows, F, H, gate_.data());
+    dense(b.up, e, xg_.data(), rows, F, H, up_.data());
+    for (int64_t i = 0; i < rows * F; ++i) {
+      const float g = gate_[i];
+      const float a =
+          b.act == Activation::silu
+              ? g / (1.0f + std::exp(-g))
+              : 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+      gate_[i] = a * up_[i];
+    }
+    dense(b.down, e, gate_.data(), rows, H, F, yg_.data());
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = rows_of[i];
+      const float w = route_w_[slot_of[i]];
+      float* out = y + r * H;
+      const float* t = yg_.data() + i * H;
+      if (started[r]) {
+        for (int64_t c = 0; c < H; ++c) out[c] += t[c] * w;
+      } else {
+        for (int64_t c = 0; c < H; ++c) out[c] = t[c] * w;
+        started[r] = true;
+      }
+    }
+  }
+}
+
+void DecodeProgram::moe(const MoeWeights& w, const float* x, float* y, int64_t m) {
+  const int64_t H = cfg_.hidden, k = w.top_k;
+  route(w, x, m);
+  if (w.bank.seat != nullptr) {
+    const Routing routing{TensorView::matrix(route_i_.data(), DType::i64, m, k, k),
+                          TensorView::matrix(route_w_.data(), DType::f32, m, k, k)};
+    run_moe(w.bank.seat->table(), process_parallel(), w.bank.seat->bank(),
+            TensorView::matrix(const_cast<float*>(x), DType::f32, m, H, H), routing,
+            TensorView::matrix(y, DType::f32, m, H, H));
+  } else {
+    host_bank(w.bank, x, y, m, k);
+  }
+  if (!w.shared) return;
+  ffn(w.shared_expert, x, shared_out_.data(), m);
+  project(w.shared_gate, x, shared_g_.data(), m);
+  for (int64_t r = 0; r < m; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-shared_g_[r]));
+    for (int64_t c = 0; c < H; ++c) y[r * H + c] += s * shared_out_[r * H + c];
+  }
 }
 
 void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t width) {
@@ -279,7 +454,10 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
     for (int64_t i = 0; i < m * H; ++i) h_[i] += o_[i];
     std::memcpy(xn_.data(), h_.data(), m * H * sizeof(float));
     norm_rows(L.post_norm, xn_.data(), m, H);
-    ffn(L.mlp, xn_.data(), mlp_out_.data(), m);
+    if (L.routed)
+      moe(L.moe, xn_.data(), mlp_out_.data(), m);
+    else
+      ffn(L.mlp, xn_.data(), mlp_out_.data(), m);
     for (int64_t i = 0; i < m * H; ++i) h_[i] += mlp_out_[i];
   }
   float* last = h_.data() + (m - 1) * H;
@@ -329,10 +507,21 @@ int64_t DecodeProgram::weight_bytes() const {
   int64_t total = bytes(w_.head);
   for (const LayerWeights& L : w_.layers) {
     total += bytes(L.q) + bytes(L.k) + bytes(L.v) + bytes(L.o);
-    if (L.mlp.seat != nullptr)
-      total += L.mlp.seat->nbytes();
-    else
-      total += bytes(L.mlp.gate) + bytes(L.mlp.up) + bytes(L.mlp.down);
+    const auto ffn_bytes = [&](const FfnWeights& f) {
+      return f.seat != nullptr ? f.seat->nbytes() : bytes(f.gate) + bytes(f.up) + bytes(f.down);
+    };
+    if (!L.routed) {
+      total += ffn_bytes(L.mlp);
+      continue;
+    }
+    // A routed layer's step reads the router and its top-k experts (and the shared expert).
+    const MoeWeights& M = L.moe;
+    const BankWeights& b = M.bank;
+    const int64_t expert = b.seat != nullptr
+                               ? b.seat->bank().expert_nbytes()
+                               : 3 * b.inner() * b.hidden() * (b.gate.dtype == DType::f32 ? 4 : 2);
+    total += bytes(M.router) + M.top_k * expert;
+    if (M.shared) total += ffn_bytes(M.shared_expert) + bytes(M.shared_gate);
   }
   return total;
 }

@@ -159,7 +159,7 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
   // Each package lists exactly the ops it owns.
   const std::map<std::string, std::vector<OpKind>> owns = {
       {"flashrt/linear", {OpKind::linear}},
-      {"flashrt/ffn", {OpKind::gated_ffn, OpKind::ffn}},
+      {"flashrt/ffn", {OpKind::gated_ffn, OpKind::ffn, OpKind::moe_ffn}},
       {"flashrt/decode", {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}},
       {"flashrt/gemm", {OpKind::linear, OpKind::ffn}}};
   for (const std::string repo :

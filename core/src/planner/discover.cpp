@@ -21,6 +21,17 @@ std::string weight_shape(const HostModule& m) {
   return "[" + std::to_string(m.out_features) + "x" + std::to_string(m.in_features) + "]";
 }
 
+// "128 experts, gate/up [768x2048], down [2048x768], top-8": a bank as refusals and explain
+// quote it (one expert's shapes; the host's own tensor names where they differ).
+std::string bank_shape(const HostModule& m) {
+  const ExpertFacts& e = m.experts;
+  const std::string f = std::to_string(e.intermediate), d = std::to_string(e.hidden);
+  std::string out = std::to_string(e.experts) + " experts, gate/up [" + f + "x" + d + "], down [" +
+                    d + "x" + f + "]";
+  if (e.top_k > 0) out += ", top-" + std::to_string(e.top_k);
+  return out;
+}
+
 // The observed calls by module path, built once per discovery: the matcher asks for them at
 // every step of its search.
 class CallIndex {
@@ -94,6 +105,7 @@ class Matcher {
     if (taken_.count(m.path) || calls_.of(m.path).empty()) return false;
     if (n.kind == NodeKind::activation) return m.kind == ModuleKind::activation;
     if (n.kind == NodeKind::norm) return m.kind == ModuleKind::norm;
+    if (n.kind == NodeKind::experts) return m.kind == ModuleKind::experts;
     return m.kind == ModuleKind::linear &&
            (!n.output_head || (!g_.output_head.empty() && m.path == g_.output_head));
   }
@@ -128,8 +140,14 @@ class Matcher {
       for (const auto& [_, other] : a) used |= other == m;
       if (used) continue;
       std::vector<std::string> bound;
-      bool ok = n.kind != NodeKind::linear || (bind_dim(n.out_dim, m->out_features, bound) &&
-                                               bind_dim(n.in_dim, m->in_features, bound));
+      bool ok = true;
+      if (n.kind == NodeKind::linear)
+        ok = bind_dim(n.out_dim, m->out_features, bound) &&
+             bind_dim(n.in_dim, m->in_features, bound);
+      else if (n.kind == NodeKind::experts)
+        ok = bind_dim(n.experts_dim, m->experts.experts, bound) &&
+             bind_dim(n.out_dim, m->experts.intermediate, bound) &&
+             bind_dim(n.in_dim, m->experts.hidden, bound);
       a[n.name] = m;
       for (const FlowEdge& e : spec_.match.flow) {
         if (!ok) break;
@@ -156,6 +174,8 @@ class Matcher {
 std::string shape_text(const StructureSpec& spec, const Assignment& a) {
   std::vector<std::pair<std::string, std::string>> groups;  // shape -> names
   size_t linears = 0;
+  for (const MatchNode& n : spec.match.nodes)
+    if (n.kind == NodeKind::experts && a.count(n.name)) return bank_shape(*a.at(n.name));
   for (const MatchNode& n : spec.match.nodes) {
     if (n.kind != NodeKind::linear || !a.count(n.name)) continue;
     ++linears;
@@ -234,11 +254,31 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
       biased = true;
   if (biased) return "biased projections (" + shape + "); the boundary is bias-free";
   for (const MatchNode& n : spec.match.nodes) {
+    if (n.kind != NodeKind::experts || !a.count(n.name)) continue;
+    const HostModule& m = *a.at(n.name);
+    const ExpertFacts& e = m.experts;
+    if (e.gate_up.empty() && (e.gate.empty() || e.up.empty()))
+      return "ungated experts in " + m.type_name + " (" + shape +
+             "); the bank op computes down(act(gate x) * up x)";
+    if (e.transposed)
+      return "banks stored transposed or interleaved in " + m.type_name + " (" + shape +
+             "); the bank op reads [experts, out, in], gate rows before up rows";
+    if (e.has_bias)
+      return "per-expert biases in " + m.type_name + " (" + shape + "); the bank op is bias-free";
+    if (m.activation == Activation::unknown)
+      return "the gated form of " + m.type_name +
+             " is not act(gate x) * up x for any activation the kernels compute (measured on its "
+             "calls: a clamped or otherwise different gate) (" +
+             shape + ")";
+    if (e.top_k > FRT_MAX_TOP_K)
+      return "top-" + std::to_string(e.top_k) + " routing above the bank op's " +
+             std::to_string(FRT_MAX_TOP_K) + " (" + shape + ")";
+  }
+  for (const MatchNode& n : spec.match.nodes) {
     if (n.kind == NodeKind::linear || !a.count(n.name)) continue;
     const std::vector<std::string>& allowed = spec.attributes.at(n.attribute);
     const HostModule& m = *a.at(n.name);
-    const std::string got =
-        n.kind == NodeKind::activation ? name_of(m.activation) : name_of(m.norm.form);
+    const std::string got = n.kind == NodeKind::norm ? name_of(m.norm.form) : name_of(m.activation);
     if (std::find(allowed.begin(), allowed.end(), got) == allowed.end()) {
       std::string set;
       for (const std::string& v : allowed) set += (set.empty() ? "" : ", ") + v;
@@ -292,12 +332,24 @@ Seam make_seam(const CallIndex& calls, const StructureSpec& spec, const Assignme
   s.site = site;
   s.structure = spec.name;
   s.shape = shape;
-  const HostModule* first_linear = nullptr;
+  const HostModule* first_linear = nullptr;  // the first weight node: a projection or a bank
   for (const MatchNode& n : spec.match.nodes) {
     if (!a.count(n.name)) continue;  // an optional node left out
     const HostModule& m = *a.at(n.name);
     s.nodes[n.name] = m.path;
     if (n.kind == NodeKind::activation) s.activation = m.activation;
+    if (n.kind == NodeKind::experts) {
+      const ExpertFacts& e = m.experts;
+      if (first_linear == nullptr) first_linear = &m;
+      s.activation = m.activation;
+      for (const std::string& slot : n.bank_slots) s.slots[slot] = m.path;
+      s.dims[n.experts_dim] = e.experts;
+      s.dims[n.out_dim] = e.intermediate;
+      s.dims[n.in_dim] = e.hidden;
+      s.top_k = e.top_k;
+      s.weight_count += 3 * e.experts * e.intermediate * e.hidden;
+      continue;
+    }
     if (n.kind != NodeKind::linear) continue;
     if (first_linear == nullptr) first_linear = &m;
     s.slots[n.weight_slot] = m.path;
@@ -324,6 +376,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
     if (claimed.count(m.path) || looked.count(m.path)) continue;
     const bool kind_ok = lead.kind == NodeKind::linear       ? m.kind == ModuleKind::linear
                          : lead.kind == NodeKind::activation ? m.kind == ModuleKind::activation
+                         : lead.kind == NodeKind::experts    ? m.kind == ModuleKind::experts
                                                              : m.kind == ModuleKind::norm;
     if (!kind_ok || (lead.output_head && (g.output_head.empty() || m.path != g.output_head)))
       continue;
@@ -332,9 +385,10 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
     if (match.nodes.size() == 1 && calls.of(m.path).empty()) {
       if (match.always_claims) claimed.insert(m.path);
       if (wanted)
-        out.refused.emplace_back(m.path, spec.name + ": " + weight_shape(m) +
-                                             " never called in the observed forward, no form "
-                                             "to qualify");
+        out.refused.emplace_back(
+            m.path, spec.name + ": " +
+                        (m.kind == ModuleKind::experts ? bank_shape(m) : weight_shape(m)) +
+                        " never called in the observed forward, no form to qualify");
       continue;
     }
     Matcher matcher(g, calls, spec, claimed);
@@ -347,6 +401,10 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
       if (n.kind == NodeKind::linear && a.count(n.name)) {
         dims[n.out_dim] = a.at(n.name)->out_features;
         dims[n.in_dim] = a.at(n.name)->in_features;
+      } else if (n.kind == NodeKind::experts && a.count(n.name)) {
+        dims[n.experts_dim] = a.at(n.name)->experts.experts;
+        dims[n.out_dim] = a.at(n.name)->experts.intermediate;
+        dims[n.in_dim] = a.at(n.name)->experts.hidden;
       }
     std::string site =
         match.site == SiteKind::node ? a.at(lead.name)->path : parent_of(a.at(lead.name)->path);

@@ -154,6 +154,26 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
   Candidate c{base, base_desc(rung.op, form, act, band.max)};
   c.seat.site = seam.site;
   c.seat.replaces = {seam.site};
+  const std::vector<std::string>& operands = op_weight_operands(rung.op);
+  const HostModule* first = g.find(seam.slots.at(operands.front()));
+  if (first->kind == ModuleKind::experts) {
+    // A bank: each operand is one of the module's 3-D tensors, gate and up halves of one
+    // [experts, 2F, D] tensor where the host fuses them.
+    const ExpertFacts& e = first->experts;
+    const bool fused = !e.gate_up.empty();
+    c.seat.slots["gate"] =
+        fused ? SlotTensor{first->path, e.gate_up, 0, 2} : SlotTensor{first->path, e.gate, 0, 1};
+    c.seat.slots["up"] =
+        fused ? SlotTensor{first->path, e.gate_up, 1, 2} : SlotTensor{first->path, e.up, 0, 1};
+    c.seat.slots["down"] = SlotTensor{first->path, e.down, 0, 1};
+    c.desc.k = c.desc.n = e.hidden;
+    c.desc.inner = e.intermediate;
+    c.desc.experts = e.experts;
+    c.desc.top_k = static_cast<int32_t>(e.top_k);
+    c.desc.act = static_cast<int32_t>(seam.activation);
+    out.push_back(std::move(c));
+    return out;
+  }
   for (const auto& [slot, module] : seam.slots) {
     const bool is_bias = spec.slot(slot) != nullptr && spec.slot(slot)->shape.size() == 1;
     c.seat.slots[slot] = is_bias ? bias_of(module) : weight_of(module);
@@ -161,8 +181,6 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
   }
   // The op's operands in the ABI's order: the first reads x ([inner x k]), the last writes y
   // ([n x inner]); the catalog load checked that linear nodes fill each of them.
-  const std::vector<std::string>& operands = op_weight_operands(rung.op);
-  const HostModule* first = g.find(seam.slots.at(operands.front()));
   const HostModule* last = g.find(seam.slots.at(operands.back()));
   c.desc.k = first->in_features;
   c.desc.inner = first->out_features;
@@ -172,7 +190,7 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
   return out;
 }
 
-// What an adopted checkpoint says of one seam: its linear nodes' own forms.
+// What an adopted checkpoint says of one seam: its linear nodes' own forms, or its bank's.
 struct SourceVerdict {
   std::optional<WeightForm> form;  // the first node's form (all of them when !mixed)
   bool mixed = false;
@@ -180,10 +198,56 @@ struct SourceVerdict {
   std::string unquantised;  // the nodes the checkpoint holds unquantised, when no form
 };
 
+// A bank's operands by their keys in source_forms / source_refusals: "<module>/<slot>" for one
+// operand ("layers.0.mlp.experts/gate"), else the module's own key for all three.
+template <typename T>
+const T* bank_source(const std::map<std::string, T>& m, const std::string& module,
+                     const std::string& slot) {
+  if (const auto it = m.find(module + "/" + slot); it != m.end()) return &it->second;
+  if (const auto it = m.find(module); it != m.end()) return &it->second;
+  return nullptr;
+}
+
+// An experts node: the bank's gate, up and down as the checkpoint holds them. One bank op runs
+// one form, so a bank whose operands differ in form is refused (there is no per-expert rung).
+void bank_verdict(const MatchNode& n, const std::string& module, const PlanOptions& options,
+                  SourceVerdict& v) {
+  std::vector<std::pair<std::string, const WeightForm*>> forms;
+  for (const std::string& slot : n.bank_slots) {
+    const std::string key = module + "/" + slot;
+    if (const std::string* r = bank_source(options.source_refusals, module, slot)) {
+      v.refusal += (v.refusal.empty() ? "" : "; ") + key + ": " + *r;
+      continue;
+    }
+    const WeightForm* f = bank_source(options.source_forms, module, slot);
+    if (f == nullptr)
+      v.unquantised += (v.unquantised.empty() ? "" : ", ") + key;
+    else
+      forms.emplace_back(slot, f);
+  }
+  if (forms.empty()) return;
+  const bool same = std::all_of(forms.begin(), forms.end(), [&](const auto& f) {
+    return f.second->name == forms.front().second->name;
+  });
+  if (!same && v.refusal.empty()) {
+    std::string held;
+    for (const auto& [slot, f] : forms) held += (held.empty() ? "" : ", ") + slot + " " + f->name;
+    const std::string source = options.source.empty() ? "" : options.source + " ";
+    v.refusal = module + ": the " + source + "checkpoint holds the bank's " + held +
+                "; one bank op runs one form";
+  }
+  if (!v.form) v.form = *forms.front().second;
+  v.mixed |= !same;
+}
+
 SourceVerdict source_verdict(const StructureSpec& spec, const Seam& seam,
                              const PlanOptions& options) {
   SourceVerdict v;
   for (const MatchNode& n : spec.match.nodes) {
+    if (n.kind == NodeKind::experts && seam.nodes.count(n.name)) {
+      bank_verdict(n, seam.nodes.at(n.name), options, v);
+      continue;
+    }
     if (n.kind != NodeKind::linear || !seam.nodes.count(n.name)) continue;
     const std::string& module = seam.nodes.at(n.name);
     if (const auto r = options.source_refusals.find(module); r != options.source_refusals.end()) {
@@ -203,6 +267,66 @@ SourceVerdict source_verdict(const StructureSpec& spec, const Seam& seam,
   // A region seats only when every projection has a form; one held unquantised keeps it whole.
   if (!v.unquantised.empty()) v.form.reset();
   return v;
+}
+
+// Router module -> the bank of experts it routes for.
+std::map<std::string, std::string> routers(const HostGraph& g) {
+  std::map<std::string, std::string> out;
+  for (const HostModule& m : g.modules)
+    if (m.kind == ModuleKind::experts && !m.experts.router.empty()) out[m.experts.router] = m.path;
+  return out;
+}
+
+std::string router_reason(const std::string& bank) {
+  return "router of " + bank +
+         ": stays at host precision (its top-k picks the experts; a quantised router changes the "
+         "choice)";
+}
+
+bool within(const std::string& path, const std::string& site) {
+  return path == site || (!site.empty() && path.size() > site.size() &&
+                          path.compare(0, site.size(), site) == 0 && path[site.size()] == '.');
+}
+
+std::string dims_text(const std::vector<int64_t>& shape) {
+  std::string out;
+  for (int64_t d : shape) out += (out.empty() ? "" : "x") + std::to_string(d);
+  return "[" + out + "]";
+}
+
+// Note [Every weight accounted]: discovery sees the modules a structure's pattern describes, so
+// a weight no pattern reaches (a bank of experts before the catalog described one, a router, a
+// framework's own layer) would be neither seated, kept nor refused: silent. A plan over every
+// structure therefore names each parameter of at least `account_weights` elements, outside the
+// token embedding's lookup, that no decision already covers (a decision at a module covers the
+// module's subtree): a bank's router is kept at host precision with the reason, anything else
+// refused as described by no structure, with the holding module's type and the shape.
+void account_weights(const HostGraph& g, int64_t min_elements, Plan& p) {
+  std::vector<std::string> covered;
+  for (const SeatPlan& s : p.seats) {
+    covered.push_back(s.site);
+    covered.insert(covered.end(), s.replaces.begin(), s.replaces.end());
+    for (const auto& [_, slot] : s.slots) covered.push_back(slot.module);
+  }
+  for (const auto& [site, _] : p.keep_host) covered.push_back(site);
+  for (const auto& [site, _] : p.refused) covered.push_back(site);
+  const std::map<std::string, std::string> bank_of_router = routers(g);
+  for (const HostParam& w : g.params) {
+    if (w.elements < min_elements) continue;
+    if (!g.input_embedding.empty() && within(w.module, g.input_embedding)) continue;
+    if (std::any_of(covered.begin(), covered.end(),
+                    [&](const std::string& site) { return within(w.module, site); }))
+      continue;
+    const std::string what = w.name + " " + dims_text(w.shape);
+    if (const auto bank = bank_of_router.find(w.module); bank != bank_of_router.end()) {
+      p.keep_host.emplace_back(w.module, what + ": " + router_reason(bank->second));
+      continue;
+    }
+    const HostModule* m = g.find(w.module);
+    p.refused.emplace_back(w.module, what + " in " + (m != nullptr ? m->type_name : "?") +
+                                         ": no catalog structure describes it; it stays with "
+                                         "the host");
+  }
 }
 
 }  // namespace
@@ -240,9 +364,15 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   p.assumed.insert(p.assumed.end(), d.assumed.begin(), d.assumed.end());  // after any said above
   p.seams_found = static_cast<int64_t>(d.seams.size());
   std::set<std::string> unavailable_noted;
+  const std::map<std::string, std::string> bank_of_router = routers(graph);
   for (Seam& seam : d.seams) {
     const StructureSpec& spec = catalog.get(seam.structure);
     const std::string where = seam.structure + " " + seam.shape;
+    // A projection that routes a bank (Llama 4's router is an nn.Linear) stays at host precision.
+    if (const auto r = bank_of_router.find(seam.site); r != bank_of_router.end()) {
+      p.keep_host.emplace_back(seam.site, where + ": " + router_reason(r->second));
+      continue;
+    }
     // A pack of sibling modules stands at each of them, so each is kept under its own name.
     const auto keep = [&](const std::string& why) {
       if (!spec.match.siblings) {
@@ -279,8 +409,9 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       continue;
     }
     const MatchNode& lead =
-        *std::find_if(spec.match.nodes.begin(), spec.match.nodes.end(),
-                      [](const MatchNode& n) { return n.kind == NodeKind::linear; });
+        *std::find_if(spec.match.nodes.begin(), spec.match.nodes.end(), [](const MatchNode& n) {
+          return n.kind == NodeKind::linear || n.kind == NodeKind::experts;
+        });
     const std::vector<DType>& weight_dtypes = spec.slot(lead.weight_slot)->dtypes;
     if (!allows(weight_dtypes, seam.weight_dtype)) {
       p.refused.emplace_back(seam.site, where + ": weight dtype " + name_of(seam.weight_dtype) +
@@ -298,10 +429,15 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     std::vector<std::string> steps;
     if (!adopting && is_group_format(form.format)) {
       bool divides = true;
-      for (const MatchNode& n : spec.match.nodes)
-        if (n.kind == NodeKind::linear && seam.dims.count(n.in_dim) &&
-            seam.dims.at(n.in_dim) % form.group != 0)
+      for (const MatchNode& n : spec.match.nodes) {
+        // A bank's down reads the intermediate width: both of its widths are inputs.
+        if ((n.kind == NodeKind::linear || n.kind == NodeKind::experts) &&
+            seam.dims.count(n.in_dim) && seam.dims.at(n.in_dim) % form.group != 0)
           divides = false;
+        if (n.kind == NodeKind::experts && seam.dims.count(n.out_dim) &&
+            seam.dims.at(n.out_dim) % form.group != 0)
+          divides = false;
+      }
       const std::string& fallback = catalog.schemes().schemes.at(p.scheme.name).indivisible;
       if (!divides && !fallback.empty()) {
         const WeightForm& instead = catalog.schemes().forms.at(fallback);
@@ -377,6 +513,8 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       p.refused.emplace_back(seam.site, why);
     }
   }
+  if (options.structures.empty())
+    account_weights(graph, options.account_weights.value_or(catalog.schemes().account_weights), p);
   return p;
 }
 

@@ -631,5 +631,222 @@ TEST(Plan, ExplainGroupsLayersThatDifferOnlyByTheirIndex) {
   EXPECT_EQ(verbose.find("verbose form"), std::string::npos);
 }
 
+// A routed MoE layer under `p`: a router with weight [experts, hidden] and a bank of experts
+// (fused gate_up [E, 2F, D], down [E, D, F]) called with the hidden rows.
+GraphBuilder moe_decoder(int layers, ExpertFacts bank, Activation act = Activation::silu) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  b.module("embed", ModuleKind::embedding).weight_id = 999;
+  for (int i = 0; i < layers; ++i) {
+    const std::string p = "layers." + std::to_string(i);
+    b.attention(p + ".attn", bank.hidden);
+    b.module(p + ".mlp", ModuleKind::module);
+    b.module(p + ".mlp.gate", ModuleKind::module).type_name = "Router";
+    HostModule& m = b.module(p + ".mlp.experts", ModuleKind::experts);
+    m.experts = bank;
+    m.experts.router = p + ".mlp.gate";
+    m.activation = act;
+    m.in_features = m.out_features = bank.hidden;
+    b.call_fresh(p + ".mlp.experts");
+    b.g.params.push_back(
+        {p + ".mlp.gate", "weight", {bank.experts, bank.hidden}, bank.experts * bank.hidden});
+    b.g.params.push_back({p + ".mlp.experts",
+                          bank.gate_up.empty() ? "up_proj" : bank.gate_up,
+                          {bank.experts, 2 * bank.intermediate, bank.hidden},
+                          2 * bank.experts * bank.intermediate * bank.hidden});
+    b.g.params.push_back({p + ".mlp.experts",
+                          "down_proj",
+                          {bank.experts, bank.hidden, bank.intermediate},
+                          bank.experts * bank.intermediate * bank.hidden});
+  }
+  b.g.input_embedding = "embed";
+  return b;
+}
+
+ExpertFacts qwen3_bank() {
+  ExpertFacts e;
+  e.experts = 128;
+  e.hidden = 512;
+  e.intermediate = 256;
+  e.top_k = 8;
+  e.gate_up = "gate_up_proj";
+  e.down = "down_proj";
+  return e;
+}
+
+TEST(Plan, ABankOfExpertsIsOneSeatReadingTheHalvesOfItsFusedTensor) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(moe_decoder(2, qwen3_bank()).g, catalog(), o, hub());
+  int banks = 0;
+  for (const SeatPlan& s : p.seats) {
+    if (s.seam.structure != "moe_experts") continue;
+    ++banks;
+    EXPECT_EQ(s.op, OpKind::moe_ffn);
+    EXPECT_EQ(s.package, "flashrt/ffn");
+    EXPECT_EQ(s.seam.top_k, 8);
+    EXPECT_EQ(s.seam.dims.at("experts"), 128);
+    EXPECT_EQ(s.slots.at("gate").tensor, "gate_up_proj");
+    EXPECT_EQ(s.slots.at("gate").part, 0);
+    EXPECT_EQ(s.slots.at("up").part, 1);
+    EXPECT_EQ(s.slots.at("up").parts, 2);
+    EXPECT_EQ(s.slots.at("down").tensor, "down_proj");
+    EXPECT_EQ(s.band_max, 16);
+  }
+  EXPECT_EQ(banks, 2) << explain(p);
+  EXPECT_NE(explain(p).find("128 experts, gate/up [256x512], down [512x256], top-8"),
+            std::string::npos)
+      << explain(p);
+}
+
+TEST(Plan, BanksOutsideTheBoundaryAreRefusedByFormAndShape) {
+  struct Case {
+    const char* why;
+    ExpertFacts bank;
+    Activation act;
+  };
+  ExpertFacts transposed = qwen3_bank(), biased = qwen3_bank(), ungated = qwen3_bank();
+  transposed.transposed = true;
+  biased.has_bias = true;
+  ungated.gate_up.clear();
+  ungated.up = "up_proj";
+  for (const Case& c : {Case{"transposed", transposed, Activation::silu},
+                        Case{"per-expert biases", biased, Activation::silu},
+                        Case{"ungated experts", ungated, Activation::silu},
+                        Case{"clamped", qwen3_bank(), Activation::unknown},
+                        Case{"activation 'gelu' outside", qwen3_bank(), Activation::gelu}}) {
+    PlanOptions o;
+    o.scheme = "w8a16_decode";
+    const Plan p = plan(moe_decoder(1, c.bank, c.act).g, catalog(), o, hub());
+    const auto it = std::find_if(p.refused.begin(), p.refused.end(), [](const SiteReason& r) {
+      return r.first == "layers.0.mlp.experts";
+    });
+    ASSERT_NE(it, p.refused.end()) << c.why << "\n" << explain(p);
+    EXPECT_NE(it->second.find(c.why), std::string::npos) << it->second;
+    EXPECT_NE(it->second.find("128 experts"), std::string::npos) << it->second;
+    for (const SeatPlan& s : p.seats) EXPECT_NE(s.seam.structure, "moe_experts");
+  }
+}
+
+TEST(Plan, ASchemeWithoutABankFormKeepsTheBankWithTheReason) {
+  PlanOptions o;
+  o.scheme = "w8a8_decode";
+  const Plan p = plan(moe_decoder(1, qwen3_bank()).g, catalog(), o, hub());
+  const auto it = std::find_if(p.keep_host.begin(), p.keep_host.end(), [](const SiteReason& r) {
+    return r.first == "layers.0.mlp.experts";
+  });
+  ASSERT_NE(it, p.keep_host.end()) << explain(p);
+  EXPECT_NE(it->second.find("keeps moe_experts"), std::string::npos) << it->second;
+}
+
+// A checkpoint's own form, as an adoption reader names it.
+WeightForm source_form(const std::string& name, WeightFormat format, bool symmetric) {
+  WeightForm f;
+  f.name = f.tag = name;
+  f.format = format;
+  f.group = 32;
+  f.symmetric = symmetric;
+  f.scale_dtype = DType::f16;
+  return f;
+}
+
+const SeatPlan* seat_at(const Plan& p, const std::string& site) {
+  for (const SeatPlan& s : p.seats)
+    if (s.site == site) return &s;
+  return nullptr;
+}
+
+TEST(Plan, AnAdoptedBankTakesItsSourceFormAndAMixedFormBankIsRefused) {
+  const WeightForm q8 = source_form("gguf_q8_0", WeightFormat::int8_group, true);
+  const WeightForm q4 = source_form("gguf_q4_0", WeightFormat::int4_group, true);
+  PlanOptions o;
+  o.source = "gguf";
+  o.structures = {"moe_experts"};
+  // Layer 0 keyed by its module (all three operands), layer 1 per operand.
+  o.source_forms["layers.0.mlp.experts"] = q4;
+  for (const char* op : {"gate", "up", "down"})
+    o.source_forms[std::string("layers.1.mlp.experts/") + op] = q8;
+  const Plan p = plan(moe_decoder(2, qwen3_bank()).g, catalog(), o, hub());
+  EXPECT_EQ(p.scheme.name, "adopt gguf");
+  const SeatPlan* s0 = seat_at(p, "layers.0.mlp.experts");
+  const SeatPlan* s1 = seat_at(p, "layers.1.mlp.experts");
+  ASSERT_NE(s0, nullptr) << explain(p);
+  ASSERT_NE(s1, nullptr) << explain(p);
+  EXPECT_EQ(s0->op, OpKind::moe_ffn);
+  EXPECT_EQ(s0->form.name, "gguf_q4_0");
+  EXPECT_EQ(s0->impl, "moe_gguf_q4_0");
+  EXPECT_EQ(s1->form.name, "gguf_q8_0");
+  EXPECT_EQ(s1->slots.at("up").part, 1);
+
+  // down in another form than gate and up: one bank op runs one form, so the bank is refused.
+  o.source_forms["layers.1.mlp.experts/down"] = q4;
+  const Plan mixed = plan(moe_decoder(2, qwen3_bank()).g, catalog(), o, hub());
+  EXPECT_NE(seat_at(mixed, "layers.0.mlp.experts"), nullptr);
+  EXPECT_EQ(seat_at(mixed, "layers.1.mlp.experts"), nullptr);
+  const auto it = std::find_if(mixed.refused.begin(), mixed.refused.end(), [](const SiteReason& r) {
+    return r.first == "layers.1.mlp.experts";
+  });
+  ASSERT_NE(it, mixed.refused.end()) << explain(mixed);
+  EXPECT_NE(it->second.find("gguf checkpoint holds the bank's gate gguf_q8_0, up gguf_q8_0, "
+                            "down gguf_q4_0; one bank op runs one form"),
+            std::string::npos)
+      << it->second;
+
+  // A block type no kernel reads refuses the bank by name; an operand held unquantised keeps
+  // the bank with the host.
+  o.source_forms.erase("layers.1.mlp.experts/down");
+  o.source_refusals["layers.1.mlp.experts/down"] = "blk.1.ffn_down_exps.weight is Q5_0 blocks";
+  o.source_forms.erase("layers.0.mlp.experts");
+  o.source_forms["layers.0.mlp.experts/gate"] = q4;
+  o.source_forms["layers.0.mlp.experts/up"] = q4;
+  const Plan partial = plan(moe_decoder(2, qwen3_bank()).g, catalog(), o, hub());
+  EXPECT_TRUE(partial.seats.empty()) << explain(partial);
+  ASSERT_EQ(partial.refused.size(), 1u) << explain(partial);
+  EXPECT_NE(partial.refused[0].second.find(
+                "layers.1.mlp.experts/down: blk.1.ffn_down_exps.weight is Q5_0 blocks"),
+            std::string::npos)
+      << partial.refused[0].second;
+  ASSERT_EQ(partial.keep_host.size(), 1u) << explain(partial);
+  EXPECT_EQ(partial.keep_host[0].first, "layers.0.mlp.experts");
+  EXPECT_NE(partial.keep_host[0].second.find("holds layers.0.mlp.experts/down unquantised"),
+            std::string::npos)
+      << partial.keep_host[0].second;
+}
+
+TEST(Plan, EveryLargeWeightIsSeatedKeptOrRefusedNeverSilent) {
+  GraphBuilder b = moe_decoder(1, qwen3_bank());
+  // A module no structure describes, holding a large 2-D weight, and a small one.
+  b.module("adapter", ModuleKind::module).type_name = "LoraBank";
+  b.g.params.push_back({"adapter", "lora_a", {512, 1024}, 512 * 1024});
+  b.g.params.push_back({"adapter", "tiny", {4, 4}, 16});
+  b.g.params.push_back({"embed", "weight", {4096, 512}, 4096 * 512});  // the lookup: exempt
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(b.g, catalog(), o, hub());
+  const auto find = [](const std::vector<SiteReason>& rs, const std::string& site) {
+    return std::find_if(rs.begin(), rs.end(), [&](const SiteReason& r) { return r.first == site; });
+  };
+  const auto lora = find(p.refused, "adapter");
+  ASSERT_NE(lora, p.refused.end()) << explain(p);
+  EXPECT_NE(lora->second.find("lora_a [512x1024] in LoraBank: no catalog structure describes it"),
+            std::string::npos)
+      << lora->second;
+  EXPECT_EQ(find(p.refused, "embed"), p.refused.end());
+  // The router [128 x 512] is below the catalog's size; at size 1 it is named, kept at host.
+  EXPECT_EQ(find(p.keep_host, "layers.0.mlp.gate"), p.keep_host.end());
+  o.account_weights = 1;
+  const Plan all = plan(b.g, catalog(), o, hub());
+  const auto router = find(all.keep_host, "layers.0.mlp.gate");
+  ASSERT_NE(router, all.keep_host.end()) << explain(all);
+  EXPECT_NE(router->second.find("router of layers.0.mlp.experts"), std::string::npos);
+  EXPECT_EQ(std::count_if(all.refused.begin(), all.refused.end(),
+                          [](const SiteReason& r) { return r.first == "adapter"; }),
+            2);  // lora_a and tiny, each named
+  // Asked for chosen structures, the plan names only what it was asked about.
+  o.structures = {"linear_proj"};
+  const Plan chosen = plan(b.g, catalog(), o, hub());
+  EXPECT_EQ(find(chosen.refused, "adapter"), chosen.refused.end());
+}
+
 }  // namespace
 }  // namespace frt

@@ -112,7 +112,113 @@ std::string rows_refusal(const TensorView& x, const TensorView& y) {
   return "";
 }
 
+// The routing weights as the op reads them, fp32 [rows][top_k]: the host's own when they are
+// fp32, else widened into a per-thread buffer (at most FRT_MAX_ROWS x FRT_MAX_TOP_K values).
+const float* routing_weights(const TensorView& w) {
+  if (w.dtype == DType::f32) return static_cast<const float*>(w.data);
+  thread_local std::vector<float> wide;
+  const int64_t n = w.shape[0] * w.shape[1];
+  wide.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) wide[static_cast<size_t>(i)] = w.element(i);
+  return wide.data();
+}
+
+frt_moe_args moe_args(const ExpertBank& bank, const TensorView& x, const Routing& r,
+                      const TensorView& y) {
+  frt_moe_args a{};
+  a.x_dtype = abi_dtype(x.dtype);
+  a.y_dtype = abi_dtype(y.dtype);
+  a.act = static_cast<int32_t>(bank.activation());
+  a.top_k = static_cast<int32_t>(r.index.shape[1]);
+  a.m = x.shape[0];
+  a.x = x.data;
+  a.ldx = x.shape[0] > 1 ? x.strides[0] : bank.hidden();
+  a.y = y.data;
+  a.ldy = y.shape[0] > 1 ? y.strides[0] : bank.hidden();
+  a.index = static_cast<const int64_t*>(r.index.data);
+  a.weight = routing_weights(r.weights);
+  a.experts = bank.experts();
+  a.gate = bank.gate_views();
+  a.up = bank.up_views();
+  a.down = bank.down_views();
+  return a;
+}
+
+// The routing's own form: i64 indices and f32/bf16 weights, [rows, top_k], contiguous.
+std::string routing_refusal(const TensorView& x, const Routing& r) {
+  const auto compact = [&](const TensorView& t) {
+    return t.rank == 2 && t.shape[0] == x.shape[0] && t.shape[1] >= 1 && t.strides[1] == 1 &&
+           (t.shape[0] <= 1 || t.strides[0] == t.shape[1]);
+  };
+  if (r.index.rank == 2 && r.index.shape[1] == 0) return "routing picks no expert (top-0)";
+  if (r.index.data == nullptr || r.weights.data == nullptr) return "routing: no index or weights";
+  if (r.index.dtype != DType::i64)
+    return "routing index " + r.index.describe() + ": expected int64 expert indices";
+  if (r.weights.dtype != DType::f32 && r.weights.dtype != DType::bf16)
+    return "routing weights " + r.weights.describe() + ": expected f32 or bf16";
+  if (!compact(r.index) || !compact(r.weights) || r.index.shape[1] != r.weights.shape[1])
+    return "routing index " + r.index.describe() + ", weights " + r.weights.describe() +
+           ": expected contiguous [" + std::to_string(x.shape[0]) + ", top_k] each";
+  return "";
+}
+
 }  // namespace
+
+ExpertBank::ExpertBank(std::vector<PackedLinear> gate, std::vector<PackedLinear> up,
+                       std::vector<PackedLinear> down, Activation act)
+    : gate_(std::move(gate)), up_(std::move(up)), down_(std::move(down)), act_(act) {
+  if (gate_.empty() || up_.size() != gate_.size() || down_.size() != gate_.size())
+    throw InvalidArgument("ExpertBank: " + std::to_string(gate_.size()) + " gate, " +
+                          std::to_string(up_.size()) + " up and " + std::to_string(down_.size()) +
+                          " down packs; expected one of each per expert, at least one expert");
+  const PackedLinear& g0 = gate_.front();
+  for (size_t e = 0; e < gate_.size(); ++e) {
+    for (const PackedLinear* w : {&gate_[e], &up_[e], &down_[e]})
+      if (w->format() != g0.format() || w->group() != g0.group() ||
+          w->view().scale_dtype != g0.view().scale_dtype)
+        throw InvalidArgument("ExpertBank: expert " + std::to_string(e) + " holds " + w->form() +
+                              ", expert 0 " + g0.form());
+    if (gate_[e].n() != g0.n() || gate_[e].k() != g0.k() || up_[e].n() != g0.n() ||
+        up_[e].k() != g0.k() || down_[e].n() != g0.k() || down_[e].k() != g0.n())
+      throw InvalidArgument("ExpertBank: expert " + std::to_string(e) +
+                            "'s shapes differ from expert 0's");
+    gate_views_.push_back(gate_[e].view());
+    up_views_.push_back(up_[e].view());
+    down_views_.push_back(down_[e].view());
+  }
+}
+
+int64_t ExpertBank::expert_nbytes() const {
+  return gate_.front().nbytes() + up_.front().nbytes() + down_.front().nbytes();
+}
+
+int64_t ExpertBank::nbytes() const { return expert_nbytes() * experts(); }
+
+std::string moe_refusal(const frt_kernel_table& table, const ExpertBank& bank, const TensorView& x,
+                        const Routing& routing, const TensorView& y) {
+  const frt_op* op = find_op(table, OpKind::moe_ffn);
+  if (op == nullptr) return not_owned(table, OpKind::moe_ffn);
+  for (const std::string& r : {matrix_refusal("input", x, bank.hidden()),
+                               matrix_refusal("output", y, bank.hidden()), rows_refusal(x, y)})
+    if (!r.empty()) return r;
+  if (std::string r = routing_refusal(x, routing); !r.empty()) return r;
+  return op_refusal(*op, moe_args(bank, x, routing, y), [&] {
+    return std::to_string(bank.experts()) + " experts, " + bank.form() + ", input " + x.describe();
+  });
+}
+
+void detail::run_moe_unchecked(const frt_kernel_table& table, Parallel& pool,
+                               const ExpertBank& bank, const TensorView& x, const Routing& routing,
+                               const TensorView& y, int threads) {
+  frt_moe_args a = moe_args(bank, x, routing, y);
+  run_phases(pool, threads, *find_op(table, OpKind::moe_ffn), a);
+}
+
+void run_moe(const frt_kernel_table& table, Parallel& pool, const ExpertBank& bank,
+             const TensorView& x, const Routing& routing, const TensorView& y, int threads) {
+  if (std::string why = moe_refusal(table, bank, x, routing, y); !why.empty()) throw Refused(why);
+  detail::run_moe_unchecked(table, pool, bank, x, routing, y, threads);
+}
 
 const frt_op* find_op(const frt_kernel_table& table, OpKind kind) {
   for (int32_t i = 0; i < table.n_ops; ++i)

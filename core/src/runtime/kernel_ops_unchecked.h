@@ -15,4 +15,9 @@ void run_linear_unchecked(const frt_kernel_table& table, Parallel& pool, const P
 void run_ffn_unchecked(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f,
                        const TensorView& x, const TensorView& y, int threads = 0);
 
+// run_moe after moe_refusal(table, bank, x, routing, y) returned "" for these very views.
+void run_moe_unchecked(const frt_kernel_table& table, Parallel& pool, const ExpertBank& bank,
+                       const TensorView& x, const Routing& routing, const TensorView& y,
+                       int threads = 0);
+
 }  // namespace frt::detail

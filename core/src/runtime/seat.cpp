@@ -1,7 +1,9 @@
 #include <flashrt/errors.h>
 #include <flashrt/seat.h>
 
+#include <map>
 #include <sstream>
+#include <string>
 
 #include "runtime/kernel_ops_unchecked.h"
 
@@ -54,7 +56,7 @@ bool Seat::first_time(const std::string& reason) const {
   return it == ledger_.reasons.end() || it->second <= 1;
 }
 
-Verdict Seat::run(const TensorView& x, const TensorView& y, bool training) {
+Verdict Seat::run(const TensorView& x, const TensorView& y, bool training, const Routing* routing) {
   if (training) return miss("training mode");
   if (std::this_thread::get_id() != owner_) return miss("called from a second thread");
   if (x.dtype != form_.dtype)
@@ -66,8 +68,8 @@ Verdict Seat::run(const TensorView& x, const TensorView& y, bool training) {
     ++ledger_.band_dispatches;
     return Verdict::band;
   }
-  if (std::string why = refusal(x, y); !why.empty()) return miss(why);
-  execute(x, y);
+  if (std::string why = refusal(x, y, routing); !why.empty()) return miss(why);
+  execute(x, y, routing);
   std::lock_guard lock(mu_);
   ++ledger_.calls;
   ledger_.consecutive_fallbacks = 0;
@@ -97,12 +99,14 @@ LinearSeat::LinearSeat(SeatForm form, const frt_kernel_table& table, GuardMode m
                           std::to_string(weight_.n()) + " outputs");
 }
 
-std::string LinearSeat::refusal(const TensorView& x, const TensorView& y) const {
+std::string LinearSeat::refusal(const TensorView& x, const TensorView& y,
+                                const Routing* routing) const {
+  if (routing != nullptr) return "a projection takes no routing";
   return linear_refusal(table_, weight_, x, y);
 }
 
 // Seat::run has just asked refusal() for these views: the form is checked once per call.
-void LinearSeat::execute(const TensorView& x, const TensorView& y) {
+void LinearSeat::execute(const TensorView& x, const TensorView& y, const Routing*) {
   detail::run_linear_unchecked(table_, process_parallel(), weight_,
                                bias_.empty() ? nullptr : bias_.data(), x, y);
 }
@@ -129,13 +133,25 @@ FfnOperands FfnSeat::operands() const {
   return f;
 }
 
-std::string FfnSeat::refusal(const TensorView& x, const TensorView& y) const {
+std::string FfnSeat::refusal(const TensorView& x, const TensorView& y,
+                             const Routing* routing) const {
+  if (routing != nullptr) return "a feed-forward takes no routing";
   return ffn_refusal(table_, operands(), x, y);
 }
 
 // As LinearSeat::execute: Seat::run checked the form with refusal() just before.
-void FfnSeat::execute(const TensorView& x, const TensorView& y) {
+void FfnSeat::execute(const TensorView& x, const TensorView& y, const Routing*) {
   detail::run_ffn_unchecked(table_, process_parallel(), operands(), x, y);
+}
+
+std::string MoeSeat::refusal(const TensorView& x, const TensorView& y,
+                             const Routing* routing) const {
+  if (routing == nullptr) return "a bank of experts needs the router's choice (index, weights)";
+  return moe_refusal(table_, bank_, x, *routing, y);
+}
+
+void MoeSeat::execute(const TensorView& x, const TensorView& y, const Routing* routing) {
+  detail::run_moe_unchecked(table_, process_parallel(), bank_, x, *routing, y);
 }
 
 namespace {
@@ -260,6 +276,78 @@ std::unique_ptr<Seat> build_packed(const SeatPlan& plan,
   return std::make_unique<LinearSeat>(form, table, mode, std::move(packed), std::move(bias));
 }
 
+// Expert e's [out, in] matrix of a bank view [experts, out, in] (inner dimension contiguous).
+TensorView expert_matrix(const TensorView& bank, int64_t e) {
+  const int64_t bytes = bank.dtype == DType::bf16 ? 2 : 4;
+  auto* base = static_cast<char*>(bank.data) + e * bank.strides[0] * bytes;
+  TensorView m =
+      TensorView::matrix(base, bank.dtype, bank.shape[1], bank.shape[2], bank.strides[1]);
+  m.strides[1] = bank.strides[2];
+  return m;
+}
+
+// The adopted packs of a bank (keys "<operand>/<expert>"): every key names an operand and an
+// expert of the bank, and each operand is adopted for all of its experts or for none.
+void check_bank_keys(const SeatPlan& plan, const std::map<std::string, PackedLinear>& adopted,
+                     int64_t experts) {
+  std::map<std::string, int64_t> count;
+  for (const auto& [key, _] : adopted) {
+    const size_t slash = key.find('/');
+    const std::string operand = key.substr(0, slash);
+    const std::string index = slash == std::string::npos ? "" : key.substr(slash + 1);
+    const bool numeric = !index.empty() && index.size() < 10 &&
+                         index.find_first_not_of("0123456789") == std::string::npos;
+    if ((operand != "gate" && operand != "up" && operand != "down") || !numeric ||
+        std::stoll(index) >= experts)
+      throw Refused("bank " + plan.site + ": adopted '" + key + "' names no operand of its " +
+                    std::to_string(experts) + " experts (gate/<e>, up/<e>, down/<e>)");
+    ++count[operand];
+  }
+  for (const auto& [operand, n] : count)
+    if (n != experts)
+      throw Refused("bank " + plan.site + ": " + std::to_string(n) + " of its " +
+                    std::to_string(experts) + " experts' " + operand +
+                    " adopted; an operand is adopted for every expert or none");
+}
+
+// A bank of experts: each expert's gate, up and down, adopted ("gate/<e>" in `adopted`) or packed
+// to the plan's form. The door hands the banks as [experts, out, in] views (gate and up as the
+// halves of a fused tensor).
+std::unique_ptr<Seat> build_bank(const SeatPlan& plan,
+                                 const std::map<std::string, TensorView>& tensors,
+                                 std::map<std::string, PackedLinear>& adopted,
+                                 const frt_kernel_table& table, GuardMode mode, SeatForm form) {
+  const TensorView& g = operand(tensors, "gate", plan);
+  const TensorView& u = operand(tensors, "up", plan);
+  const TensorView& d = operand(tensors, "down", plan);
+  const int64_t experts = g.shape[0], inner = g.shape[1], hidden = g.shape[2];
+  const auto expect = [&](const char* what, const TensorView& t, int64_t out, int64_t in) {
+    if (t.rank != 3 || t.shape[0] != experts || t.shape[1] != out || t.shape[2] != in ||
+        (t.dtype != DType::f32 && t.dtype != DType::bf16))
+      throw Refused(std::string("bank ") + what + " " + t.describe() +
+                    ": expected an f32 or bf16 [" + std::to_string(experts) + ", " +
+                    std::to_string(out) + ", " + std::to_string(in) + "] bank");
+  };
+  expect("gate", g, inner, hidden);
+  expect("up", u, inner, hidden);
+  expect("down", d, hidden, inner);
+  check_bank_keys(plan, adopted, experts);
+  std::vector<PackedLinear> gates, ups, downs;
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string i = "/" + std::to_string(e);
+    std::map<std::string, TensorView> one = {{"gate" + i, expert_matrix(g, e)},
+                                             {"up" + i, expert_matrix(u, e)},
+                                             {"down" + i, expert_matrix(d, e)}};
+    gates.push_back(pack(one, adopted, "gate" + i, plan, inner, hidden));
+    ups.push_back(pack(one, adopted, "up" + i, plan, inner, hidden));
+    downs.push_back(pack(one, adopted, "down" + i, plan, hidden, inner));
+  }
+  ExpertBank bank(std::move(gates), std::move(ups), std::move(downs), plan.activation);
+  form.width = form.out = hidden;
+  form.weights = std::to_string(experts) + " experts, " + bank.form();
+  return std::make_unique<MoeSeat>(form, table, mode, std::move(bank));
+}
+
 }  // namespace
 
 std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::string& site) {
@@ -303,6 +391,7 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
     form.weights = w.form();
     return std::make_unique<LinearSeat>(form, table, mode, std::move(w), std::move(b));
   }
+  if (plan.op == OpKind::moe_ffn) return build_bank(plan, tensors, adopted, table, mode, form);
   if (plan.op != OpKind::gated_ffn && plan.op != OpKind::ffn)
     throw InvalidArgument("seat " + plan.site + ": op " + name_of(plan.op) + " is not a seat op");
   std::optional<PackedLinear> gate;

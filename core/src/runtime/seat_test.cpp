@@ -355,5 +355,90 @@ TEST(BuildSeat, APackedSeatStacksItsModulesAndComputesWhatEachWouldAlone) {
   EXPECT_THROW(build_seat(plan, tensors, GuardMode::fallback, hub()), Refused);
 }
 
+// [experts, out, in], contiguous: a host's bank as the door hands it.
+TensorView bank_view(std::vector<float>& v, int64_t experts, int64_t out, int64_t in) {
+  TensorView t;
+  t.data = v.data();
+  t.dtype = DType::f32;
+  t.rank = 3;
+  t.shape = {experts, out, in, 0};
+  t.strides = {out * in, in, 1, 0};
+  return t;
+}
+
+TEST(BuildSeat, ABankTakesAdoptedPacksPerExpertAndRefusesPartialOrStrayKeys) {
+  const int64_t experts = 4, inner = 64, hidden = 64, m = 2, top_k = 2;
+  std::vector<float> gate = ramp(experts * inner * hidden, 0.05f, 0.1f),
+                     up = ramp(experts * inner * hidden, 0.05f, 0.9f),
+                     down = ramp(experts * hidden * inner, 0.05f, 1.7f);
+  std::vector<float> zeros(gate.size(), 0.0f);  // the host views a fully adopted bank is handed
+  WeightForm form;
+  form.name = form.tag = "q8_g32";
+  form.format = WeightFormat::int8_group;
+  form.group = 32;
+  form.symmetric = true;
+  form.scale_dtype = DType::f16;
+  SeatPlan plan = seat_plan(OpKind::moe_ffn, "flashrt/ffn", form);
+  plan.seam.structure = "moe_experts";
+  plan.activation = Activation::silu;
+  const auto views = [&](std::vector<float>& g, std::vector<float>& u, std::vector<float>& d) {
+    return std::map<std::string, TensorView>{{"gate", bank_view(g, experts, inner, hidden)},
+                                             {"up", bank_view(u, experts, inner, hidden)},
+                                             {"down", bank_view(d, experts, hidden, inner)}};
+  };
+  // The checkpoint's packs: each expert's [out, in] in the plan's form.
+  const auto adopted = [&](int64_t gates) {
+    std::map<std::string, PackedLinear> a;
+    for (int64_t e = 0; e < experts; ++e) {
+      const std::string i = "/" + std::to_string(e);
+      const auto one = [&](std::vector<float>& w, int64_t n, int64_t k) {
+        return PackedLinear::int8(TensorView::matrix(w.data() + e * n * k, DType::f32, n, k, k), 32,
+                                  DType::f16);
+      };
+      if (e < gates) a.emplace("gate" + i, one(gate, inner, hidden));
+      a.emplace("up" + i, one(up, inner, hidden));
+      a.emplace("down" + i, one(down, hidden, inner));
+    }
+    return a;
+  };
+  std::unique_ptr<Seat> packed =
+      build_seat(plan, views(gate, up, down), GuardMode::fallback, hub());
+  std::unique_ptr<Seat> taken =
+      build_seat(plan, views(zeros, zeros, zeros), GuardMode::fallback, hub(), adopted(experts));
+  EXPECT_EQ(taken->form().weights, "4 experts, int8 g32 f16 scales");
+  // The same values either way: the adopted packs, not the (zero) host views, are seated.
+  std::vector<float> x = ramp(m * hidden, 1, 2), w = {0.75f, 0.25f, 0.5f, 0.5f};
+  std::vector<int64_t> index = {1, 3, 0, 2};
+  Routing r{TensorView::matrix(index.data(), DType::i64, m, top_k, top_k),
+            TensorView::matrix(w.data(), DType::f32, m, top_k, top_k)};
+  std::vector<float> want(m * hidden, std::nanf("")), got(m * hidden, std::nanf(""));
+  ASSERT_EQ(packed->run(matrix_view(x, m, hidden), matrix_view(want, m, hidden), false, &r),
+            Verdict::ran)
+      << packed->ledger().last_reason;
+  ASSERT_EQ(taken->run(matrix_view(x, m, hidden), matrix_view(got, m, hidden), false, &r),
+            Verdict::ran)
+      << taken->ledger().last_reason;
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  EXPECT_NE(got[0], 0.0f);
+
+  const auto refusal = [&](std::map<std::string, PackedLinear> a) {
+    try {
+      build_seat(plan, views(gate, up, down), GuardMode::fallback, hub(), std::move(a));
+    } catch (const Refused& e) {
+      return std::string(e.what());
+    }
+    return std::string("built");
+  };
+  EXPECT_NE(refusal(adopted(3)).find("3 of its 4 experts' gate adopted"), std::string::npos);
+  std::map<std::string, PackedLinear> stray = adopted(experts);
+  stray.emplace("gate/4", PackedLinear::int8(matrix_view(gate, inner, hidden), 32, DType::f16));
+  EXPECT_NE(refusal(std::move(stray)).find("adopted 'gate/4' names no operand of its 4 experts"),
+            std::string::npos);
+  std::map<std::string, PackedLinear> other = adopted(experts);
+  other.erase("down/2");
+  other.emplace("down/2", PackedLinear::int4(matrix_view(down, hidden, inner), 32, true));
+  EXPECT_NE(refusal(std::move(other)).find("down/2: adopted as int4"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace frt

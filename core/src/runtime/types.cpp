@@ -9,10 +9,11 @@ namespace {
 template <typename E, size_t N>
 using Table = std::array<std::pair<E, std::string_view>, N>;
 
-constexpr Table<DType, 5> kDTypes{{{DType::f32, "f32"},
+constexpr Table<DType, 6> kDTypes{{{DType::f32, "f32"},
                                    {DType::bf16, "bf16"},
                                    {DType::f16, "f16"},
                                    {DType::f64, "f64"},
+                                   {DType::i64, "i64"},
                                    {DType::other, "other"}}};
 constexpr Table<Activation, 5> kActivations{{{Activation::silu, "silu"},
                                              {Activation::gelu_tanh, "gelu_tanh"},
@@ -24,13 +25,14 @@ constexpr Table<WeightFormat, 5> kFormats{{{WeightFormat::int8_channel, "int8_ch
                                            {WeightFormat::int8_group, "int8_group"},
                                            {WeightFormat::int8_gemm, "int8_gemm"},
                                            {WeightFormat::int4_gemm, "int4_gemm"}}};
-constexpr Table<OpKind, 7> kOps{{{OpKind::linear, "linear"},
+constexpr Table<OpKind, 8> kOps{{{OpKind::linear, "linear"},
                                  {OpKind::gated_ffn, "gated_ffn"},
                                  {OpKind::ffn, "ffn"},
                                  {OpKind::rmsnorm, "rmsnorm"},
                                  {OpKind::rotary, "rotary"},
                                  {OpKind::attention, "attention"},
-                                 {OpKind::dense, "dense"}}};
+                                 {OpKind::dense, "dense"},
+                                 {OpKind::moe_ffn, "moe_ffn"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};
 constexpr Table<NormForm, 5> kNormForms{{{NormForm::unknown, "unknown"},
@@ -95,6 +97,7 @@ const std::vector<std::string>& op_weight_operands(OpKind op) {
     case OpKind::linear:
       return kLinear;
     case OpKind::gated_ffn:
+    case OpKind::moe_ffn:  // each expert's, in banks
       return kGated;
     case OpKind::ffn:
       return kUngated;

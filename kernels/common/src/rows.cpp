@@ -66,6 +66,14 @@ PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_
   return rows;
 }
 
+void group_sums(const float* x, int64_t k, int64_t group, float* sums) {
+  for (int64_t g = 0; g < k / group; ++g) {
+    float s = 0.0f;
+    for (int64_t i = g * group; i < (g + 1) * group; ++i) s += x[i];
+    sums[g] = s;
+  }
+}
+
 void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
                   int64_t m, float* space, int32_t ith, int32_t nth) {
   const PreparedRows rows = prepared_view(w, x, x_dtype, ldx, m, space);
@@ -76,16 +84,9 @@ void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, in
       float* dst = const_cast<float*>(rows.x) + r * rows.ldx;
       for (int64_t i = 0; i < k; ++i) dst[i] = bf16_to_f32(src[i]);
     }
-    if (rows.xsum != nullptr) {
-      const int64_t groups = k / w->group;
-      const float* xr = rows.x + r * rows.ldx;
-      float* sums = const_cast<float*>(rows.xsum) + r * groups;
-      for (int64_t g = 0; g < groups; ++g) {
-        float s = 0.0f;
-        for (int64_t i = g * w->group; i < (g + 1) * w->group; ++i) s += xr[i];
-        sums[g] = s;
-      }
-    }
+    if (rows.xsum != nullptr)
+      group_sums(rows.x + r * rows.ldx, k, w->group,
+                 const_cast<float*>(rows.xsum) + r * (k / w->group));
   }
 }
 

@@ -34,8 +34,9 @@ FORMATS = ("gguf", "compressed-tensors")
 @dataclass
 class AdoptionReport:
     """What adopt_prequantized did: the plan (``explain(report)``), the attach handle (ledger,
-    summary, detach), and per seat the form adopted and the conversion's max abs difference
-    from the host's own weight."""
+    summary, detach), and per adopted weight the form and the conversion's max abs difference
+    from the host's own weight, keyed by module (a bank's operands by "<module>/<operand>", the
+    worst of its experts)."""
 
     fmt: str
     source: str
@@ -75,26 +76,69 @@ class AdoptionReport:
         return receipts.save(self.receipt(), directory)
 
 
+def _host_tensor(model: nn.Module, src: Source) -> torch.Tensor:
+    """The host tensor a source stands in for: a module's weight, or a bank operand's
+    [experts, out, in] (its slice of a fused tensor's second dimension)."""
+    tensor = cast(torch.Tensor, getattr(model.get_submodule(src.module), src.tensor)).detach()
+    return tensor.chunk(src.parts, dim=1)[src.part] if src.parts > 1 else tensor
+
+
 def _check_conversion(sources: dict[str, Source], model: nn.Module, path: str) -> dict[str, float]:
-    """Each pack against the host's weight: 0, or the rounding of d*q + m in fp32, in the host
-    weight's dtype or in the source's own dequantisation, whichever is coarsest (a bf16 host, or
-    bf16 scales, hold d*q rounded to bf16; the seat computes it in fp32). Anything more means the
-    host's weights are not this checkpoint's."""
+    """Each pack against the host's weight (a bank's, expert by expert): 0, or the rounding of
+    d*q + m in fp32, in the host weight's dtype or in the source's own dequantisation, whichever
+    is coarsest (a bf16 host, or bf16 scales, hold d*q rounded to bf16; the seat computes it in
+    fp32). Anything more means the host's weights are not this checkpoint's."""
     conversion = {}
-    for mpath, src in sources.items():
-        if src.pack is None:
+    for key, src in sources.items():
+        packs = [src.pack] if src.pack is not None else src.packs
+        if not packs:
             continue
-        weight = cast(torch.Tensor, model.get_submodule(mpath).weight).detach()
-        stats = src.pack.compare(weight.float() if weight.dtype != torch.float32 else weight)
-        err = stats.max_abs_err
-        eps = max(src.rounding, torch.finfo(weight.dtype).eps)
-        if err > 4 * eps * max(stats.max_abs_ref, 1e-30):
-            raise _core.Refused(
-                f"adopt: {mpath}.weight differs from {path}'s {src.tensor_name} "
-                f"({src.block_type}) by up to {err:.3g}: the host's weights are not this "
-                f"checkpoint's")
-        conversion[mpath] = float(err)
+        host = _host_tensor(model, src)
+        weights = [host] if src.pack is not None else list(host.unbind(0))
+        eps = max(src.rounding, torch.finfo(host.dtype).eps)
+        worst = 0.0
+        for e, (pack, weight) in enumerate(zip(packs, weights, strict=True)):
+            stats = pack.compare(weight.float() if weight.dtype != torch.float32 else weight)
+            err = stats.max_abs_err
+            if err > 4 * eps * max(stats.max_abs_ref, 1e-30):
+                what = (f"{src.module}.{src.tensor}" if not src.operand else
+                        f"{src.module}.{src.tensor} (expert {e}'s {src.operand})")
+                raise _core.Refused(
+                    f"adopt: {what} differs from {path}'s {src.tensor_name} ({src.block_type}) "
+                    f"by up to {err:.3g}: the host's weights are not this checkpoint's")
+            worst = max(worst, float(err))
+        conversion[key] = worst
     return conversion
+
+
+def _adopted(plan: _core.Plan, sources: dict[str, Source]) -> dict[str, dict[str, Any]]:
+    """Per seat site the checkpoint's packs its operands take: a weight's pack by operand, a
+    bank's per expert ("gate/0".."gate/<E-1>", "up/<e>", "down/<e>"; seat.h). A bank operand the
+    plan reads from another tensor than the one the loader filled is refused."""
+    out: dict[str, dict[str, Any]] = {}
+    for sp in plan.seats:
+        adopted: dict[str, Any] = {}
+        for op, slot in sp.slots.items():
+            if sp.op != _core.OpKind.moe_ffn:
+                src = sources.get(slot.module)
+                if slot.tensor == "weight" and src is not None and src.pack is not None:
+                    adopted[op] = src.pack
+                continue
+            src = sources.get(f"{slot.module}/{op}")
+            if src is None or not src.packs:
+                continue
+            if (src.tensor, src.part, src.parts) != (slot.tensor, slot.part, slot.parts):
+                raise _core.Refused(
+                    f"adopt: transformers' loader puts {src.tensor_name} in part {src.part} of "
+                    f"{src.parts} of {src.module}.{src.tensor}; the bank's {op} is part "
+                    f"{slot.part} of {slot.parts} of {slot.module}.{slot.tensor}")
+            adopted.update({f"{op}/{e}": p for e, p in enumerate(src.packs)})
+        out[sp.site] = adopted
+    return out
+
+
+def _source_key(sp: _core.SeatPlan, op: str, slot: _core.SlotTensor) -> str:
+    return f"{slot.module}/{op}" if sp.op == _core.OpKind.moe_ffn else slot.module
 
 
 _READERS: dict[str, Callable[[nn.Module, str | None], dict[str, Source]]] = {
@@ -131,7 +175,7 @@ def adopt_prequantized(
     if forward is None:
         ids = torch.ones((1, 1), dtype=torch.long)
         forward = lambda: model(ids)  # noqa: E731
-    weights = [getattr(model.get_submodule(m), "weight", None) for m in sources]
+    weights = [getattr(model.get_submodule(s.module), s.tensor, None) for s in sources.values()]
     if any(not isinstance(w, torch.Tensor) or not w.is_floating_point() for w in weights):
         # A compressed load: the host's first call decompresses its modules (the library's
         # own hook); the conversion is checked against what that leaves.
@@ -142,21 +186,18 @@ def adopt_prequantized(
     options = _core.PlanOptions()
     options.structures = list(structures or [])
     options.source = fmt
-    options.source_forms = {m: s.form for m, s in sources.items() if s.form is not None}
-    options.source_refusals = {m: s.refusal for m, s in sources.items() if s.refusal}
+    options.source_forms = {k: s.form for k, s in sources.items() if s.form is not None}
+    options.source_refusals = {k: s.refusal for k, s in sources.items() if s.refusal}
     plan = _core.plan(graph, catalog.shipped(), options)
-    swaps = {}
-    for sp in plan.seats:
-        adopted = {op: sources[slot.module].pack for op, slot in sp.slots.items()
-                   if slot.tensor == "weight" and slot.module in sources
-                   and sources[slot.module].pack is not None}
-        swaps[sp.site] = seats.build(model, sp, adopted=adopted)
+    adopted = _adopted(plan, sources)  # checked before any seat is built
+    swaps = {sp.site: seats.build(model, sp, adopted=adopted[sp.site]) for sp in plan.seats}
     report = AdoptionReport(fmt, path, plan, None, host=type(model).__name__)
     for sp in plan.seats:
-        for slot in sp.slots.values():
-            if slot.module in conversion:
-                report.conversion[slot.module] = conversion[slot.module]
-                report.forms[slot.module] = sp.form.describe()
+        for op, slot in sp.slots.items():
+            key = _source_key(sp, op, slot)
+            if key in conversion:
+                report.conversion[key] = conversion[key]
+                report.forms[key] = sp.form.describe()
     if swaps:
         notes = notes_of(plan)
         notes["adoption"] = report.summary()

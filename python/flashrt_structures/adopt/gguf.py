@@ -1,13 +1,16 @@
-"""The GGUF reader: each nn.Linear whose weight a .gguf file holds, as a Source.
+"""The GGUF reader: each nn.Linear whose weight a .gguf file holds, and each operand of a bank of
+routed experts (llama.cpp's ``blk.N.ffn_{gate,up,down}_exps``), as a Source.
 
-The tensor-name map and the row permutation are transformers' own (its GGUF loader's), applied
-to row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels unchanged, other block
-types are refused by name, per tensor.
+The tensor-name map, the row permutation and the placement of expert tensors (gate and up into
+the halves of a fused gate_up_proj) are transformers' own (its GGUF loader's), found by running
+its tensor processor on row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels
+unchanged, other block types are refused by name, per tensor.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -24,6 +27,8 @@ _BLOCKS = {
     "Q4_1": (20, _core.WeightFormat.int4_group, False),
 }
 _UNQUANTISED = {"F32", "F16", "BF16", "F64"}
+# llama.cpp's names of a layer's banks of routed experts: [experts, out, in] in torch order.
+_EXPERTS = re.compile(r"blk\.(?P<blk>\d+)\.ffn_(?P<operand>gate|up|down)_exps\.weight")
 
 
 def _form(block_type: str) -> _core.WeightForm:
@@ -112,8 +117,144 @@ def _row_order(processor: Any, name: str, n: int, name_map: dict,
     return order.astype(np.int64)
 
 
+def _loaded_shape(processor: Any, name: str, shape: tuple, name_map: dict) -> tuple:
+    """The shape transformers' loader gives tensor `name` of the file's `shape` (a reshape, as
+    for Qwen2-MoE's shared-expert gate, held 1-D in the file)."""
+    try:
+        out = processor.process(weights=np.zeros(shape, np.float32), name=name,
+                                tensor_key_mapping=name_map, parsed_parameters={"tensors": {}})
+    except (KeyError, ValueError, RuntimeError):
+        return shape
+    return tuple(np.shape(out.weights))
+
+
+def _placement(processor: Any, name: str, shape: tuple, name_map: dict) -> tuple | None:
+    """Where transformers' loader puts expert tensor `name` ([experts, out, in] in the file),
+    found by running its processor on row numbers 1.. as the loader runs it on the tensor: the
+    host tensor's name and the row numbers it received, [experts, rows] (0 where another tensor's
+    rows go; None when the loader reshapes beyond rows), or None when the loader puts the tensor
+    on no tensor of this host."""
+    e, f, _ = shape
+    rows = np.arange(1, e * f + 1, dtype=np.float64).reshape(e, f, 1)
+    parsed: dict[str, dict] = {"tensors": {}}
+    try:
+        out = processor.process(weights=rows, name=name, tensor_key_mapping=name_map,
+                                parsed_parameters=parsed)
+    except KeyError:  # its map has no entry for the tensor's layer
+        return None
+    if out.name is None and len(parsed["tensors"]) == 1:  # merged into a host tensor
+        ((hf_name, placed),) = parsed["tensors"].items()
+        placed = placed.numpy() if hasattr(placed, "numpy") else np.asarray(placed)
+    elif out.name is not None and out.name in name_map:
+        hf_name, placed = name_map[out.name], np.asarray(out.weights)
+    else:
+        return None
+    if placed.ndim != 3 or placed.shape[2] != 1:
+        return hf_name, None
+    return hf_name, placed[:, :, 0]
+
+
+def _bank_rows(placed: np.ndarray | None, e: int, f: int) -> tuple[int, int, np.ndarray] | None:
+    """The loader's placement as (part, parts, row order): every expert's f rows land as one
+    part'th slice of `parts` along the host tensor's second dimension, in the same expert, in
+    `order`; None when it does anything else."""
+    if placed is None or placed.shape[0] != e or placed.shape[1] % f:
+        return None
+    parts = placed.shape[1] // f
+    where = np.flatnonzero(placed[0])
+    if len(where) != f or where[0] % f or where[-1] != where[0] + f - 1:
+        return None
+    part = int(where[0] // f)
+    got = placed[:, part * f:(part + 1) * f].astype(np.int64) - 1
+    if np.count_nonzero(placed) != e * f or not np.array_equal(got // f, np.repeat(
+            np.arange(e)[:, None], f, axis=1)):
+        return None
+    order = got[0] % f
+    if not np.array_equal(np.sort(order), np.arange(f)) or not np.array_equal(
+            got % f, np.broadcast_to(order, got.shape)):
+        return None
+    return part, parts, order
+
+
+def _bank_source(model: nn.Module, t: Any, operand: str, blk: str, processor: Any,
+                 name_map: dict, path: str) -> Source | None:
+    """One expert tensor of the file as the operand of the host's bank it fills: the form and a
+    pack per expert, or the refusal; None when the loader puts it on no tensor of this host."""
+    shape = tuple(int(s) for s in reversed(list(t.shape)))
+    btype = t.tensor_type.name
+    if len(shape) != 3:
+        raise _core.Refused(f"adopt: {path} holds {t.name} as {list(shape)}, not a bank "
+                            f"[experts, out, in]: this file is not one transformers loads")
+    e, f, k = shape
+    where = _placement(processor, t.name, shape, name_map)
+    if where is None:
+        return None
+    hf_name, placed = where
+    mpath, _, leaf = hf_name.rpartition(".")
+    try:
+        param = model.get_parameter(hf_name)
+    except AttributeError:
+        return None
+    src = Source(mpath, t.name, btype, operand=operand, tensor=leaf)
+    rows = _bank_rows(placed, e, f)
+    host = list(param.shape)
+    if placed is not None and (param.dim() != 3 or host != [e, placed.shape[1], k]):
+        raise _core.Refused(
+            f"adopt: {path} holds {t.name} as {list(shape)}, which transformers' loader makes "
+            f"{[e, placed.shape[1], k]}; the host's {hf_name} is {host}: this file is not the "
+            f"one the model was loaded from")
+    if rows is None:
+        src.refusal = (f"{t.name}: transformers' loader places it beyond a slice of "
+                       f"{hf_name} per expert; its blocks cannot be adopted as they are")
+        return src
+    src.part, src.parts, order = rows
+    if btype in _UNQUANTISED:
+        return src
+    if btype not in _BLOCKS:
+        src.refusal = (f"{t.name} is {btype} blocks; adoptable: {', '.join(_BLOCKS)} (others "
+                       f"refused until supported)")
+        return src
+    data = np.asarray(t.data).reshape(e, f, -1)
+    identity = np.array_equal(order, np.arange(f))
+    src.form = _form(btype)
+    for x in range(e):
+        q, d, m = _unpack_blocks(btype, data[x], f, k)
+        if not identity:
+            q, d = q[order], d[order]
+            m = m[order] if m is not None else None
+        src.packs.append(_core.from_quantized(
+            src.form.format, 32, np.ascontiguousarray(q), np.ascontiguousarray(d),
+            None if m is None else np.ascontiguousarray(m)))
+    return src
+
+
+def _unplaced(unplaced: list[tuple[Any, str, str]], name_map: dict, processor: Any,
+              model: nn.Module, path: str, out: dict[str, Source]) -> None:
+    """Expert tensors transformers' loader puts on no tensor of the host: named as refusals of
+    the bank their layer's map entries point to (OLMoE: down mapped, gate and up not), or, where
+    the host has no bank there, the file refused."""
+    loader = type(processor).__name__
+    for t, operand, blk in unplaced:
+        module = next((out[k].module for k in out if out[k].operand and
+                       out[k].tensor_name.startswith(f"blk.{blk}.")), None)
+        for o in ("gate", "up", "down"):
+            hf = name_map.get(f"blk.{blk}.ffn_{o}_exps") or name_map.get(
+                f"blk.{blk}.ffn_{o}_exps.weight")
+            if module is None and hf is not None:
+                module = hf.rpartition(".")[0]
+        if module is None:
+            raise _core.Refused(f"adopt: {path} holds {t.name}, a bank of experts; transformers' "
+                                f"GGUF map puts it on no tensor of this {type(model).__name__}: "
+                                f"this file is not the one the model was loaded from")
+        src = Source(module, t.name, t.tensor_type.name, operand=operand)
+        src.refusal = (f"{t.name}: transformers' GGUF loader ({loader}) puts it on no tensor of "
+                       f"this {type(model).__name__}; the bank's blocks have no path onto it")
+        out.setdefault(src.key, src)
+
+
 def sources(model: nn.Module, path: str) -> dict[str, Source]:
-    """Each nn.Linear whose weight the GGUF file holds: its block type, form and pack."""
+    """Each nn.Linear whose weight the GGUF file holds, and each bank operand (by Source.key):
+    its block type, form and pack (or packs)."""
     reader = _open_gguf(path)
     name_map, processor, parsed = _transformers_map(model, path, reader)
     linear_of: dict[int, list[str]] = {}
@@ -121,8 +262,17 @@ def sources(model: nn.Module, path: str) -> dict[str, Source]:
         if isinstance(m, nn.Linear):
             linear_of.setdefault(id(m.weight), []).append(mpath)
     out: dict[str, Source] = {}
+    unplaced: list[tuple[Any, str, str]] = []
     matched = 0
     for t in reader.tensors:
+        if bank := _EXPERTS.fullmatch(t.name):
+            src = _bank_source(model, t, bank["operand"], bank["blk"], processor, name_map, path)
+            if src is None:
+                unplaced.append((t, bank["operand"], bank["blk"]))
+            else:
+                matched += 1
+                out[src.key] = src
+            continue
         hf_name = name_map.get(t.name)
         if hf_name is None or not hf_name.endswith(".weight"):
             continue
@@ -140,6 +290,9 @@ def sources(model: nn.Module, path: str) -> dict[str, Source]:
             src = Source(mpath, t.name, btype)
             out[mpath] = src
             shape = tuple(int(s) for s in reversed(list(t.shape)))
+            if shape != (n, k) and btype in _UNQUANTISED and _loaded_shape(
+                    processor, t.name, shape, name_map) == (n, k):
+                continue  # reshaped by the loader (a 1-D gate), unquantised: with the host
             if shape != (n, k):
                 raise _core.Refused(
                     f"adopt: {path} holds {t.name} as {list(shape)}, the host's {mpath}.weight is "
@@ -163,6 +316,7 @@ def sources(model: nn.Module, path: str) -> dict[str, Source]:
             src.pack = _core.from_quantized(src.form.format, 32, np.ascontiguousarray(q),
                                             np.ascontiguousarray(d),
                                             None if m is None else np.ascontiguousarray(m))
+    _unplaced(unplaced, name_map, processor, model, path, out)
     if matched == 0:
         raise _core.Refused(f"adopt: no tensor of {path} names a projection of this "
                             f"{type(model).__name__}: this file is not the one it was loaded from")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,8 @@ from .. import _core
 
 @dataclass
 class Source:
-    """One checkpoint tensor as a module's weight: its form and its unpacked parts."""
+    """One checkpoint tensor as a module's weight, or as one operand of a module's bank of
+    experts: its form and its unpacked parts."""
 
     module: str
     tensor_name: str
@@ -23,6 +24,20 @@ class Source:
     # The relative rounding of the source's own dequantisation (compressed-tensors computes
     # (q - zp) * s in the scale's dtype): what the host's copy of d*q may differ by.
     rounding: float = float(np.finfo(np.float32).eps)
+    # A bank operand ("gate", "up", "down"; "" for a module's weight): the host tensor it fills
+    # (its [experts, out, in] tensor, or the part'th of `parts` equal slices of a fused one's
+    # second dimension) and one pack per expert, in expert order.
+    operand: str = ""
+    tensor: str = "weight"
+    part: int = 0
+    parts: int = 1
+    packs: list[Any] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Its key for the plan (PlanOptions.source_forms): the module, or "<module>/<operand>"
+        for a bank operand."""
+        return f"{self.module}/{self.operand}" if self.operand else self.module
 
 
 def weight_form(name: str, tag: str, fmt: Any, group: int, symmetric: bool,

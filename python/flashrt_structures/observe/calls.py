@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .. import _core
+from .experts import describe_bank, measure_bank
 from .probes import (
     bare_leaf,
     dtype_of,
@@ -96,6 +97,12 @@ class CallRecorder:
         self._norm_outs: list[tuple[str, torch.Tensor]] = []  # recent norm outputs, newest last
         self._modulated: dict[int, tuple[int, str] | None] = {}  # id(x) -> (id(n), norm path)
         self._returned: dict[int, tuple[str, int]] = {}  # id(first output) -> (path, outputs)
+        # bank path -> (its facts, the activation its calls showed (unknown: none reproduced
+        # them, or calls differ), the top-k they carried)
+        self.banks: dict[str, tuple[_core.ExpertFacts, _core.Activation | None, int]] = {}
+        for path, mod in hooked:
+            if (facts := describe_bank(mod)) is not None:
+                self.banks[path] = (facts, None, 0)
 
     def run(self, forwards: list[Forward]) -> None:
         """Runs the forwards with the hooks in place; after, the hooks are removed and the
@@ -130,6 +137,9 @@ class CallRecorder:
         if path in self.bare:
             self._on_bare_call(path, mod, args, output)
             return
+        if path in self.banks:
+            self._on_bank_call(path, mod, args, output)
+            return
         output = _first_tensor(output)
         if (not args or not isinstance(args[0], torch.Tensor)
                 or not isinstance(output, torch.Tensor)):
@@ -151,6 +161,22 @@ class CallRecorder:
         if self._norm_outs and (mod_of := self._modulation_of(x)) is not None:
             call.modulated_from = mod_of[0]
         self.calls.append(call)
+
+    def _on_bank_call(self, path: str, mod: nn.Module, args: tuple[Any, ...],
+                      output: Any) -> None:
+        """A bank's call: recorded with its hidden rows; its gated form measured on the first
+        call (a later call that measures differently makes it unknown)."""
+        facts, act, top_k = self.banks[path]
+        if not args or not isinstance(args[0], torch.Tensor) or not isinstance(output,
+                                                                                 torch.Tensor):
+            return
+        if len(args) >= 2 and isinstance(args[1], torch.Tensor) and args[1].dim() == 2:
+            top_k = max(top_k, int(args[1].shape[1]))
+        if act is None:
+            act = measure_bank(mod, facts, args, output)
+        self.banks[path] = (facts, act, top_k)
+        self._keep.extend((args[0], output))
+        self.calls.append(host_call(path, args[0], output))
 
     def _on_bare_call(self, path: str, mod: nn.Module, args: tuple[Any, ...],
                       output: Any) -> None:
@@ -189,7 +215,18 @@ class CallRecorder:
 
     def write(self, graph: _core.HostGraph) -> None:
         """Appends the recorded calls to graph.calls; a wrapper whose calls showed an activation
-        becomes an activation node, a bare leaf whose calls showed a norm a norm node."""
+        becomes an activation node, a bare leaf whose calls showed a norm a norm node; a bank
+        takes the activation and top-k its calls showed."""
+        if self.banks:
+            modules = list(graph.modules)
+            for hm in modules:
+                if hm.path in self.banks:
+                    _, act, top_k = self.banks[hm.path]
+                    facts = hm.experts
+                    facts.top_k = top_k
+                    hm.experts = facts
+                    hm.activation = act if act is not None else _core.Activation.unknown
+            graph.modules = modules
         if any(act is not None for act in self.wrapped.values()) or any(self.norms.values()):
             modules = list(graph.modules)
             for hm in modules:

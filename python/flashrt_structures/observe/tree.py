@@ -11,6 +11,7 @@ from torch import nn
 
 from .. import _core
 from ..seats import PackLead, PackMember, SeatModule
+from .experts import describe_bank, find_router
 from .probes import bare_leaf, dtype_of, measure_activation, measure_norm, wrapped_linear
 
 
@@ -88,6 +89,16 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.has_bias = getattr(mod.host, "bias", None) is not None
         hm.seated = form.op
         return hm, False
+    if (bank := describe_bank(mod)) is not None:
+        # Observed: its calls carry the router's choice and show its gated form (measured).
+        down = cast(torch.Tensor, getattr(mod, bank.down))
+        hm.kind = _core.ModuleKind.experts
+        hm.experts = bank
+        hm.in_features = hm.out_features = bank.hidden
+        hm.weight_dtype = dtype_of(down.dtype)
+        hm.weight_device = down.device.type
+        hm.weight_id = down.data_ptr()
+        return hm, True
     if isinstance(mod, nn.Linear):
         hm.kind = _core.ModuleKind.linear
         hm.in_features, hm.out_features = mod.in_features, mod.out_features
@@ -138,17 +149,36 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     return hm, bare_leaf(mod) or bool(hm.children)
 
 
+def _param(path: str, name: str, p: torch.Tensor) -> _core.HostParam:
+    hp = _core.HostParam()
+    hp.module, hp.name = path, name
+    hp.shape = list(p.shape)
+    hp.elements = p.numel()
+    return hp
+
+
 def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn.Module]]]:
     """The module tree as a HostGraph (no calls yet), and the modules whose calls to observe."""
     graph = _core.HostGraph()
     modules = []
+    params = []
     hooked: list[tuple[str, nn.Module]] = []
-    for path, mod in model.named_modules():
+    by_path = dict(model.named_modules())
+    for path, mod in by_path.items():
         hm, hook = _describe(path, mod)
+        if hm.kind == _core.ModuleKind.experts:
+            parent_path, _, name = path.rpartition(".")
+            bank = hm.experts
+            bank.router = find_router(by_path[parent_path], parent_path, name, bank)
+            hm.experts = bank
         modules.append(hm)
         if hook:
             hooked.append((path, mod))
+        for name, p in mod._parameters.items():
+            if isinstance(p, torch.Tensor) and p.dim() >= 2:
+                params.append(_param(path, name, p))
     graph.modules = modules
+    graph.params = params
     graph.config = config_facts(model)
     get_out = getattr(model, "get_output_embeddings", None)
     get_in = getattr(model, "get_input_embeddings", None)

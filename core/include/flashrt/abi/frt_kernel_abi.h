@@ -26,9 +26,11 @@ extern "C" {
  * 4.0: frt_attention_args carries the cache's strides, so a cache can hold each KV head's
  * positions contiguously (a caller of 3.x passed a smaller struct: a major bump), and
  * FRT_W_INT4_GEMM holds a column's two nibbles of a byte four inputs apart, so one 64-byte
- * load is sixteen columns' worth of eight inputs (Note [W4A8]). */
+ * load is sixteen columns' worth of eight inputs (Note [W4A8]).
+ * 4.1: FRT_OP_MOE_FFN, a routed bank of gated experts (frt_moe_args); frt_op_desc gains the
+ * bank's expert count and top-k (appended). */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 0
+#define FRT_KERNEL_ABI_MINOR 1
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -81,7 +83,8 @@ enum frt_op_kind {
   FRT_OP_RMSNORM = 4,   /* frt_rmsnorm_args */
   FRT_OP_ROTARY = 5,    /* frt_rotary_args */
   FRT_OP_ATTENTION = 6, /* frt_attention_args */
-  FRT_OP_DENSE = 7      /* frt_dense_args */
+  FRT_OP_DENSE = 7,     /* frt_dense_args */
+  FRT_OP_MOE_FFN = 8    /* frt_moe_args (4.1) */
 };
 
 /* ---- The weight formats (the format header). -----------------------------------------------
@@ -173,6 +176,33 @@ typedef struct frt_ffn_args {
   void* workspace;                  /* the op's workspace() bytes */
 } frt_ffn_args;
 
+/* FRT_OP_MOE_FFN: a bank of `experts` gated experts, each down_e(act(gate_e(x)) * up_e(x)) as in
+ * FRT_OP_GATED_FFN, and the rows routed to them. Row r goes to the experts index[r][0..top_k)
+ * with the weights weight[r][0..top_k):
+ *   y[r] = sum_j weight[r][j] * down_e(act(gate_e(x[r])) * up_e(x[r])),   e = index[r][j].
+ * gate, up and down point at `experts` packed weights each (gate_e, up_e [inner x k], down_e
+ * [n x inner]), all in one format. A selected expert's weights are read once per call, however
+ * many rows chose it. Each y[r] sums its terms in ascending expert order (a repeated expert in
+ * ascending j), so the result does not depend on the thread split. supports() refuses an index
+ * outside [0, experts), a weight that is not finite, top_k outside 1..FRT_MAX_TOP_K: the caller
+ * runs its own path then. */
+#define FRT_MAX_TOP_K 32
+typedef struct frt_moe_args {
+  int32_t x_dtype, y_dtype;
+  int32_t act;   /* frt_act: silu or gelu_tanh */
+  int32_t top_k; /* experts per row */
+  int64_t m;     /* rows, 1..FRT_MAX_ROWS */
+  const void* x;
+  int64_t ldx;
+  void* y;
+  int64_t ldy;
+  const int64_t* index; /* [m][top_k], row stride top_k */
+  const float* weight;  /* [m][top_k], row stride top_k */
+  int64_t experts;
+  const frt_packed_weight *gate, *up, *down; /* [experts] each */
+  void* workspace;                           /* the op's workspace() bytes */
+} frt_moe_args;
+
 /* Reasons supports() can give; the message names the form and the shape. */
 enum frt_reason {
   FRT_REASON_OK = 0,
@@ -252,6 +282,9 @@ typedef struct frt_op_desc {
   int64_t inner;       /* intermediate width (ffn ops) */
   int32_t scale_dtype; /* frt_dtype of the weights' scales */
   int32_t reserved;
+  int64_t experts; /* expert banks (FRT_OP_MOE_FFN, 4.1): experts in the bank */
+  int32_t top_k;   /* experts each row is routed to */
+  int32_t reserved2;
 } frt_op_desc;
 
 /* One op a package owns. `args` points at the struct its kind names. An op runs as `phases`

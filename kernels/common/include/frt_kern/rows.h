@@ -28,6 +28,10 @@ struct PreparedRows {
 // The layout prepare_rows() fills; cheap, so every thread can compute it.
 PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
                            int64_t m, float* space);
+// sums[g] = the sum of x over inputs [g * group, (g + 1) * group), g < k / group: an int4 panel's
+// per-group row sums, in the order prepare_rows() adds them (ops that gather rows themselves call
+// this, so their sums are prepare_rows()'s bit for bit).
+void group_sums(const float* x, int64_t k, int64_t group, float* sums);
 // Thread ith of nth fills its rows of the prepared view.
 void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
                   int64_t m, float* space, int32_t ith, int32_t nth);

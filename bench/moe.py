@@ -1,0 +1,192 @@
+"""Routed experts through the transformers door on a Qwen3-30B-A3B-shaped host: prefill and steady
+decode, the host's generate path against the same host with seats (w8 and w4), beside the floor.
+
+Qwen3-30B-A3B's real widths (hidden 2048, 32 query / 4 KV heads of 128, 128 experts, top-8,
+moe_intermediate_size 768, vocabulary 151936 untied, norm_topk_prob) with random weights, fp32,
+batch 1, truncated to --layers layers (default 4: the fp32 host holds 2.4 GB of experts per
+layer, and every arm's packs sit beside it). Prefill is one forward over a 64-token prompt; steady
+decode is greedy steps over the KV cache, timed per step (median). Arms alternate round by
+round in one process; the same weights serve every arm (an arm's seats are attached for its turn
+only). The floor is the bytes one decode step reads, its active experts only (top-k of each
+bank, packed or at host dtype), attention, router and head, over the read bandwidth measured
+before and after the timed rounds. Beside each arm: its greedy tokens against the host's and
+the cosine of its logits on one decode step.
+
+    .venv/bin/python bench/moe.py            # -> bench/results/<tier>/moe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+import flashrt_structures as S
+from flashrt_structures import ops
+from flashrt_structures.seats import BankSeat
+
+from _common import machine, result_path, write_result
+from door import run_arm
+
+PROMPT, NEW = 64, 32
+SCHEMES = ("w8a16_decode", "w4a16_decode")
+
+
+def qwen3_30b_a3b(layers: int) -> Qwen3MoeForCausalLM:
+    cfg = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                         moe_intermediate_size=768, num_hidden_layers=layers,
+                         num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                         num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         rope_theta=1000000.0, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(cfg).eval()
+
+
+def step_bytes(model: Qwen3MoeForCausalLM, swaps: dict | None) -> int:
+    """Bytes one decode step reads from weights: each bank's top-k experts (packed where
+    seated), every other projection (packed where seated) and the routers; the input
+    embedding reads one row and is not counted."""
+    top_k, experts = model.config.num_experts_per_tok, model.config.num_experts
+    seated = dict(swaps or {})
+    total = 0
+    for name, mod in model.named_modules():
+        if name in seated:
+            seat = seated[name]
+            nbytes = seat.seat.nbytes
+            total += nbytes * top_k // experts if isinstance(seat, BankSeat) else nbytes
+            continue
+        if any(name.startswith(s + ".") for s in seated):
+            continue
+        if isinstance(mod, torch.nn.Linear):
+            total += mod.weight.numel() * mod.weight.element_size()
+        elif hasattr(mod, "gate_up_proj") and hasattr(mod, "down_proj"):  # a host bank
+            per = (mod.gate_up_proj[0].numel() + mod.down_proj[0].numel())
+            total += per * top_k * mod.down_proj.element_size()
+        elif name.endswith(".gate") and isinstance(getattr(mod, "weight", None), torch.Tensor):
+            total += mod.weight.numel() * mod.weight.element_size()  # a router
+    return total
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.flatten().double(),
+                                                       b.flatten().double(), dim=0))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help=f"decode rounds ({NEW} steps each)")
+    parser.add_argument("--prefill-rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    t0 = time.perf_counter()
+    model = qwen3_30b_a3b(args.layers)
+    build_s = time.perf_counter() - t0
+    prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    step = torch.randint(0, 151936, (1, 1), generator=torch.Generator().manual_seed(2))
+    fwd = lambda: model(step)  # noqa: E731  (one decode-shaped call to observe)
+    with torch.no_grad():
+        want = model(step).logits
+    arms: dict[str, dict] = {"host": {"swaps": None}}
+    for scheme in SCHEMES:
+        t0 = time.perf_counter()
+        plan = S.auto_swaps(model, fwd, scheme=scheme)
+        arms[scheme] = {"plan": plan, "swaps": plan.swaps, "bind_s": time.perf_counter() - t0}
+        handle = plan.attach(model)
+        try:
+            with torch.no_grad():
+                arms[scheme]["logits_cosine"] = cosine(model(step).logits, want)
+        finally:
+            handle.detach()
+        print(S.explain(plan))
+    warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated",
+                            category=FutureWarning)
+    for arm in arms.values():  # warm-up: first-call allocations, caches, thread start
+        handle = arm["plan"].attach(model) if arm["swaps"] else None
+        run_arm(model, prompt[:, :8], 3)
+        if handle is not None:
+            handle.detach()
+
+    def rotated(r: int) -> list[tuple[str, dict]]:
+        items = list(arms.items())
+        return items[r % len(items):] + items[:r % len(items)]
+
+    bw_before = ops.read_bandwidth_gbps(1 << 30, repeats=5)
+    prefills: dict[str, list[float]] = {name: [] for name in arms}
+    samples: dict[str, list[dict]] = {name: [] for name in arms}
+    for r in range(args.prefill_rounds):
+        for name, arm in rotated(r):
+            handle = arm["plan"].attach(model) if arm["swaps"] else None
+            try:
+                prefills[name].append(run_arm(model, prompt, 1)["prefill_s"])
+            finally:
+                if handle is not None:
+                    handle.detach()
+    for r in range(args.rounds):
+        for name, arm in rotated(r):
+            handle = arm["plan"].attach(model) if arm["swaps"] else None
+            try:
+                samples[name].append(run_arm(model, prompt, NEW))
+                if handle is not None:
+                    arm["summary"] = handle.summary()
+            finally:
+                if handle is not None:
+                    handle.detach()
+    bw_after = ops.read_bandwidth_gbps(1 << 30, repeats=5)
+    bandwidth = (bw_before + bw_after) / 2
+
+    host_pre = statistics.median(prefills["host"])
+    host_step = statistics.median(s["decode_step_s"] for s in samples["host"])
+    host_tokens = samples["host"][0]["tokens"]
+    m = machine()
+    print(f"machine: {m['cpu']} ({m['cpu_id']}), tier {m['tier']}, {m['cores']} cores; read "
+          f"bandwidth {bw_before:.1f} GB/s before, {bw_after:.1f} after")
+    print(f"Qwen3-30B-A3B-shaped, {args.layers} layers, fp32 host, prompt {PROMPT}, decode {NEW}")
+    print(f"{'arm':<16}{'prefill tok/s':>14}{'vs host':>9}{'decode tok/s':>14}{'vs host':>9}"
+          f"{'MB/token':>10}{'floor tok/s':>13}{'of floor':>10}{'same tokens':>13}{'cosine':>9}")
+    rows = []
+    for name, arm in arms.items():
+        pre = statistics.median(prefills[name])
+        stp = statistics.median(s["decode_step_s"] for s in samples[name])
+        nbytes = step_bytes(model, arm["swaps"])
+        floor = bandwidth * 1e9 / nbytes
+        same = sum(a == b for a, b in zip(samples[name][0]["tokens"], host_tokens)) / NEW
+        cos = arm.get("logits_cosine", 1.0)
+        notes = arm["plan"].notes if arm.get("plan") else {"refused": []}
+        row = {"arm": name, "seats": arm.get("summary", {}).get("seams", 0),
+               "refused": len(notes["refused"]), "prefill_tok_s": PROMPT / pre,
+               "prefill_vs_host": host_pre / pre, "decode_tok_s": 1 / stp,
+               "decode_vs_host": host_step / stp, "weight_bytes_per_token": nbytes,
+               "floor_tok_s": floor, "frac_of_floor": (1 / stp) / floor,
+               "greedy_tokens_same_as_host": same, "logits_cosine": cos,
+               "ledger": arm.get("summary", {}), "bind_seconds": arm.get("bind_s", 0.0),
+               "prefill_samples_s": prefills[name],
+               "decode_step_samples_s": [s["decode_step_s"] for s in samples[name]]}
+        rows.append(row)
+        print(f"{name:<16}{PROMPT / pre:>14.1f}{row['prefill_vs_host']:>8.2f}x{1 / stp:>14.2f}"
+              f"{row['decode_vs_host']:>8.2f}x{nbytes / 1e6:>10.1f}{floor:>13.1f}"
+              f"{row['frac_of_floor']:>10.0%}{same:>13.0%}{cos:>9.5f}")
+    result = {"machine": m, "read_bandwidth_gbps": {"before": bw_before, "after": bw_after},
+              "host": "Qwen3-30B-A3B-shaped (hidden 2048, 32/4 heads of 128, 128 experts, top-8, "
+                      "moe_intermediate 768, vocab 151936, norm_topk_prob), random weights, fp32",
+              "layers": args.layers, "build_seconds": build_s, "prompt": PROMPT,
+              "new_tokens": NEW, "rounds": args.rounds, "prefill_rounds": args.prefill_rounds,
+              "rows": rows,
+              "not_measured": {
+                  "decode_loop": "decode_loop does not take MoE hosts yet (issue 26 item 4)",
+                  "llama.cpp": "no GGUF export of expert banks yet (issue 26 items 6 and the "
+                               "benchmark's llama.cpp arm)",
+                  "vllm": "the vLLM door's fused-MoE seat is not built yet (issue 26 item 5)"}}
+    write_result(result_path(args.json, "moe"), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
