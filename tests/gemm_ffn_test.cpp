@@ -23,59 +23,7 @@
 namespace frt {
 namespace {
 
-using ktest::fresh_seed;
-using ktest::kIsas;
-using ktest::open_variant;
-
-// A [rows, width] matrix with a poisoned gap past the width; its values as the dtype holds them.
-struct Matrix {
-  DType dtype;
-  int64_t rows, width, ld;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  Matrix(DType dt, int64_t r, int64_t w)
-      : dtype(dt),
-        rows(r),
-        width(w),
-        ld(w + 3),
-        f32(r * (w + 3), std::nanf("")),
-        bf16(r * (w + 3), 0x7fc1) {}
-  void set(int64_t r, int64_t c, float v) {
-    if (dtype == DType::bf16) {
-      v = ktest::to_bf16_value(v);
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      bf16[r * ld + c] = static_cast<uint16_t>(bits >> 16);
-    }
-    f32[r * ld + c] = v;
-  }
-  double at(int64_t r, int64_t c) const {
-    if (dtype == DType::f32) return f32[r * ld + c];
-    const uint32_t bits = static_cast<uint32_t>(bf16[r * ld + c]) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  bool gap_untouched(int64_t r, int64_t c) const {
-    return dtype == DType::f32 ? std::isnan(f32[r * ld + c]) : bf16[r * ld + c] == 0x7fc1;
-  }
-  TensorView view() {
-    void* d = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
-    return TensorView::matrix(d, dtype, rows, width, ld);
-  }
-  bool same_bits(const Matrix& o) const {
-    return dtype == DType::f32 ? std::memcmp(f32.data(), o.f32.data(), f32.size() * 4) == 0
-                               : bf16 == o.bf16;
-  }
-};
-
-Matrix random_input(DType dt, int64_t m, int64_t k, std::mt19937_64& rng, float shift) {
-  Matrix x(dt, m, k);
-  std::normal_distribution<float> dist(shift, 1.0f);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t i = 0; i < k; ++i) x.set(r, i, dist(rng));
-  return x;
-}
+using namespace ktest;  // the kernel tests' shared helpers (kernel_test_util.h)
 
 // The row quantization by its definition (frt_kernel_abi.h, FRT_W_INT8_GEMM), the arithmetic in
 // T (float: the kernel's own steps, exact for x; double: for the hidden rows, whose fp32 values
@@ -188,8 +136,8 @@ TEST_P(GemmFfn, MatchesFloat64ReferenceEveryShapeDtypeActivationAndBias) {
         for (bool biases : {false, true}) {
           const Ffn f(c.k, c.inner, c.n, rng);
           const std::vector<double> up = dequant(f.up.view()), down = dequant(f.down.view());
-          Matrix x = random_input(dt, c.m, c.k, rng, biases ? 0.3f : -0.2f);
-          Matrix y(dt, c.m, c.n);
+          Rows x(dt, c.m, c.k, c.k + 3, rng, biases ? 0.3f : -0.2f);
+          Out y(dt, c.m, c.n);
           run_ffn(*t, pool, f.operands(act, biases), x.view(), y.view());
           double dot = 0, g2 = 0, e2 = 0;
           for (int64_t r = 0; r < c.m; ++r) {
@@ -250,10 +198,10 @@ TEST_P(GemmFfn, ThreadCountsAndTheGenericVariantAgreeBitwiseNaNRowsIncluded) {
   const Ffn f(301, 203, 150, rng);
   for (DType dt : {DType::f32, DType::bf16})
     for (Activation act : {Activation::gelu, Activation::gelu_tanh}) {
-      Matrix x = random_input(dt, 77, 301, rng, 0.1f);
+      Rows x(dt, 77, 301, 301 + 3, rng, 0.1f);
       x.set(5, 17, std::nanf(""));                           // a NaN row
       x.set(40, 0, std::numeric_limits<float>::infinity());  // an inf row
-      Matrix one(dt, 77, 150), two(dt, 77, 150), three(dt, 77, 150), gen(dt, 77, 150);
+      Out one(dt, 77, 150), two(dt, 77, 150), three(dt, 77, 150), gen(dt, 77, 150);
       const FfnOperands ops = f.operands(act, true);
       run_ffn(*t, pool, ops, x.view(), one.view(), 1);
       run_ffn(*t, pool, ops, x.view(), two.view(), 2);
@@ -268,10 +216,10 @@ TEST_P(GemmFfn, ThreadCountsAndTheGenericVariantAgreeBitwiseNaNRowsIncluded) {
         EXPECT_TRUE(std::isnan(one.at(5, c))) << c;
         EXPECT_TRUE(std::isnan(one.at(40, c))) << c;
       }
-      Matrix clean = x;
+      Rows clean = x;
       clean.set(5, 17, 0.0f);
       clean.set(40, 0, 0.0f);
-      Matrix y_clean(dt, 77, 150);
+      Out y_clean(dt, 77, 150);
       run_ffn(*t, pool, ops, clean.view(), y_clean.view(), 2);
       for (int64_t r = 0; r < 77; ++r) {
         if (r == 5 || r == 40) continue;
@@ -288,8 +236,8 @@ TEST_P(GemmFfn, RefusesFormsOutsideItsContract) {
   ThreadPool pool(1);
   std::mt19937_64 rng(fresh_seed());
   const Ffn f(64, 96, 48, rng);
-  Matrix x = random_input(DType::f32, 8, 64, rng, 0.0f);
-  Matrix y(DType::f32, 8, 48);
+  Rows x(DType::f32, 8, 64, 64 + 3, rng, 0.0f);
+  Out y(DType::f32, 8, 48);
   // A gated call: this op is the ungated one.
   FfnOperands gated = f.operands(Activation::gelu, false);
   gated.gate = &f.up;
@@ -310,7 +258,7 @@ TEST_P(GemmFfn, RefusesFormsOutsideItsContract) {
   split.down = &other.down;
   EXPECT_NE(ffn_refusal(*t, split, x.view(), y.view()).find("do not chain"), std::string::npos);
   // An input of another width.
-  Matrix narrow = random_input(DType::f32, 8, 63, rng, 0.0f);
+  Rows narrow(DType::f32, 8, 63, 63 + 3, rng, 0.0f);
   EXPECT_NE(
       ffn_refusal(*t, f.operands(Activation::gelu, true), narrow.view(), y.view()).find("width 63"),
       std::string::npos);

@@ -22,82 +22,11 @@
 namespace frt {
 namespace {
 
-using ktest::fresh_seed;
-using ktest::kIsas;
+using namespace ktest;  // the kernel tests' shared helpers (kernel_test_util.h)
 
 const frt_kernel_table* open_gemm(const std::string& isa, std::string* skip) {
   return ktest::open_variant("gemm", isa, skip);
 }
-
-uint16_t bf16_bits(float f) {  // round to nearest even
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-float bf16_value(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// Rows with a poisoned gap (ld > k); values as the dtype holds them.
-struct Input {
-  DType dtype;
-  int64_t m, k, ld;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  std::vector<float> value;
-  Input(DType dt, int64_t m_, int64_t k_, std::mt19937_64& rng, float shift)
-      : dtype(dt),
-        m(m_),
-        k(k_),
-        ld(k_ + 3),
-        f32(m_ * (k_ + 3), std::nanf("")),
-        bf16(m_ * (k_ + 3), 0x7fc0),
-        value(m_ * k_) {
-    std::normal_distribution<float> dist(shift, 1.0f);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t i = 0; i < k; ++i) {
-        float v = dist(rng);
-        if (dt == DType::bf16) {
-          bf16[r * ld + i] = bf16_bits(v);
-          v = bf16_value(bf16[r * ld + i]);
-        }
-        f32[r * ld + i] = v;
-        value[r * k + i] = v;
-      }
-  }
-  TensorView view() {
-    void* d = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
-    return TensorView::matrix(d, dtype, m, k, ld);
-  }
-};
-
-struct Output {
-  DType dtype;
-  int64_t m, n, ld;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  Output(DType dt, int64_t m_, int64_t n_)
-      : dtype(dt),
-        m(m_),
-        n(n_),
-        ld(n_ + 2),
-        f32(m_ * (n_ + 2), std::nanf("")),
-        bf16(m_ * (n_ + 2), 0x7fc1) {}
-  TensorView view() {
-    void* d = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
-    return TensorView::matrix(d, dtype, m, n, ld);
-  }
-  double at(int64_t r, int64_t c) const {
-    return dtype == DType::f32 ? f32[r * ld + c] : bf16_value(bf16[r * ld + c]);
-  }
-  bool gap_untouched(int64_t r, int64_t c) const {
-    return dtype == DType::f32 ? std::isnan(f32[r * ld + c]) : bf16[r * ld + c] == 0x7fc1;
-  }
-};
 
 // The row quantization by its definition (frt_kernel_abi.h): fp32 arithmetic, then dequantized
 // values (u - z) * s in float64.
@@ -150,13 +79,6 @@ std::vector<double> dequant_gemm(const frt_packed_weight& w) {
   return out;
 }
 
-std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.0f, 0.05f);
-  std::vector<float> w(n * k);
-  for (float& v : w) v = dist(rng);
-  return w;
-}
-
 struct Case {
   int64_t m, k, n;
 };
@@ -185,18 +107,18 @@ TEST_P(GemmKernel, MatchesFloat64ReferenceEveryShapeDtypeAndBias) {
           const std::vector<double> wd = dequant_gemm(packed.view());
           std::vector<float> bias(c.n);
           for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
-          Input x(xd, c.m, c.k, rng, with_bias ? 0.5f : -0.25f);  // skewed rows: z != 64
-          Output y(yd, c.m, c.n);
+          Rows x(xd, c.m, c.k, c.k + 3, rng, with_bias ? 0.5f : -0.25f);  // skewed rows: z != 64
+          Out y(yd, c.m, c.n);
           run_linear(*t, pool, packed, with_bias ? bias.data() : nullptr, x.view(), y.view());
           double dot = 0, g2 = 0, e2 = 0;
           for (int64_t r = 0; r < c.m; ++r) {
-            const std::vector<double> xq = quantized_row(x.value.data() + r * c.k, c.k);
+            const std::vector<double> xq = quantized_row(x.row(r), c.k);
             for (int64_t col = 0; col < c.n; ++col) {
               double want = with_bias ? bias[col] : 0.0, mag = std::fabs(want), exact = want;
               for (int64_t i = 0; i < c.k; ++i) {
                 want += xq[i] * wd[col * c.k + i];
                 mag += std::fabs(xq[i] * wd[col * c.k + i]);
-                exact += static_cast<double>(x.value[r * c.k + i]) * w[col * c.k + i];
+                exact += x.value[r * c.k + i] * w[col * c.k + i];
               }
               const double got = y.at(r, col);
               const double tol = 2e-6 * mag + (yd == DType::bf16 ? std::fabs(want) / 128 : 0);
@@ -227,8 +149,8 @@ TEST_P(GemmKernel, OneAndTwoThreadsAndTheGenericVariantAgreeBitwise) {
   const PackedLinear packed =
       PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, 200, 301, 301));
   std::vector<float> bias(200, 0.25f);
-  Input x(DType::f32, 37, 301, rng, 0.1f);
-  Output a(DType::f32, 37, 200), b(DType::f32, 37, 200), g(DType::f32, 37, 200);
+  Rows x(DType::f32, 37, 301, 301 + 3, rng, 0.1f);
+  Out a(DType::f32, 37, 200), b(DType::f32, 37, 200), g(DType::f32, 37, 200);
   run_linear(*t, pool, packed, bias.data(), x.view(), a.view(), 1);
   run_linear(*t, pool, packed, bias.data(), x.view(), b.view(), 2);
   run_linear(*generic, pool, packed, bias.data(), x.view(), g.view(), 2);
@@ -245,10 +167,10 @@ TEST_P(GemmKernel, ConstantAndZeroRowsAreExactAndNonFiniteRowsStayNonFinite) {
   std::vector<float> w = random_weight(24, 64, rng);
   const PackedLinear packed =
       PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, 24, 64, 64));
-  Input x(DType::f32, 2, 64, rng, 0.0f);
+  Rows x(DType::f32, 2, 64, 64 + 3, rng, 0.0f);
   for (int64_t i = 0; i < 64; ++i) x.f32[i] = 0.0f;  // row 0: zeros
   x.f32[x.ld + 3] = std::numeric_limits<float>::infinity();
-  Output y(DType::f32, 2, 24);
+  Out y(DType::f32, 2, 24);
   run_linear(*t, pool, packed, nullptr, x.view(), y.view());
   for (int64_t c = 0; c < 24; ++c) EXPECT_EQ(y.at(0, c), 0.0);
   // A row holding inf has no finite scale: every output of it is NaN, never a finite guess.
@@ -266,8 +188,8 @@ TEST_P(GemmKernel, RefusesFormsOutsideItsContract) {
   std::mt19937_64 rng(fresh_seed());
   std::vector<float> w = random_weight(32, 64, rng);
   const TensorView wv = TensorView::matrix(w.data(), DType::f32, 32, 64, 64);
-  Input x(DType::f32, 8, 64, rng, 0.0f);
-  Output y(DType::f32, 8, 32);
+  Rows x(DType::f32, 8, 64, 64 + 3, rng, 0.0f);
+  Out y(DType::f32, 8, 32);
   // The decode linear's layout is not this op's.
   const PackedLinear int8 = PackedLinear::int8(wv);
   const std::string why = linear_refusal(*t, int8, x.view(), y.view());
@@ -275,7 +197,7 @@ TEST_P(GemmKernel, RefusesFormsOutsideItsContract) {
   EXPECT_THROW(run_linear(*t, pool, int8, nullptr, x.view(), y.view()), Refused);
   // A width the input does not have.
   const PackedLinear packed = PackedLinear::int8_gemm(wv);
-  Input narrow(DType::f32, 8, 63, rng, 0.0f);
+  Rows narrow(DType::f32, 8, 63, 63 + 3, rng, 0.0f);
   EXPECT_NE(linear_refusal(*t, packed, narrow.view(), y.view()).find("width 63"),
             std::string::npos);
   // Plan time: the form, the widths and the dtypes.
@@ -301,16 +223,16 @@ TEST_P(GemmKernel, RefusesFormsOutsideItsContract) {
 // product of the block-quantized activations (quantized_blocks) and the weights `wd`.
 void expect_blocks_bitwise_and_near(const frt_kernel_table& t, const frt_kernel_table& generic,
                                     ThreadPool& pool, const PackedLinear& packed,
-                                    const std::vector<double>& wd, const float* bias, Input& x,
+                                    const std::vector<double>& wd, const float* bias, Rows& x,
                                     const Case& c, double tol) {
-  Output y(DType::f32, c.m, c.n), y1(DType::f32, c.m, c.n), g(DType::f32, c.m, c.n);
+  Out y(DType::f32, c.m, c.n), y1(DType::f32, c.m, c.n), g(DType::f32, c.m, c.n);
   run_linear(t, pool, packed, bias, x.view(), y.view());
   run_linear(t, pool, packed, bias, x.view(), y1.view(), 1);
   run_linear(generic, pool, packed, bias, x.view(), g.view(), 2);
   ASSERT_EQ(0, std::memcmp(y.f32.data(), y1.f32.data(), y.f32.size() * 4));
   ASSERT_EQ(0, std::memcmp(y.f32.data(), g.f32.data(), y.f32.size() * 4));
   for (int64_t r = 0; r < c.m; ++r) {
-    const std::vector<double> xq = quantized_blocks(x.value.data() + r * c.k, c.k);
+    const std::vector<double> xq = quantized_blocks(x.row(r), c.k);
     for (int64_t col = 0; col < c.n; ++col) {
       double want = bias != nullptr ? bias[col] : 0.0, mag = std::fabs(want);
       for (int64_t i = 0; i < c.k; ++i) {
@@ -347,12 +269,8 @@ TEST_P(GemmKernel, ActivationBlocksMatchFloat64AndAgreeBitwise) {
         const std::vector<double> wd = dequant_gemm(packed.view());
         std::vector<float> bias(c.n);
         for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
-        Input x(xd, c.m, c.k, rng, 0.0f);
-        x.value[0] = 40.0f;  // an outlier: only its own block's scale may feel it
-        if (xd == DType::f32)
-          x.f32[0] = 40.0f;
-        else
-          x.bf16[0] = 0x4220;  // 40.0 in bf16
+        Rows x(xd, c.m, c.k, c.k + 3, rng, 0.0f);
+        x.set(0, 0, 40.0f);  // an outlier: only its own block's scale may feel it
         expect_blocks_bitwise_and_near(*t, *generic, pool, packed, wd,
                                        with_bias ? bias.data() : nullptr, x, c, 2e-6);
       }
@@ -367,10 +285,10 @@ TEST_P(GemmKernel, ActivationBlocksNonFiniteRowsComeOutNaNAndOnlyThatRow) {
   std::vector<float> w = random_weight(24, 100, rng);
   const PackedLinear packed =
       PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, 24, 100, 100), 32);
-  Input x(DType::f32, 3, 100, rng, 0.0f);
+  Rows x(DType::f32, 3, 100, 100 + 3, rng, 0.0f);
   for (int64_t i = 0; i < 100; ++i) x.f32[i] = 0.0f;          // row 0: zeros
   x.f32[x.ld + 99] = std::numeric_limits<float>::infinity();  // in the partial last block
-  Output y(DType::f32, 3, 24);
+  Out y(DType::f32, 3, 24);
   run_linear(*t, pool, packed, nullptr, x.view(), y.view());
   for (int64_t c = 0; c < 24; ++c) {
     EXPECT_EQ(y.at(0, c), 0.0);
@@ -449,7 +367,7 @@ TEST_P(GemmKernel, Int4BlocksMatchFloat64AndAgreeBitwise) {
           for (size_t i = 0; i < same.size(); ++i) ASSERT_EQ(wd[i], same[i]) << i;
           std::vector<float> bias(c.n);
           for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
-          Input x(xd, c.m, c.k, rng, 0.3f);  // a shift: block sums far from zero
+          Rows x(xd, c.m, c.k, c.k + 3, rng, 0.3f);  // a shift: block sums far from zero
           SCOPED_TRACE(symmetric ? "symmetric" : "with mins");
           expect_blocks_bitwise_and_near(*t, *generic, pool, packed, wd,
                                          with_bias ? bias.data() : nullptr, x, c, 4e-6);
@@ -468,10 +386,10 @@ TEST_P(GemmKernel, Int4RefusesWidthsTheGroupDoesNotDivideAndNonFiniteRowsStayInT
       InvalidArgument);
   const PackedLinear packed =
       PackedLinear::int4_gemm(TensorView::matrix(w.data(), DType::f32, 24, 96, 96), false);
-  Input x(DType::f32, 3, 96, rng, 0.0f);
+  Rows x(DType::f32, 3, 96, 96 + 3, rng, 0.0f);
   for (int64_t i = 0; i < 96; ++i) x.f32[i] = 0.0f;            // row 0: zeros
   x.f32[x.ld + 95] = std::numeric_limits<float>::quiet_NaN();  // row 1: one NaN
-  Output y(DType::f32, 3, 24);
+  Out y(DType::f32, 3, 24);
   run_linear(*t, pool, packed, nullptr, x.view(), y.view());
   for (int64_t c = 0; c < 24; ++c) {
     EXPECT_EQ(y.at(0, c), 0.0);

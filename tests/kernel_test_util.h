@@ -1,14 +1,20 @@
 // What the kernel tests share: opening a package's variant (skipping where this CPU cannot run
-// it), fresh seeds (printed by each test, so a failure can be replayed), bf16 rounding.
+// it), fresh seeds (printed by each test, so a failure can be replayed), bf16 rounding, strided
+// activation rows and poisoned outputs, random weights packed in the decode formats and their
+// float64 values by the format's definition.
 #pragma once
 
 #include <flashrt/abi/frt_kernel_abi.h>
 #include <flashrt/cpu_features.h>
 #include <flashrt/hub.h>
+#include <flashrt/pack.h>
+#include <flashrt/tensor.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -66,6 +72,132 @@ inline float to_bf16_value(float f) {
   bits &= 0xffff0000u;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+// An [m, n] matrix in f32 or bf16 storage whose rows stand ld >= n apart; the gap past each row
+// holds NaN (in bf16, the bits `poison`), which a kernel must leave as it is. f32 holds the
+// values in either dtype (in bf16, as bf16 holds them), so a reference can read them as floats.
+struct Strided {
+  DType dtype;
+  int64_t m, n, ld;
+  uint16_t poison;
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+
+  Strided(DType dt, int64_t m_, int64_t n_, int64_t ld_, uint16_t poison_)
+      : dtype(dt),
+        m(m_),
+        n(n_),
+        ld(ld_),
+        poison(poison_),
+        f32(m_ * ld_, std::numeric_limits<float>::quiet_NaN()),
+        bf16(m_ * ld_, poison_) {}
+  // Stores v as the dtype holds it (bf16: rounded to nearest even) and returns that value.
+  float set(int64_t r, int64_t c, float v) {
+    if (dtype == DType::bf16) {
+      v = to_bf16_value(v);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      bf16[r * ld + c] = static_cast<uint16_t>(bits >> 16);
+    }
+    f32[r * ld + c] = v;
+    return v;
+  }
+  double at(int64_t r, int64_t c) const {
+    if (dtype == DType::f32) return f32[r * ld + c];
+    const uint32_t bits = static_cast<uint32_t>(bf16[r * ld + c]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+  const float* row(int64_t r) const { return f32.data() + r * ld; }
+  bool gap_untouched(int64_t r, int64_t c) const {
+    return dtype == DType::f32 ? std::isnan(f32[r * ld + c]) : bf16[r * ld + c] == poison;
+  }
+  void* data() { return dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data(); }
+  const void* data() const {
+    return dtype == DType::f32 ? static_cast<const void*>(f32.data()) : bf16.data();
+  }
+  TensorView view() { return TensorView::matrix(data(), dtype, m, n, ld); }
+  bool same_bits(const Strided& o) const {
+    return dtype == DType::f32 ? std::memcmp(f32.data(), o.f32.data(), f32.size() * 4) == 0
+                               : bf16 == o.bf16;
+  }
+};
+
+// Activation rows [m, k] in the dtype under test, drawn from N(shift, 1), rows ld >= k apart
+// with poisoned gaps; value[r * k + i]: what the tensor holds, for float64 references.
+struct Rows : Strided {
+  int64_t k;
+  std::vector<double> value;
+
+  Rows(DType dt, int64_t m_, int64_t k_, int64_t ld_, std::mt19937_64& rng, float shift = 0.0f)
+      : Strided(dt, m_, k_, ld_, 0x7fc0), k(k_), value(m_ * k_) {
+    std::normal_distribution<float> dist(shift, 1.0f);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t i = 0; i < k; ++i) set(r, i, dist(rng));
+  }
+  void set(int64_t r, int64_t i, float v) { value[r * k + i] = Strided::set(r, i, v); }
+};
+
+// Output storage poisoned with NaN, with a poisoned gap after each row that must stay untouched.
+struct Out : Strided {
+  Out(DType dt, int64_t m_, int64_t n_) : Strided(dt, m_, n_, n_ + 3, 0x7fc1) {}
+};
+
+// A decode weight format (frt_kernel_abi.h) as the tests name and pack it.
+struct Format {
+  const char* name;
+  WeightFormat format;
+  int group;
+  bool symmetric;
+  DType scales;
+};
+
+inline PackedLinear pack(const Format& f, std::vector<float>& w, int64_t n, int64_t k) {
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
+  if (f.format == WeightFormat::int4_group)
+    return PackedLinear::int4(v, f.group, f.symmetric, f.scales);
+  return PackedLinear::int8(v, f.group, f.scales);
+}
+
+inline std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> w(n * k);
+  for (float& v : w) v = dist(rng);
+  return w;
+}
+
+inline double scale64(const void* base, int64_t i, int32_t dtype) {
+  return dtype == FRT_F16 ? frt_f16_to_f32(static_cast<const uint16_t*>(base)[i])
+                          : static_cast<const float*>(base)[i];
+}
+
+// float64 dequantisation straight from the packed view, [n][k], by the format's definition.
+inline std::vector<double> dequant64(const frt_packed_weight& w) {
+  const int64_t n = w.n, k = w.k;
+  std::vector<double> out(n * k);
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
+    for (int64_t i = 0; i < k; ++i) {
+      if (w.format == FRT_W_INT8_CHANNEL) {
+        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
+        out[c * k + i] = static_cast<double>(q) * scale64(w.scales, p * FRT_PANEL + j, FRT_F32);
+      } else if (w.format == FRT_W_INT8_GROUP) {
+        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
+        const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
+        out[c * k + i] = static_cast<double>(q) * scale64(w.scales, at, w.scale_dtype);
+      } else {
+        const uint8_t b =
+            static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];
+        const int q = i % 2 == 0 ? (b & 15) : (b >> 4);
+        const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
+        out[c * k + i] =
+            q * scale64(w.scales, at, w.scale_dtype) + scale64(w.mins, at, w.scale_dtype);
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace frt::ktest

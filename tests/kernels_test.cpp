@@ -20,119 +20,8 @@
 namespace frt {
 namespace {
 
-using ktest::fresh_seed;
-using ktest::kIsas;
-using ktest::library;
-using ktest::open_variant;
-using ktest::to_bf16_value;
+using namespace ktest;  // the kernel tests' shared helpers (kernel_test_util.h)
 
-// Activations in the dtype under test, kept both as raw storage and as the values it holds.
-struct Rows {
-  DType dtype;
-  int64_t m, k, ld;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  std::vector<double> value;  // [m][k]
-
-  Rows(DType dt, int64_t m_, int64_t k_, int64_t ld_, std::mt19937_64& rng)
-      : dtype(dt), m(m_), k(k_), ld(ld_), value(m_ * k_) {
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    f32.assign(m * ld, std::numeric_limits<float>::quiet_NaN());  // gaps between rows poisoned
-    bf16.assign(m * ld, 0x7fc0);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t i = 0; i < k; ++i) {
-        float v = dist(rng);
-        if (dt == DType::bf16) {
-          v = to_bf16_value(v);
-          uint32_t bits;
-          std::memcpy(&bits, &v, 4);
-          bf16[r * ld + i] = static_cast<uint16_t>(bits >> 16);
-        }
-        f32[r * ld + i] = v;
-        value[r * k + i] = v;
-      }
-  }
-  TensorView view() {
-    void* data = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
-    return TensorView::matrix(data, dtype, m, k, ld);
-  }
-};
-
-// Output storage poisoned with NaN, with a poisoned gap after each row that must stay untouched.
-struct Out {
-  DType dtype;
-  int64_t m, n, ld;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  Out(DType dt, int64_t m_, int64_t n_)
-      : dtype(dt),
-        m(m_),
-        n(n_),
-        ld(n_ + 3),
-        f32(m_ * (n_ + 3), std::nanf("")),
-        bf16(m_ * (n_ + 3), 0x7fc1) {}
-  TensorView view() {
-    void* data = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
-    return TensorView::matrix(data, dtype, m, n, ld);
-  }
-  double at(int64_t r, int64_t c) const {
-    if (dtype == DType::f32) return f32[r * ld + c];
-    uint32_t bits = static_cast<uint32_t>(bf16[r * ld + c]) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  bool gap_untouched(int64_t r, int64_t c) const {
-    return dtype == DType::f32 ? std::isnan(f32[r * ld + c]) : bf16[r * ld + c] == 0x7fc1;
-  }
-};
-
-std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.0f, 0.05f);
-  std::vector<float> w(n * k);
-  for (float& v : w) v = dist(rng);
-  return w;
-}
-
-double scale64(const void* base, int64_t i, int32_t dtype) {
-  return dtype == FRT_F16 ? frt_f16_to_f32(static_cast<const uint16_t*>(base)[i])
-                          : static_cast<const float*>(base)[i];
-}
-
-// float64 dequantisation straight from the packed view, by the format's definition.
-std::vector<double> dequant64(const frt_packed_weight& w) {
-  const int64_t n = w.n, k = w.k;
-  std::vector<double> out(n * k);
-  for (int64_t c = 0; c < n; ++c) {
-    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
-    for (int64_t i = 0; i < k; ++i) {
-      if (w.format == FRT_W_INT8_CHANNEL) {
-        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
-        out[c * k + i] = static_cast<double>(q) * scale64(w.scales, p * FRT_PANEL + j, FRT_F32);
-      } else if (w.format == FRT_W_INT8_GROUP) {
-        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
-        const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
-        out[c * k + i] = static_cast<double>(q) * scale64(w.scales, at, w.scale_dtype);
-      } else {
-        const uint8_t b =
-            static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];
-        const int q = i % 2 == 0 ? (b & 15) : (b >> 4);
-        const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
-        out[c * k + i] =
-            q * scale64(w.scales, at, w.scale_dtype) + scale64(w.mins, at, w.scale_dtype);
-      }
-    }
-  }
-  return out;
-}
-
-struct Format {
-  const char* name;
-  WeightFormat format;
-  int group;
-  bool symmetric;
-  DType scales;
-};
 const std::vector<Format> kFormats = {
     {"int8", WeightFormat::int8_channel, 0, true, DType::f32},
     {"int8_g32", WeightFormat::int8_group, 32, true, DType::f32},
@@ -143,13 +32,6 @@ const std::vector<Format> kFormats = {
     {"int4_g64_asym", WeightFormat::int4_group, 64, false, DType::f32},
     {"int4_g128_sym_f16", WeightFormat::int4_group, 128, true, DType::f16},
     {"int4_g128_asym", WeightFormat::int4_group, 128, false, DType::f32}};
-
-PackedLinear pack(const Format& f, std::vector<float>& w, int64_t n, int64_t k) {
-  const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
-  if (f.format == WeightFormat::int4_group)
-    return PackedLinear::int4(v, f.group, f.symmetric, f.scales);
-  return PackedLinear::int8(v, f.group, f.scales);
-}
 
 // |got - want| within fp32 accumulation error over sum |x w| (plus bf16 output rounding).
 void expect_close(double got, double want, double magnitude, DType out, const std::string& where) {

@@ -29,20 +29,9 @@
 namespace frt {
 namespace {
 
-using ktest::fresh_seed;
-using ktest::kIsas;
-using ktest::library;
-using ktest::open_variant;
-using ktest::to_bf16_value;
+using namespace ktest;  // the kernel tests' shared helpers (kernel_test_util.h)
 
-struct MoeFormat {
-  const char* name;
-  WeightFormat format;
-  int group;
-  bool symmetric;
-  DType scales;
-};
-const std::vector<MoeFormat> kMoeFormats = {
+const std::vector<Format> kMoeFormats = {
     {"int8", WeightFormat::int8_channel, 0, true, DType::f32},
     {"int8_g64_f16", WeightFormat::int8_group, 64, true, DType::f16},
     {"int4_g32_asym_f16", WeightFormat::int4_group, 32, false, DType::f16}};
@@ -52,51 +41,8 @@ const std::vector<MoeFormat> kMoeFormats = {
 struct Widths {
   int64_t k, inner, n;
 };
-Widths widths_for(const MoeFormat& f) {
+Widths widths_for(const Format& f) {
   return f.group == 0 ? Widths{120, 100, 75} : Widths{128, 192, 100};
-}
-
-PackedLinear pack(const MoeFormat& f, std::vector<float>& w, int64_t n, int64_t k) {
-  const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
-  if (f.format == WeightFormat::int4_group)
-    return PackedLinear::int4(v, f.group, f.symmetric, f.scales);
-  return PackedLinear::int8(v, f.group, f.scales);
-}
-
-double scale64(const void* base, int64_t i, int32_t dtype) {
-  return dtype == FRT_F16 ? frt_f16_to_f32(static_cast<const uint16_t*>(base)[i])
-                          : static_cast<const float*>(base)[i];
-}
-
-// float64 values of a packed weight, [n][k], by the format's definition (frt_kernel_abi.h).
-std::vector<double> dequant64(const frt_packed_weight& w) {
-  const int64_t n = w.n, k = w.k;
-  std::vector<double> out(n * k);
-  for (int64_t c = 0; c < n; ++c) {
-    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
-    for (int64_t i = 0; i < k; ++i) {
-      const int64_t at =
-          w.group > 0 ? (p * (k / w.group) + i / w.group) * FRT_PANEL + j : p * FRT_PANEL + j;
-      if (w.format == FRT_W_INT4_GROUP) {
-        const uint8_t b =
-            static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];
-        const int q = i % 2 == 0 ? (b & 15) : (b >> 4);
-        out[c * k + i] =
-            q * scale64(w.scales, at, w.scale_dtype) + scale64(w.mins, at, w.scale_dtype);
-      } else {
-        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
-        out[c * k + i] = static_cast<double>(q) * scale64(w.scales, at, w.scale_dtype);
-      }
-    }
-  }
-  return out;
-}
-
-std::vector<float> random_weight(int64_t n, int64_t k, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.0f, 0.05f);
-  std::vector<float> w(n * k);
-  for (float& v : w) v = dist(rng);
-  return w;
 }
 
 // `experts` gated experts in one format, packed, with their float64 values.
@@ -106,7 +52,7 @@ struct Bank {
   std::vector<frt_packed_weight> gv, uv, dv;  // the ABI's arrays
   std::vector<std::vector<double>> g64, u64, d64;
 
-  Bank(const MoeFormat& f, int64_t experts_, Widths w, std::mt19937_64& rng)
+  Bank(const Format& f, int64_t experts_, Widths w, std::mt19937_64& rng)
       : experts(experts_), k(w.k), inner(w.inner), n(w.n) {
     for (int64_t e = 0; e < experts; ++e) {
       std::vector<float> wg = random_weight(inner, k, rng), wu = random_weight(inner, k, rng),
@@ -123,71 +69,6 @@ struct Bank {
       u64.push_back(dequant64(uv.back()));
       d64.push_back(dequant64(dv.back()));
     }
-  }
-};
-
-// Activation rows in the dtype under test, strided, with poisoned gaps.
-struct Rows {
-  DType dtype;
-  int64_t m, k, ld;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  std::vector<double> value;  // [m][k]
-  Rows(DType dt, int64_t m_, int64_t k_, std::mt19937_64& rng)
-      : dtype(dt), m(m_), k(k_), ld(k_ + 5), value(m_ * k_) {
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    f32.assign(m * ld, std::numeric_limits<float>::quiet_NaN());
-    bf16.assign(m * ld, 0x7fc0);
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t i = 0; i < k; ++i) {
-        float v = dist(rng);
-        if (dt == DType::bf16) {
-          v = to_bf16_value(v);
-          uint32_t bits;
-          std::memcpy(&bits, &v, 4);
-          bf16[r * ld + i] = static_cast<uint16_t>(bits >> 16);
-        }
-        f32[r * ld + i] = v;
-        value[r * k + i] = v;
-      }
-  }
-  const void* data() const {
-    return dtype == DType::f32 ? static_cast<const void*>(f32.data()) : bf16.data();
-  }
-  TensorView view() {
-    void* d = dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data();
-    return TensorView::matrix(d, dtype, m, k, ld);
-  }
-};
-
-// Output storage poisoned with NaN, with a gap after each row that must stay untouched.
-struct Out {
-  DType dtype;
-  int64_t m, n, ld;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-  Out(DType dt, int64_t m_, int64_t n_)
-      : dtype(dt),
-        m(m_),
-        n(n_),
-        ld(n_ + 3),
-        f32(m_ * (n_ + 3), std::nanf("")),
-        bf16(m_ * (n_ + 3), 0x7fc1) {}
-  void* data() { return dtype == DType::f32 ? static_cast<void*>(f32.data()) : bf16.data(); }
-  TensorView view() { return TensorView::matrix(data(), dtype, m, n, ld); }
-  double at(int64_t r, int64_t c) const {
-    if (dtype == DType::f32) return f32[r * ld + c];
-    uint32_t bits = static_cast<uint32_t>(bf16[r * ld + c]) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-  }
-  bool gap_untouched(int64_t r, int64_t c) const {
-    return dtype == DType::f32 ? std::isnan(f32[r * ld + c]) : bf16[r * ld + c] == 0x7fc1;
-  }
-  bool same_bits(const Out& o) const {
-    return dtype == DType::f32 ? std::memcmp(f32.data(), o.f32.data(), f32.size() * 4) == 0
-                               : std::memcmp(bf16.data(), o.bf16.data(), bf16.size() * 2) == 0;
   }
 };
 
@@ -324,17 +205,24 @@ void expect_matches_reference(const Bank& b, Activation act, const Route& rt, co
   }
 }
 
-class MoeKernel : public ::testing::TestWithParam<std::string> {};
+// Each test: the variant's table t (skipped where this CPU cannot run it) and rng from a fresh
+// seed, traced for the whole test so that a failure can be replayed.
+class MoeKernel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string skip;
+    t = open_variant("ffn", GetParam(), &skip);
+    if (t == nullptr) GTEST_SKIP() << skip;
+  }
+  const frt_kernel_table* t = nullptr;
+  const uint64_t seed = fresh_seed();
+  const ::testing::ScopedTrace trace{__FILE__, __LINE__, "seed " + std::to_string(seed)};
+  std::mt19937_64 rng{seed};
+};
 
 TEST_P(MoeKernel, MatchesFloat64ReferenceEveryFormatActivationDtypeRowsAndTopK) {
-  std::string skip;
-  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
-  if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(2);
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  for (const MoeFormat& f : kMoeFormats)
+  for (const Format& f : kMoeFormats)
     for (int top_k : {1, 2, 8}) {
       // 8..20 experts, at least two more than top_k, so two go unchosen.
       const int64_t lo = std::max(8, top_k + 2);
@@ -348,7 +236,7 @@ TEST_P(MoeKernel, MatchesFloat64ReferenceEveryFormatActivationDtypeRowsAndTopK) 
                                       std::to_string(m) + " " + name_of(act) + " " +
                                       (dt == DType::f32 ? "f32" : "bf16");
             const Route rt = random_route(m, top_k, experts, rng);
-            const Rows x(dt, m, bank.k, rng);
+            const Rows x(dt, m, bank.k, bank.k + 5, rng);
             Out y(dt, m, bank.n);
             ASSERT_EQ("", run_moe_op(*t, pool, moe_args(bank, act, rt, x, y), 2)) << where;
             expect_matches_reference(bank, act, rt, x, y, where);
@@ -358,17 +246,11 @@ TEST_P(MoeKernel, MatchesFloat64ReferenceEveryFormatActivationDtypeRowsAndTopK) 
 
 // A row may name an expert twice: both terms count, the expert's weights are still read once.
 TEST_P(MoeKernel, RepeatedExpertInARowAddsBothTerms) {
-  std::string skip;
-  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
-  if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(2);
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  for (const MoeFormat& f : kMoeFormats) {
+  for (const Format& f : kMoeFormats) {
     const Bank bank(f, 6, widths_for(f), rng);
     Route rt{3, {5, 2, 5, 0, 0, 0}, {0.5f, 0.25f, -0.75f, 1.0f, 2.0f, 0.125f}};
-    const Rows x(DType::f32, 2, bank.k, rng);
+    const Rows x(DType::f32, 2, bank.k, bank.k + 5, rng);
     Out y(DType::f32, 2, bank.n);
     ASSERT_EQ("", run_moe_op(*t, pool, moe_args(bank, Activation::silu, rt, x, y), 2)) << f.name;
     expect_matches_reference(bank, Activation::silu, rt, x, y, f.name);
@@ -376,14 +258,8 @@ TEST_P(MoeKernel, RepeatedExpertInARowAddsBothTerms) {
 }
 
 TEST_P(MoeKernel, OneTwoAndThreeThreadsAgreeBitwise) {
-  std::string skip;
-  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
-  if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(3);
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  for (const MoeFormat& f : kMoeFormats) {
+  for (const Format& f : kMoeFormats) {
     const Bank bank(f, 12, widths_for(f), rng);
     struct Case {
       int64_t m;
@@ -393,7 +269,7 @@ TEST_P(MoeKernel, OneTwoAndThreeThreadsAgreeBitwise) {
     for (Case c : {Case{1, 8, DType::f32, DType::f32}, Case{3, 2, DType::bf16, DType::f32},
                    Case{16, 8, DType::f32, DType::bf16}, Case{16, 1, DType::bf16, DType::bf16}}) {
       const Route rt = random_route(c.m, c.top_k, bank.experts, rng);
-      const Rows x(c.x, c.m, bank.k, rng);
+      const Rows x(c.x, c.m, bank.k, bank.k + 5, rng);
       Out y1(c.y, c.m, bank.n), y2(c.y, c.m, bank.n), y3(c.y, c.m, bank.n);
       ASSERT_EQ("", run_moe_op(*t, pool, moe_args(bank, Activation::gelu_tanh, rt, x, y1), 1));
       ASSERT_EQ("", run_moe_op(*t, pool, moe_args(bank, Activation::gelu_tanh, rt, x, y2), 2));
@@ -406,19 +282,13 @@ TEST_P(MoeKernel, OneTwoAndThreeThreadsAgreeBitwise) {
 
 // One row routed to one expert with weight 1 is that expert's gated feed-forward, bit for bit.
 TEST_P(MoeKernel, OneRowTopOneWeightOneIsTheGatedFfnBitwise) {
-  std::string skip;
-  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
-  if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(2);
-  const uint64_t seed = fresh_seed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  std::mt19937_64 rng(seed);
-  for (const MoeFormat& f : kMoeFormats) {
+  for (const Format& f : kMoeFormats) {
     const Bank bank(f, 5, widths_for(f), rng);
     for (Activation act : {Activation::silu, Activation::gelu_tanh})
       for (DType dt : {DType::f32, DType::bf16})
         for (int64_t e : {int64_t{0}, int64_t{3}, int64_t{4}}) {
-          Rows x(dt, 1, bank.k, rng);
+          Rows x(dt, 1, bank.k, bank.k + 5, rng);
           const Route rt{1, {e}, {1.0f}};
           Out moe(dt, 1, bank.n), ffn(dt, 1, bank.n);
           ASSERT_EQ("", run_moe_op(*t, pool, moe_args(bank, act, rt, x, moe), 2));
@@ -435,17 +305,13 @@ TEST_P(MoeKernel, OneRowTopOneWeightOneIsTheGatedFfnBitwise) {
 
 // supports() per call: the reason and a message naming what is wrong.
 TEST_P(MoeKernel, RefusesBadRoutingRowsTopKFormatsAndMissingBanks) {
-  std::string skip;
-  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
-  if (t == nullptr) GTEST_SKIP() << skip;
   const frt_op* op = moe_op(*t);
   ASSERT_NE(op, nullptr);
-  std::mt19937_64 rng(fresh_seed());
   const Bank bank(kMoeFormats[0], 8, Widths{64, 48, 40}, rng);
   const Bank int4_bank(kMoeFormats[2], 8, Widths{64, 64, 40}, rng);
   const Bank wide_bank(kMoeFormats[0], 8, Widths{64, 64, 40}, rng);
   Route rt{2, {1, 2, 3, 7}, {0.5f, 0.5f, 0.25f, 0.75f}};
-  const Rows x(DType::f32, 2, 64, rng);
+  const Rows x(DType::f32, 2, 64, 64 + 5, rng);
   Out y(DType::f32, 2, 40);
   const frt_moe_args good = moe_args(bank, Activation::silu, rt, x, y);
   const auto refusal = [&](const frt_moe_args& a, int32_t* reason = nullptr) {
@@ -551,9 +417,6 @@ TEST_P(MoeKernel, RefusesBadRoutingRowsTopKFormatsAndMissingBanks) {
 
 // supports_op() at plan time.
 TEST_P(MoeKernel, FormRefusalAnswersForTheDescribedBank) {
-  std::string skip;
-  const frt_kernel_table* t = open_variant("ffn", GetParam(), &skip);
-  if (t == nullptr) GTEST_SKIP() << skip;
   frt_op_desc good{};
   good.op = FRT_OP_MOE_FFN;
   good.wformat = FRT_W_INT4_GROUP;

@@ -8,13 +8,16 @@ gate_up_proj) and ffn_down_exps [experts, D, F]; routers and Qwen2-MoE's shared-
 (1-D) stay F32, as llama.cpp's converter keeps them. The host's weights are then set to what the
 loader would produce from the file (gguf's dequantiser, then the loader's processor, which merges
 gate and up back into gate_up_proj), so host and file are the same model, as after
-`from_pretrained(gguf_file=...)`.
+`from_pretrained(gguf_file=...)`. `adopted` writes such a file and adopts it for the length of a
+`with` block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -102,3 +105,16 @@ def write(model: nn.Module, path: Path, qtype: str | dict[str, str], *,
             for hname, merged in parsed["tensors"].items():
                 model.get_parameter(hname).copy_(merged)
     return path
+
+
+@contextlib.contextmanager
+def adopted(model: nn.Module, folder: Path, qtype: str | dict[str, str]) -> Iterator:
+    """adopt_prequantized on `model`'s GGUF file in block type qtype (as `write`, in `folder`):
+    the AdoptionReport for the block, whose attach is detached on leaving it."""
+    import flashrt_structures as S
+
+    report = S.adopt_prequantized(model, "gguf", write(model, folder / "m.gguf", qtype))
+    try:
+        yield report
+    finally:
+        report.handle.detach()

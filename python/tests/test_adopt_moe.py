@@ -67,32 +67,22 @@ def test_a_gguf_moe_file_seats_every_bank_with_its_own_blocks(tmp_path, make, qt
 
 
 def test_a_bank_tensor_in_a_block_type_no_kernel_reads_is_refused_by_name(tmp_path):
-    model = moe_hosts.qwen3_moe()
-    path = gguf_files.write(model, tmp_path / "m.gguf",
-                            {"*": "Q8_0", "blk.0.ffn_down_exps.weight": "Q5_0"})
-    report = S.adopt_prequantized(model, "gguf", path)
-    try:
+    qtype = {"*": "Q8_0", "blk.0.ffn_down_exps.weight": "Q5_0"}
+    with gguf_files.adopted(moe_hosts.qwen3_moe(), tmp_path, qtype) as report:
         refused = dict(report.plan.refused)
         why = refused["model.layers.0.mlp.experts"]
         assert ("model.layers.0.mlp.experts/down: blk.0.ffn_down_exps.weight is Q5_0 blocks"
                 in why), why
         assert set(banks(report)) == {"model.layers.1.mlp.experts"}  # the other layer's bank
-    finally:
-        report.handle.detach()
 
 
 def test_a_bank_tensor_the_file_holds_unquantised_keeps_the_bank_with_the_host(tmp_path):
-    model = moe_hosts.qwen3_moe()
-    path = gguf_files.write(model, tmp_path / "m.gguf",
-                            {"*": "Q8_0", "blk.1.ffn_up_exps.weight": "F16"})
-    report = S.adopt_prequantized(model, "gguf", path)
-    try:
+    qtype = {"*": "Q8_0", "blk.1.ffn_up_exps.weight": "F16"}
+    with gguf_files.adopted(moe_hosts.qwen3_moe(), tmp_path, qtype) as report:
         kept = dict(report.plan.keep_host)
         why = kept["model.layers.1.mlp.experts"]
         assert "holds model.layers.1.mlp.experts/up unquantised" in why, S.explain(report)
         assert set(banks(report)) == {"model.layers.0.mlp.experts"}
-    finally:
-        report.handle.detach()
 
 
 def test_a_bank_whose_gate_and_down_differ_in_form_is_refused_with_the_reason(tmp_path):
@@ -113,12 +103,9 @@ def test_a_bank_whose_gate_and_down_differ_in_form_is_refused_with_the_reason(tm
 def test_an_expert_tensor_of_another_shape_refuses_the_adoption(tmp_path):
     other = qwen3_moe_narrow()
     path = gguf_files.write(other, tmp_path / "narrow.gguf", "Q8_0")
-    model = moe_hosts.qwen3_moe()
-    snap = hosts.snapshot(model)
-    with pytest.raises(S.Refused, match=r"ffn_\w+_exps.weight as \[16, \d+, \d+\].*"
-                                        r"not the one the model was loaded from"):
-        S.adopt_prequantized(model, "gguf", path)
-    assert not S.attached(model) and hosts.same_weights(model, snap)
+    hosts.refuses_adoption(moe_hosts.qwen3_moe(), "gguf", path,
+                           r"ffn_\w+_exps.weight as \[16, \d+, \d+\].*"
+                           r"not the one the model was loaded from")
 
 
 def test_one_expert_of_another_checkpoint_refuses_the_adoption_naming_it(tmp_path):
@@ -128,23 +115,15 @@ def test_one_expert_of_another_checkpoint_refuses_the_adoption_naming_it(tmp_pat
     path = gguf_files.write(other, tmp_path / "other.gguf", "Q8_0")
     model = moe_hosts.qwen3_moe()  # the same model but for that expert, loaded from its file
     gguf_files.write(model, tmp_path / "mine.gguf", "Q8_0")
-    snap = hosts.snapshot(model)
-    with pytest.raises(S.Refused, match=r"experts.down_proj \(expert 5's down\) differs from "
-                                        r".*blk.1.ffn_down_exps.weight"):
-        S.adopt_prequantized(model, "gguf", path)
-    assert not S.attached(model) and hosts.same_weights(model, snap)
+    hosts.refuses_adoption(model, "gguf", path, r"experts.down_proj \(expert 5's down\) differs "
+                                                r"from .*blk.1.ffn_down_exps.weight")
 
 
 def test_an_expert_tensor_transformers_loader_places_nowhere_is_named(tmp_path):
     """OLMoE: gguf's map names blk.N.ffn_down_exps, but transformers' loader has no processor
     for its banks and puts the tensor on no host tensor; the bank is refused naming it."""
-    model = moe_hosts.olmoe()
-    path = gguf_files.write(model, tmp_path / "m.gguf", "Q8_0")
-    report = S.adopt_prequantized(model, "gguf", path)
-    try:
+    with gguf_files.adopted(moe_hosts.olmoe(), tmp_path, "Q8_0") as report:
         why = dict(report.plan.refused)["model.layers.0.mlp.experts"]
         assert "blk.0.ffn_down_exps.weight: transformers' GGUF loader" in why, why
         assert "puts it on no tensor of this OlmoeForCausalLM" in why, why
         assert not banks(report)
-    finally:
-        report.handle.detach()

@@ -25,23 +25,6 @@ import hosts
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def host_generate(model, ids, new):
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=new, do_sample=False, min_new_tokens=new)
-
-
-def first_divergence(model, got, want, prompt):
-    """(step, host top-2 margin there) for the first differing token, else None."""
-    diff = (got[0] != want[0]).nonzero()
-    if len(diff) == 0:
-        return None
-    pos = int(diff[0])
-    with torch.no_grad():
-        logits = model(want[:, :pos]).logits[0, -1]
-    top = logits.topk(2).values
-    return pos - prompt, float(top[0] - top[1])
-
-
 def teacher_forced_agreement(model, loop, seq):
     with torch.no_grad():
         host = model(seq).logits[0].argmax(-1).tolist()
@@ -54,10 +37,10 @@ def test_greedy_tokens_equal_the_hosts_generate(make):
     model = make()
     ids = hosts.ids(9, seed=4)
     loop = S.decode_loop(model, max_len=64)
-    want = host_generate(model, ids, 24)
+    want = hosts.generate(model, ids, 24)
     got = loop.generate(ids, 24)
     assert got.shape == want.shape == (1, 33) and got.dtype == torch.long
-    div = first_divergence(model, got, want, 9)
+    div = hosts.first_divergence(model, got, want, 9)
     if div is not None:  # allowed only inside the rounding of two summation orders
         step, margin = div
         assert margin < 1e-4, f"diverged at step {step} with host top-2 margin {margin}"
@@ -82,7 +65,7 @@ def test_two_runs_and_generate_from_give_the_same_tokens():
 def test_the_loop_runs_what_is_attached(scheme, floor, seated):
     model = hosts.qwen3()
     ids = hosts.ids(8, seed=6)
-    seq = host_generate(model, ids, 24)[:, :-1]
+    seq = hosts.generate(model, ids, 24)[:, :-1]
     base = S.decode_loop(model, max_len=64)
     handle = S.auto_swaps(model, lambda: model(ids[:, :1]), scheme=scheme).attach(model)
     loop = S.decode_loop(model, max_len=64)
@@ -227,7 +210,7 @@ def test_a_scaled_rotary_form_the_host_declares_is_followed():
     model = LlamaForCausalLM(cfg).eval()
     ids = hosts.ids(6, seed=8)
     loop = S.decode_loop(model, max_len=40)
-    want = host_generate(model, ids, 20)
+    want = hosts.generate(model, ids, 20)
     assert teacher_forced_agreement(model, loop, want[:, :-1]) >= 0.999
 
 

@@ -31,23 +31,6 @@ HOSTS = {
 }
 
 
-def host_generate(model, ids, new):
-    with torch.no_grad():
-        return model.generate(ids, max_new_tokens=new, do_sample=False, min_new_tokens=new)
-
-
-def first_divergence(model, got, want, prompt):
-    """(step, host top-2 margin there) for the first differing token, else None."""
-    diff = (got[0] != want[0]).nonzero()
-    if len(diff) == 0:
-        return None
-    pos = int(diff[0])
-    with torch.no_grad():
-        logits = model(want[:, :pos]).logits[0, -1]
-    top = logits.topk(2).values
-    return pos - prompt, float(top[0] - top[1])
-
-
 def attached(model, scheme):
     """The seats of `scheme` attached (None: the host as it is); the handle or None."""
     if scheme is None:
@@ -65,9 +48,9 @@ def test_greedy_tokens_equal_the_hosts_generate(name, scheme):
     handle = attached(model, scheme)
     try:
         loop = S.decode_loop(model, max_len=64)
-        want = host_generate(model, ids, 20)
+        want = hosts.generate(model, ids, 20)
         got = loop.generate(ids, 20)
-        div = first_divergence(model, got, want, 9)
+        div = hosts.first_divergence(model, got, want, 9)
     finally:
         if handle is not None:
             handle.detach()

@@ -298,6 +298,27 @@ class SpecParser : YamlFields {
       m.yields_unformed = boolean(y, "match.yields_unformed");
     const YAML::Node nodes = require(node, "match", "nodes");
     expect_map(nodes, "match.nodes", /*allow_empty=*/false);
+    // The attribute a node's measured value must take: declared, and each allowed value one the
+    // core names (an activation, or a norm form).
+    const auto node_attribute = [&](const YAML::Node& node, const std::string& field, bool norm) {
+      const std::string a = text(require(node, field, "attribute"), child(field, "attribute"));
+      if (!s.attributes.count(a))
+        fail(child(field, "attribute"), "'" + a + "' is not a declared attribute");
+      const std::vector<std::string>& values = s.attributes.at(a);
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (norm ? parse_norm_form(values[i]).has_value() : parse_activation(values[i]).has_value())
+          continue;
+        fail("attributes." + a + "[" + std::to_string(i) + "]",
+             (norm ? "unknown norm form '" : "unknown activation '") + values[i] +
+                 "' (known: " + (norm ? known_norm_forms() : known_activations()) + ")");
+      }
+      return a;
+    };
+    const auto has_no_weight = [&](const YAML::Node& node, const std::string& field,
+                                   const std::string& what) {
+      for (const char* k : {"weight", "bias", "output_head"})
+        if (node[k]) fail(child(field, k), what + " has none");
+    };
     for (const auto& kv : nodes) {
       const std::string field = child("match.nodes", kv.first.Scalar());
       if (!kv.second.IsMap()) fail(field, "expected a mapping with kind");
@@ -332,32 +353,14 @@ class SpecParser : YamlFields {
         if (kv.second["attribute"]) fail(child(field, "attribute"), "a linear node has none");
       } else if (kind == "activation") {
         n.kind = NodeKind::activation;
-        n.attribute = text(require(kv.second, field, "attribute"), child(field, "attribute"));
-        if (!s.attributes.count(n.attribute))
-          fail(child(field, "attribute"), "'" + n.attribute + "' is not a declared attribute");
-        for (size_t i = 0; i < s.attributes.at(n.attribute).size(); ++i) {
-          const std::string& v = s.attributes.at(n.attribute)[i];
-          if (!parse_activation(v))
-            fail("attributes." + n.attribute + "[" + std::to_string(i) + "]",
-                 "unknown activation '" + v + "' (known: " + known_activations() + ")");
-        }
-        for (const char* k : {"weight", "bias", "output_head"})
-          if (kv.second[k]) fail(child(field, k), "an activation node has none");
+        n.attribute = node_attribute(kv.second, field, /*norm=*/false);
+        has_no_weight(kv.second, field, "an activation node");
       } else if (kind == "norm") {
         // A norm without affine parameters; its measured form ("layer", "rms") must be one of
         // the attribute's values.
         n.kind = NodeKind::norm;
-        n.attribute = text(require(kv.second, field, "attribute"), child(field, "attribute"));
-        if (!s.attributes.count(n.attribute))
-          fail(child(field, "attribute"), "'" + n.attribute + "' is not a declared attribute");
-        for (size_t i = 0; i < s.attributes.at(n.attribute).size(); ++i) {
-          const std::string& v = s.attributes.at(n.attribute)[i];
-          if (!parse_norm_form(v))
-            fail("attributes." + n.attribute + "[" + std::to_string(i) + "]",
-                 "unknown norm form '" + v + "' (known: " + known_norm_forms() + ")");
-        }
-        for (const char* k : {"weight", "bias", "output_head"})
-          if (kv.second[k]) fail(child(field, k), "a norm node has none");
+        n.attribute = node_attribute(kv.second, field, /*norm=*/true);
+        has_no_weight(kv.second, field, "a norm node");
       } else if (kind == "experts") {
         // A bank of routed experts: gate and up [experts, intermediate, hidden], down [experts,
         // hidden, intermediate], and the activation of its gated form.
@@ -381,17 +384,8 @@ class SpecParser : YamlFields {
         n.out_dim = gate[1];
         n.in_dim = gate[2];
         n.weight_slot = n.bank_slots[0];
-        n.attribute = text(require(kv.second, field, "attribute"), child(field, "attribute"));
-        if (!s.attributes.count(n.attribute))
-          fail(child(field, "attribute"), "'" + n.attribute + "' is not a declared attribute");
-        for (size_t i = 0; i < s.attributes.at(n.attribute).size(); ++i) {
-          const std::string& v = s.attributes.at(n.attribute)[i];
-          if (!parse_activation(v))
-            fail("attributes." + n.attribute + "[" + std::to_string(i) + "]",
-                 "unknown activation '" + v + "' (known: " + known_activations() + ")");
-        }
-        for (const char* k : {"weight", "bias", "output_head"})
-          if (kv.second[k]) fail(child(field, k), "an experts node has none");
+        n.attribute = node_attribute(kv.second, field, /*norm=*/false);
+        has_no_weight(kv.second, field, "an experts node");
       } else {
         fail(child(field, "kind"), "'" + kind + "' is not linear, activation, norm or experts");
       }
