@@ -161,7 +161,7 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
       {"flashrt/linear", {OpKind::linear}},
       {"flashrt/ffn", {OpKind::gated_ffn, OpKind::ffn, OpKind::moe_ffn}},
       {"flashrt/decode", {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}},
-      {"flashrt/gemm", {OpKind::linear, OpKind::ffn}}};
+      {"flashrt/gemm", {OpKind::linear, OpKind::ffn, OpKind::moe_ffn}}};
   for (const std::string repo :
        {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm"}) {
     const PackageResolution& r = hub.resolve(repo);

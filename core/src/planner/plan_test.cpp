@@ -728,9 +728,27 @@ TEST(Plan, BanksOutsideTheBoundaryAreRefusedByFormAndShape) {
   }
 }
 
+TEST(Plan, TheIntegerActivationSchemesSeatTheBankOnTheGemmPackage) {
+  for (const char* scheme : {"w8a8_decode", "w4a8_decode", "w4a8_asym_decode"}) {
+    PlanOptions o;
+    o.scheme = scheme;
+    const Plan p = plan(moe_decoder(1, qwen3_bank()).g, catalog(), o, hub());
+    const SeatPlan* bank = nullptr;
+    for (const SeatPlan& s : p.seats)
+      if (s.seam.structure == "moe_experts") bank = &s;
+    ASSERT_NE(bank, nullptr) << scheme << "\n" << explain(p);
+    EXPECT_EQ(bank->op, OpKind::moe_ffn) << scheme;
+    EXPECT_EQ(bank->package, "flashrt/gemm") << scheme;
+    EXPECT_EQ(bank->form.format, std::string(scheme) == "w8a8_decode" ? WeightFormat::int8_gemm
+                                                                      : WeightFormat::int4_gemm)
+        << scheme;
+    EXPECT_EQ(bank->form.group, 32) << scheme;
+  }
+}
+
 TEST(Plan, ASchemeWithoutABankFormKeepsTheBankWithTheReason) {
   PlanOptions o;
-  o.scheme = "w8a8_decode";
+  o.scheme = "w8a8_dynamic";
   const Plan p = plan(moe_decoder(1, qwen3_bank()).g, catalog(), o, hub());
   const auto it = std::find_if(p.keep_host.begin(), p.keep_host.end(), [](const SiteReason& r) {
     return r.first == "layers.0.mlp.experts";

@@ -11,14 +11,14 @@
 namespace frt::kern {
 
 // Note [GEMM variants]: like kernels/common's PanelTable, every variant fills one GemmTiles
-// (kGemmTiles) at compile time and the op code (gemm_op.cpp, gemm_ffn.cpp) calls through it. The
-// generic variant holds the scalar reference (src/ref/, compiled into every variant), avx2 the
-// AVX2 paths (src/x86/avx2/), avx512vnni the zmm paths with vpdpbusd (src/x86/avx512/) and the
-// AVX2 activation; each variant's select_*.cpp names its entries, and CMake compiles each
-// variant's folder only into it. A fast path that leaves part of a row (AVX2's tail elements, a
-// partial block) finishes it with the reference's pieces declared below. Every path computes the
-// same integers and, built without FMA contraction (kernels/CMakeLists.txt) and with one epilogue
-// order, the same fp32 bits: the kernel tests compare the variants bit for bit.
+// (kGemmTiles) at compile time and the op code (gemm_op.cpp, gemm_ffn.cpp, gemm_moe.cpp) calls
+// through it. The generic variant holds the scalar reference (src/ref/, compiled into every
+// variant), avx2 the AVX2 paths (src/x86/avx2/), avx512vnni the zmm paths with vpdpbusd
+// (src/x86/avx512/) and the AVX2 activation; each variant's select_*.cpp names its entries, and
+// CMake compiles each variant's folder only into it. A fast path that leaves part of a row (AVX2's
+// tail elements, a partial block) finishes it with the reference's pieces declared below. Every
+// path computes the same integers and, built without FMA contraction (kernels/CMakeLists.txt) and
+// with one epilogue order, the same fp32 bits: the kernel tests compare the variants bit for bit.
 struct GemmTiles {
   // One row to 7-bit asymmetric (Note [W8A8 rows]): u[k rounded up to 4], its scale and zero.
   void (*quantize_row)(const void* x, int32_t x_dtype, int64_t k, uint8_t* u, float* scale,
