@@ -1,17 +1,17 @@
 """Routed experts through the transformers door on a Qwen3-30B-A3B-shaped host: prefill and steady
-decode, the host's forward against the same host with seats (w8 and w4) and decode_loop over
-those seats, beside the floor.
+decode, the host's forward against the same host with seats (w8, w4) and decode_loop over seats
+(w8, w4, w8a8, w4a8), beside the floor.
 
 Qwen3-30B-A3B's real widths (hidden 2048, 32 query / 4 KV heads of 128, 128 experts, top-8,
 moe_intermediate_size 768, vocabulary 151936 untied, norm_topk_prob) with random weights, fp32,
-batch 1, truncated to --layers layers (default 4: the fp32 host holds 2.4 GB of experts per
-layer, and every arm's packs sit beside it). Prefill is one forward over a 64-token prompt; steady
-decode is greedy steps over the KV cache, timed per step (median). Arms alternate round by
-round in one process; the same weights serve every arm (an arm's seats are attached for its turn
-only). The floor is the bytes one decode step reads, its active experts only (top-k of each
-bank, packed or at host dtype), attention, router and head, over the read bandwidth measured
-before and after the timed rounds. Beside each arm: its greedy tokens against the host's and
-the cosine of its logits on one decode step.
+batch 1, truncated to --layers layers (default 3: the fp32 host holds 2.4 GB of experts per
+layer and 2.5 GB of embedding and head, and four schemes' packs sit beside it in 24 GB).
+Prefill is one forward over a 64-token prompt; steady decode is greedy steps over the KV cache,
+timed per step (median). Arms alternate round by round in one process; the same weights serve
+every arm (an arm's seats are attached for its turn only). The floor is the bytes one decode
+step reads, its active experts only (top-k of each bank, packed or at host dtype), attention,
+router and head, over the read bandwidth measured before and after the timed rounds. Beside
+each arm: its greedy tokens against the host's and the cosine of its logits on one decode step.
 
     .venv/bin/python bench/moe.py            # -> bench/results/<tier>/moe.json
 """
@@ -35,7 +35,8 @@ from _common import machine, result_path, write_result
 from door import run_arm
 
 PROMPT, NEW = 64, 32
-SCHEMES = ("w8a16_decode", "w4a16_decode")
+DOOR_SCHEMES = ("w8a16_decode", "w4a16_decode")  # the door's arms (host forward + seats)
+LOOP_SCHEMES = ("w8a16_decode", "w4a16_decode", "w8a8_decode", "w4a8_decode")  # decode_loop's
 
 
 def qwen3_30b_a3b(layers: int) -> Qwen3MoeForCausalLM:
@@ -113,7 +114,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help=f"decode rounds ({NEW} steps each)")
     parser.add_argument("--prefill-rounds", type=int, default=3)
     args = parser.parse_args()
@@ -127,29 +128,33 @@ def main() -> int:
     with torch.no_grad():
         want = model(step).logits
     arms: dict[str, dict] = {"host": {"swaps": None}}
-    for scheme in SCHEMES:
+    plans: dict[str, dict] = {}
+    for scheme in LOOP_SCHEMES:
         t0 = time.perf_counter()
         plan = S.auto_swaps(model, fwd, scheme=scheme)
-        arms[scheme] = {"plan": plan, "swaps": plan.swaps, "bind_s": time.perf_counter() - t0}
+        plans[scheme] = {"plan": plan, "swaps": plan.swaps, "bind_s": time.perf_counter() - t0}
         handle = plan.attach(model)
         try:
             with torch.no_grad():
-                arms[scheme]["logits_cosine"] = cosine(model(step).logits, want)
+                plans[scheme]["logits_cosine"] = cosine(model(step).logits, want)
         finally:
             handle.detach()
         print(S.explain(plan))
+    for scheme in DOOR_SCHEMES:
+        arms[scheme] = dict(plans[scheme])
     # decode_loop over each scheme's seats (the loop keeps the packs it reads after detach).
-    for scheme in SCHEMES:
-        handle = arms[scheme]["plan"].attach(model)
+    for scheme in LOOP_SCHEMES:
+        handle = plans[scheme]["plan"].attach(model)
         try:
             loop = S.decode_loop(model, PROMPT + NEW + 8)
         finally:
             handle.detach()
         # Its logits' cosine to the host: the door's on the same packs (its self-check compares
         # it with the seated host).
-        arms[f"decode_loop {scheme}"] = {"loop": loop, "swaps": arms[scheme]["swaps"],
+        arms[f"decode_loop {scheme}"] = {"loop": loop, "swaps": plans[scheme]["swaps"],
+                                         "bind_s": plans[scheme]["bind_s"],
                                          "self_check": dict(loop.self_check),
-                                         "logits_cosine": arms[scheme]["logits_cosine"]}
+                                         "logits_cosine": plans[scheme]["logits_cosine"]}
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated",
                             category=FutureWarning)
     for arm in arms.values():  # warm-up: first-call allocations, caches, thread start
@@ -216,8 +221,6 @@ def main() -> int:
               "new_tokens": NEW, "rounds": args.rounds, "prefill_rounds": args.prefill_rounds,
               "rows": rows,
               "not_measured": {
-                  "decode_loop w8a8/w4a8": "the integer-activation schemes give banks no "
-                                           "form yet: the loop would run them at host fp32",
                   "llama.cpp": "no GGUF export of expert banks yet (issue 26 items 6 and the "
                                "benchmark's llama.cpp arm)",
                   "vllm": "the vLLM door's fused-MoE seat is not built yet (issue 26 item 5)"}}

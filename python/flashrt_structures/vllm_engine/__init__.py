@@ -18,6 +18,9 @@ One job per module:
   the seat set built from a plan;
 * `tree`: reading the engine's model in the window (whole-engine refusals, the tree described and
   the weights held, the observed forward, the layers no structure describes);
+* `banks`: vLLM's fused expert banks (`FusedMoE`'s `routed_experts`): recognised, refused by what
+  the bank op cannot take, described as banks of experts, measured, and seated as their quant
+  method's `apply`, fed by vLLM's own routing (Note [The bank in the window]);
 * `hook`: the request in the environment, the loader's wrap, the record of each hooked model;
 * `plugin`: the entry point and the workers' `flashrt_report` / `flashrt_select`;
 * `door`: `install_load_hook()` / `uninstall_load_hook()` in the user's process;

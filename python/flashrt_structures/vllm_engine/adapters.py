@@ -78,10 +78,17 @@ def _seated_apply(method: Any, seat: SeatModule):
 def build_seats(model: nn.Module, plan: _core.Plan, held: dict[str, dict[str, torch.Tensor]]
                 ) -> tuple[dict[str, SeatModule], dict[str, tuple]]:
     """The seats of `plan`, packed from the held tensors: projections as module swaps, the head
-    as a placement in its quant method (`swap.attach(..., placed=...)`)."""
+    as a placement in its quant method, a fused expert bank as its method's apply
+    (`swap.attach(..., placed=...)`)."""
     swaps: dict[str, SeatModule] = {}
     placed: dict[str, tuple] = {}
+    from . import banks
     for sp in plan.seats:
+        if sp.op == _core.OpKind.moe_ffn:  # a fused expert bank: its method's apply
+            bank, place, undo = banks.seat(model, sp, held)
+            bank.plan = sp
+            placed[sp.site] = (bank, place, undo)
+            continue
         tensors = {op: held[s.module][s.tensor] for op, s in sp.slots.items()}
         seat = _core.build_seat(sp, tensors)
         if sp.site == HEAD_ATTR:

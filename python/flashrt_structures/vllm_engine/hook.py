@@ -69,31 +69,38 @@ def _hooked_load(original):
         record: dict[str, Any] = {"hooked": True, "pid": os.getpid(), "request": req,
                                   "seats": 0, "refused": [], "error": ""}
         RECORDS[model] = record
-        held, sites = None, []
+        held, everywhere = None, []
         try:
             why = tree.whole_engine_refusal(model, model_config)
-            sites = tree.sites(model)
             if not why:
                 graph, hooked, held = tree.describe(model)
                 outside = tree.undescribed(model)
         except Exception as e:  # noqa: BLE001 - the hook never stops the engine
             why = f"observation failed: {type(e).__name__}: {e}"
+        if why:  # every site named, read before the engine repacks the weights
+            try:
+                everywhere = tree.whole_engine_refusals(model, why)
+            except Exception:  # noqa: BLE001 - the hook never stops the engine
+                everywhere = []
         original(model, model_config, target_device)
         try:
             model.eval()
             if why:
-                refused = [(p, why) for p in sites] or [("", why)]
+                refused = everywhere or [("", why)]
                 record.update(refused=refused, explain=f"every projection refused: {why}")
                 record["handle"] = swap.attach(model, {}, notes={"refused": refused,
                                                                  "door": "vllm_engine"})
                 return
-            tree.observe_forward(model, graph, hooked)
             assert held is not None  # described above: nothing refused the whole engine
+            tree.observe_forward(model, graph, hooked, held)
+            # The door's own refusals (layers it reads, banks the bank op cannot compute) name
+            # their sites; the plan's account of the same weights is dropped for them.
+            named = {site for site, _ in outside}
             sets: dict[str, tuple] = {}
             for scheme in [req.get("scheme", "auto")] + list(req.get("alternates") or []):
                 plan = _core.plan(graph, catalog.shipped(), _options(req, scheme))
                 notes = notes_of(plan)
-                notes["refused"] = notes["refused"] + outside
+                notes["refused"] = [r for r in notes["refused"] if r[0] not in named] + outside
                 notes["door"] = "vllm_engine"
                 sets.setdefault(notes["scheme"]["name"],
                                 (plan, *build_seats(model, plan, held), notes))

@@ -1,6 +1,7 @@
 """Reading the engine's model in the hook's window (Note [The window on CPU]): what refuses the
 whole engine, the sites a refusal names, the tree described and the weights held before the
-engine repacks them, and the observed forward after."""
+engine repacks them (projections, the head and the fused expert banks, `banks`), and the observed
+forward after."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import _core, observe
+from . import banks
 from .adapters import HEAD_ATTR, HeadMethod
 
 
@@ -45,22 +47,46 @@ def head(model: nn.Module) -> nn.Module | None:
 def sites(model: nn.Module) -> list[str]:
     """The sites a whole-engine refusal names, read before the engine repacks the weights: layers
     whose method applies a 2-D weight, in whatever form (one whose method implements lookups is
-    the embedding), and the head."""
+    the embedding), the fused expert banks, and the head."""
     out = [p for p, m in model.named_modules()
            if callable(getattr(getattr(m, "quant_method", None), "apply", None))
            and not _looks_up(m.quant_method)
-           and any(t is not None and t.dim() == 2 for t in m._parameters.values())]
+           and (banks.engine_bank(m)
+                or any(t is not None and t.dim() == 2 for t in m._parameters.values()))]
     return out + ([HEAD_ATTR] if head(model) is not None else [])
+
+
+def whole_engine_refusals(model: nn.Module, why: str) -> list[tuple[str, str]]:
+    """Each site refused with the whole engine's reason; a bank that expert parallelism splits
+    is named with that reason instead (its own, whatever the projections' is)."""
+    out = []
+    for path in sites(model):
+        mod = model.get_submodule(path) if path != HEAD_ATTR else None
+        own = banks.expert_parallel(mod) if mod is not None and banks.engine_bank(mod) else ""
+        out.append((path, own or why))
+    return out
 
 
 def describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[str, torch.Tensor]]]:
     """Before the engine takes the weights: the tree, the modules to observe, and each
-    projection's tensors held by reference."""
+    projection's and seatable bank's tensors held by reference (a bank is described as a bank
+    of experts: Note [The bank in the window])."""
     graph, hooked = observe.describe_tree(model)
     held: dict[str, dict[str, torch.Tensor]] = {}
     for path, mod in model.named_modules():
         if observe.engine_projection(mod):
             held[path] = {n: t.detach() for n, t in mod._parameters.items() if t is not None}
+    described = {}
+    for path, mod in banks.banks(model):
+        # A bank the door refuses is described too, never measured (its activation stays
+        # unknown: the plan refuses it; undescribed() names the door's reason), so its router
+        # is still known as its router and kept at host precision.
+        described[path] = banks.describe(model, path, mod)
+        if not banks.bank_refusal(mod):
+            held[path] = {n: cast(torch.Tensor, mod._parameters[n]).detach()
+                          for n in (banks.GATE_UP, banks.DOWN)}
+    if described:
+        graph.modules = [described.get(m.path, m) for m in graph.modules]
     layer: Any = head(model)  # an engine layer: its weight and quant_method are its own
     if layer is not None:
         # A tied head is the embedding module itself: named here by the attribute the logits
@@ -78,9 +104,11 @@ def describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[st
     return graph, hooked, held
 
 
-def observe_forward(model: nn.Module, graph: _core.HostGraph, hooked: list) -> None:
+def observe_forward(model: nn.Module, graph: _core.HostGraph, hooked: list,
+                    held: dict[str, dict[str, torch.Tensor]]) -> None:
     """One decode-shaped forward through the finished host (the engine's profiling form: no
-    attention metadata) and one logits computation, observed."""
+    attention metadata) and one logits computation, observed; the banks' calls through their
+    methods' apply (`banks.CallObserver`)."""
     from vllm.config import get_current_vllm_config
     from vllm.forward_context import set_forward_context
 
@@ -108,8 +136,10 @@ def observe_forward(model: nn.Module, graph: _core.HostGraph, hooked: list) -> N
         finally:
             layer.quant_method = method
 
-    observe.record_calls(graph, hooked, [forward])
+    with banks.CallObserver(model, graph, held) as bank_calls:
+        observe.record_calls(graph, hooked, [forward])
     graph.calls = list(graph.calls) + head_calls
+    bank_calls.write(graph)
     keep.clear()
     # A module whose observed calls take token ids is a lookup, not a projection.
     lookups = {c.path for c in graph.calls if c.dtype == _core.DType.other}
@@ -123,14 +153,19 @@ def observe_forward(model: nn.Module, graph: _core.HostGraph, hooked: list) -> N
 
 
 def undescribed(model: nn.Module) -> list[tuple[str, str]]:
-    """The engine's weight-holding layers that are not projections (read before the engine
-    repacks anything): no catalog structure describes them, so they stay with vLLM, each named
-    with its tensors' shapes."""
+    """The engine's weight-holding layers that are neither projections nor seatable banks (read
+    before the engine repacks anything), each named with why it stays with vLLM: a bank with
+    what the bank op cannot compute, any other layer with its tensors' shapes (no catalog
+    structure describes it)."""
     out = []
     for path, mod in model.named_modules():
         params = {n: t for n, t in mod._parameters.items() if t is not None}
         if (getattr(mod, "quant_method", None) is None or not params
                 or observe.engine_projection(mod)):
+            continue
+        if banks.engine_bank(mod):
+            if why := banks.bank_refusal(mod):
+                out.append((path, why))
             continue
         shapes = ", ".join(f"{n} {list(t.shape)} {str(t.dtype).replace('torch.', '')}"
                            for n, t in params.items())
