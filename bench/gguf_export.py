@@ -1,7 +1,9 @@
-"""Writes a Qwen3-shaped transformers model as a GGUF file llama.cpp loads (for the decode
-benchmark's llama.cpp peer), with the `gguf` package: the same weights, quantized to Q8_0 or
-Q4_0 by gguf's own quantizers (norms stay F32; the tied embedding/head stays Q8_0 in both, as
-the w4a16 schemes keep their head at int8).
+"""Writes a Qwen3-shaped or Qwen3-MoE-shaped transformers model as a GGUF file llama.cpp loads
+(for the decode and MoE benchmarks' llama.cpp peer), with the `gguf` package: the same weights,
+quantized to Q8_0 or Q4_0 by gguf's own quantizers (norms and routers stay F32; the
+embedding/head stays Q8_0 in both, as the w4a16 schemes keep their head at int8). A bank of
+routed experts is written as llama.cpp's converter writes it: ffn_gate_exps and ffn_up_exps
+[experts, F, D] (the halves of the host's fused gate_up_proj), ffn_down_exps [experts, D, F].
 
 The random-weight hosts have no tokenizer, so the file carries a placeholder vocabulary (one
 token per id, one placeholder merge): the benchmark feeds token ids and never text.
@@ -24,13 +26,8 @@ def _tensor(writer: gguf.GGUFWriter, name: str, t: torch.Tensor, qtype) -> None:
     writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
 
-def export_qwen3(model, path: Path, weights: str) -> Path:
-    """weights: "Q8_0" or "Q4_0" (projections and FFN); the embedding/head is Q8_0."""
-    qtype = getattr(gguf.GGMLQuantizationType, weights)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    cfg = model.config
-    arch = "qwen3"
-    w = gguf.GGUFWriter(str(path), arch)
+def _header(w: gguf.GGUFWriter, cfg, weights: str) -> None:
+    """Hyperparameters, file type and a placeholder vocabulary (one token per id)."""
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -52,23 +49,67 @@ def export_qwen3(model, path: Path, weights: str) -> Path:
     w.add_token_merges(["<t0> <t1>"])  # llama.cpp requires the key; an empty array is not written
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
+
+
+def _common_tensors(w: gguf.GGUFWriter, model, qtype) -> None:
+    """Embedding, final norm, head, and each layer's norms and attention."""
+    q8, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
     inner = model.model
     _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
-    _tensor(w, "output_norm.weight", inner.norm.weight, gguf.GGMLQuantizationType.F32)
-    if not cfg.tie_word_embeddings:
+    _tensor(w, "output_norm.weight", inner.norm.weight, f32)
+    if not model.config.tie_word_embeddings:
         _tensor(w, "output.weight", model.lm_head.weight, q8)
     for i, layer in enumerate(inner.layers):
-        a, mlp = layer.self_attn, layer.mlp
+        a = layer.self_attn
         for name, t in (("attn_norm", layer.input_layernorm.weight),
                         ("ffn_norm", layer.post_attention_layernorm.weight),
                         ("attn_q_norm", a.q_norm.weight), ("attn_k_norm", a.k_norm.weight)):
-            _tensor(w, f"blk.{i}.{name}.weight", t, gguf.GGMLQuantizationType.F32)
+            _tensor(w, f"blk.{i}.{name}.weight", t, f32)
         for name, mod in (("attn_q", a.q_proj), ("attn_k", a.k_proj), ("attn_v", a.v_proj),
-                          ("attn_output", a.o_proj), ("ffn_gate", mlp.gate_proj),
-                          ("ffn_up", mlp.up_proj), ("ffn_down", mlp.down_proj)):
+                          ("attn_output", a.o_proj)):
             _tensor(w, f"blk.{i}.{name}.weight", mod.weight, qtype)
+
+
+def _finish(w: gguf.GGUFWriter, path: Path) -> Path:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def export_qwen3(model, path: Path, weights: str) -> Path:
+    """weights: "Q8_0" or "Q4_0" (projections and FFN); the embedding/head is Q8_0."""
+    qtype = getattr(gguf.GGMLQuantizationType, weights)
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    _header(w, model.config, weights)
+    _common_tensors(w, model, qtype)
+    for i, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        for name, mod in (("ffn_gate", mlp.gate_proj), ("ffn_up", mlp.up_proj),
+                          ("ffn_down", mlp.down_proj)):
+            _tensor(w, f"blk.{i}.{name}.weight", mod.weight, qtype)
+    return _finish(w, path)
+
+
+def export_qwen3_moe(model, path: Path, weights: str) -> Path:
+    """A Qwen3-MoE host (every layer routed, `norm_topk_prob`, which llama.cpp's qwen3moe graph
+    always applies): weights as export_qwen3, the banks in the same type, routers F32."""
+    cfg = model.config
+    if not cfg.norm_topk_prob or getattr(cfg, "mlp_only_layers", None):
+        raise ValueError("llama.cpp's qwen3moe takes every layer routed with norm_topk_prob")
+    qtype = getattr(gguf.GGMLQuantizationType, weights)
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    _header(w, cfg, weights)
+    w.add_expert_count(cfg.num_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    _common_tensors(w, model, qtype)
+    for i, layer in enumerate(model.model.layers):
+        experts, f = layer.mlp.experts, cfg.moe_intermediate_size
+        _tensor(w, f"blk.{i}.ffn_gate_inp.weight", layer.mlp.gate.weight,
+                gguf.GGMLQuantizationType.F32)
+        _tensor(w, f"blk.{i}.ffn_gate_exps.weight", experts.gate_up_proj[:, :f], qtype)
+        _tensor(w, f"blk.{i}.ffn_up_exps.weight", experts.gate_up_proj[:, f:], qtype)
+        _tensor(w, f"blk.{i}.ffn_down_exps.weight", experts.down_proj, qtype)
+    return _finish(w, path)

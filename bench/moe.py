@@ -1,6 +1,6 @@
 """Routed experts through the transformers door on a Qwen3-30B-A3B-shaped host: prefill and steady
 decode, the host's forward against the same host with seats (w8, w4) and decode_loop over seats
-(w8, w4, w8a8, w4a8), beside the floor.
+(w8, w4, w8a8, w4a8), and llama.cpp on a GGUF of the same weights (Q8_0, Q4_0), beside the floor.
 
 Qwen3-30B-A3B's real widths (hidden 2048, 32 query / 4 KV heads of 128, 128 experts, top-8,
 moe_intermediate_size 768, vocabulary 151936 untied, norm_topk_prob) with random weights, fp32,
@@ -10,8 +10,13 @@ Prefill is one forward over a 64-token prompt; steady decode is greedy steps ove
 timed per step (median). Arms alternate round by round in one process; the same weights serve
 every arm (an arm's seats are attached for its turn only). The floor is the bytes one decode
 step reads, its active experts only (top-k of each bank, packed or at host dtype), attention,
-router and head, over the read bandwidth measured before and after the timed rounds. Beside
+router and head, over the read bandwidth that brackets the arm's turn (a probe just before it and
+one just after; the fraction is the median over the rounds whose two probes agree within 20%,
+as bench/decode.py holds its figures, docs/benchmarks.md). Beside
 each arm: its greedy tokens against the host's and the cosine of its logits on one decode step.
+llama.cpp (llama-cpp-python, an optional peer) reads a GGUF that bench/gguf_export.py writes from
+the same weights (banks and projections Q8_0 or Q4_0, head and embedding Q8_0, routers F32); its
+bytes per token count the file's tensors a step reads (active experts only) as the others do.
 
     .venv/bin/python bench/moe.py            # -> bench/results/<tier>/moe.json
 """
@@ -19,6 +24,7 @@ each arm: its greedy tokens against the host's and the cosine of its logits on o
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -31,7 +37,7 @@ import flashrt_structures as S
 from flashrt_structures import ops
 from flashrt_structures.seats import BankSeat
 
-from _common import machine, result_path, write_result
+from _common import Bracket, machine, probe, result_path, summarize, write_result
 from door import run_arm
 
 PROMPT, NEW = 64, 32
@@ -95,6 +101,8 @@ def run(arm: dict, model, prompt: torch.Tensor, new: int) -> dict:
     """One arm's turn: its loop, or the host with the arm's seats attached for the turn."""
     if "loop" in arm:
         return loop_arm(arm["loop"], prompt, new)
+    if "llama" in arm:
+        return llama_arm(arm["llama"], prompt, new)
     handle = arm["plan"].attach(model) if arm["swaps"] else None
     try:
         out = run_arm(model, prompt, new)
@@ -106,16 +114,95 @@ def run(arm: dict, model, prompt: torch.Tensor, new: int) -> dict:
             handle.detach()
 
 
+def llama_arm(llm, prompt: torch.Tensor, new: int) -> dict:
+    """llama.cpp: prefill the prompt in one batch, then one eval a token, greedy on the last
+    logits (llama-cpp-python keeps no scores without logits_all)."""
+    import numpy as np
+
+    def argmax() -> int:
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt[0].tolist())
+    prefill = time.perf_counter() - t0
+    tokens, steps = [argmax()], []
+    for _ in range(new - 1):
+        t0 = time.perf_counter()
+        llm.eval([tokens[-1]])
+        tokens.append(argmax())
+        steps.append(time.perf_counter() - t0)
+    return {"prefill_s": prefill, "decode_step_s": statistics.median(steps) if steps else 0.0,
+            "tokens": tokens}
+
+
+def gguf_step_bytes(path: Path, top_k: int, experts: int) -> int:
+    """Bytes of a GGUF file's tensors one decode step reads: a bank's top-k experts, every other
+    tensor whole, the token embedding not at all (one row)."""
+    import gguf
+
+    total = 0
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.name == "token_embd.weight":
+            continue
+        share = top_k / experts if "_exps." in t.name else 1.0
+        total += int(t.n_bytes * share)
+    return total
+
+
+def llama_arms(model, arms: dict, max_len: int, step: torch.Tensor, want: torch.Tensor) -> str:
+    """Adds llama.cpp arms (Q8_0, Q4_0) over GGUFs of the model's weights, each with the cosine
+    of its logits to the host's on the one-token call `step`; says what ran."""
+    try:
+        import tempfile
+
+        import llama_cpp
+        import numpy as np
+
+        from decode import llama_isa
+        from gguf_export import export_qwen3_moe
+    except ImportError as e:
+        return f"not measured: {e} (optional peer: pip install llama-cpp-python gguf)"
+    cfg = model.config
+    folder = Path(tempfile.mkdtemp(prefix="frt-gguf-moe-"))
+    for quant in ("Q8_0", "Q4_0"):
+        t0 = time.perf_counter()
+        path = export_qwen3_moe(model, folder / f"qwen3moe-{quant}.gguf", quant)
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=PROMPT,
+                              n_threads=os.cpu_count(), logits_all=False, verbose=False)
+        llm.reset()
+        llm.eval(step[0].tolist())
+        logits = torch.tensor(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)))
+        arms[f"llama.cpp {quant}"] = {
+            "llama": llm, "swaps": None, "bind_s": time.perf_counter() - t0,
+            "logits_cosine": cosine(logits, want),
+            "bytes": gguf_step_bytes(path, cfg.num_experts_per_tok, cfg.num_experts)}
+    return (f"llama-cpp-python {llama_cpp.__version__}: GGUF (qwen3moe) written from the same "
+            "weights by the gguf package; " + llama_isa(llama_cpp))
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.flatten().double(),
                                                        b.flatten().double(), dim=0))
+
+
+def vs_llama(rows: list[dict]) -> dict:
+    """decode_loop's decode against llama.cpp's at the same bits (w8 schemes against Q8_0, w4
+    schemes against Q4_0)."""
+    by = {r["arm"]: r["decode_tok_s"] for r in rows}
+    out = {}
+    for scheme in LOOP_SCHEMES:
+        peer = by.get("llama.cpp Q8_0" if scheme.startswith("w8") else "llama.cpp Q4_0")
+        if peer and f"decode_loop {scheme}" in by:
+            out[f"decode_loop {scheme}"] = by[f"decode_loop {scheme}"] / peer
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--layers", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=3, help=f"decode rounds ({NEW} steps each)")
+    parser.add_argument("--rounds", type=int, default=5, help=f"decode rounds ({NEW} steps each)")
     parser.add_argument("--prefill-rounds", type=int, default=3)
     args = parser.parse_args()
 
@@ -155,11 +242,15 @@ def main() -> int:
                                          "bind_s": plans[scheme]["bind_s"],
                                          "self_check": dict(loop.self_check),
                                          "logits_cosine": plans[scheme]["logits_cosine"]}
+    llama_cpp_peer = llama_arms(model, arms, PROMPT + NEW + 8, step, want)
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated",
                             category=FutureWarning)
     for arm in arms.values():  # warm-up: first-call allocations, caches, thread start
         if "loop" in arm:
             loop_arm(arm["loop"], prompt[:, :8], 3)
+            continue
+        if "llama" in arm:
+            llama_arm(arm["llama"], prompt[:, :8], 3)
             continue
         handle = arm["plan"].attach(model) if arm["swaps"] else None
         run_arm(model, prompt[:, :8], 3)
@@ -178,9 +269,11 @@ def main() -> int:
             prefills[name].append(run(arm, model, prompt, 1)["prefill_s"])
     for r in range(args.rounds):
         for name, arm in rotated(r):
-            samples[name].append(run(arm, model, prompt, NEW))
+            before = probe()
+            sample = run(arm, model, prompt, NEW)
+            sample["probes"] = (before, probe())
+            samples[name].append(sample)
     bw_after = ops.read_bandwidth_gbps(1 << 30, repeats=5)
-    bandwidth = (bw_before + bw_after) / 2
 
     host_pre = statistics.median(prefills["host"])
     host_step = statistics.median(s["decode_step_s"] for s in samples["host"])
@@ -195,8 +288,11 @@ def main() -> int:
     for name, arm in arms.items():
         pre = statistics.median(prefills[name])
         stp = statistics.median(s["decode_step_s"] for s in samples[name])
-        nbytes = arm["loop"].weight_bytes if "loop" in arm else step_bytes(model, arm["swaps"])
-        floor = bandwidth * 1e9 / nbytes
+        nbytes = (arm["loop"].weight_bytes if "loop" in arm else arm["bytes"] if "llama" in arm
+                  else step_bytes(model, arm["swaps"]))
+        held = summarize([Bracket(nbytes / s["decode_step_s"] / 1e9, *s["probes"])
+                          for s in samples[name]])
+        floor = held["bandwidth_gbps"] * 1e9 / nbytes
         same = sum(a == b for a, b in zip(samples[name][0]["tokens"], host_tokens)) / NEW
         cos = arm.get("logits_cosine", 1.0)
         notes = arm["plan"].notes if arm.get("plan") else {"refused": []}
@@ -204,7 +300,8 @@ def main() -> int:
                "refused": len(notes["refused"]), "prefill_tok_s": PROMPT / pre,
                "prefill_vs_host": host_pre / pre, "decode_tok_s": 1 / stp,
                "decode_vs_host": host_step / stp, "weight_bytes_per_token": nbytes,
-               "floor_tok_s": floor, "frac_of_floor": (1 / stp) / floor,
+               "floor_tok_s": floor, "frac_of_floor": held["frac_of_bandwidth"],
+               "floor_brackets": held,
                "greedy_tokens_same_as_host": same, "logits_cosine": cos,
                "ledger": arm.get("summary", {}), "bind_seconds": arm.get("bind_s", 0.0),
                "self_check": arm.get("self_check"),
@@ -214,16 +311,17 @@ def main() -> int:
         print(f"{name:<28}{PROMPT / pre:>14.1f}{row['prefill_vs_host']:>8.2f}x{1 / stp:>14.2f}"
               f"{row['decode_vs_host']:>8.2f}x{nbytes / 1e6:>10.1f}{floor:>13.1f}"
               f"{row['frac_of_floor']:>10.0%}{same:>13.0%}{cos:>9.5f}")
+    for name, ratio in vs_llama(rows).items():
+        print(f"{name} vs llama.cpp at the same bits: {ratio:.2f}x")
+    print(f"llama.cpp: {llama_cpp_peer}")
     result = {"machine": m, "read_bandwidth_gbps": {"before": bw_before, "after": bw_after},
               "host": "Qwen3-30B-A3B-shaped (hidden 2048, 32/4 heads of 128, 128 experts, top-8, "
                       "moe_intermediate 768, vocab 151936, norm_topk_prob), random weights, fp32",
               "layers": args.layers, "build_seconds": build_s, "prompt": PROMPT,
               "new_tokens": NEW, "rounds": args.rounds, "prefill_rounds": args.prefill_rounds,
-              "rows": rows,
-              "not_measured": {
-                  "llama.cpp": "no GGUF export of expert banks yet (issue 26 items 6 and the "
-                               "benchmark's llama.cpp arm)",
-                  "vllm": "the vLLM door's fused-MoE seat is not built yet (issue 26 item 5)"}}
+              "rows": rows, "peers": {"llama_cpp": llama_cpp_peer},
+              "vs_llama_cpp": vs_llama(rows),
+              "vllm": "bench/vllm.py --moe -> vllm_moe.json"}
     write_result(result_path(args.json, "moe"), result)
     return 0
 

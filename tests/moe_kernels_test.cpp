@@ -13,11 +13,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -25,22 +22,20 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "moe_test_util.h"
 
 namespace frt {
 namespace {
 
-using namespace ktest;  // the kernel tests' shared helpers (kernel_test_util.h)
+using namespace ktest;  // the kernel tests' shared helpers (kernel_test_util.h, moe_test_util.h)
 
 const std::vector<Format> kMoeFormats = {
     {"int8", WeightFormat::int8_channel, 0, true, DType::f32},
     {"int8_g64_f16", WeightFormat::int8_group, 64, true, DType::f16},
     {"int4_g32_asym_f16", WeightFormat::int4_group, 32, false, DType::f16}};
 
-// gate/up [inner x k], down [n x inner]. The group formats need k and inner to be multiples of
-// the group (so of FRT_PANEL too); n, and every width of int8 per channel, need not be.
-struct Widths {
-  int64_t k, inner, n;
-};
+// The group formats need k and inner to be multiples of the group (so of FRT_PANEL too); n, and
+// every width of int8 per channel, need not be.
 Widths widths_for(const Format& f) {
   return f.group == 0 ? Widths{120, 100, 75} : Widths{128, 192, 100};
 }
@@ -71,97 +66,6 @@ struct Bank {
     }
   }
 };
-
-// Row r's experts index[r][0..top_k) and weights.
-struct Route {
-  int top_k;
-  std::vector<int64_t> index;
-  std::vector<float> weight;
-};
-
-// Distinct experts per row drawn from [1, experts - 1), so experts 0 and experts - 1 are chosen
-// by no row; every row after the first also takes row 0's first expert (rows share experts).
-Route random_route(int64_t m, int top_k, int64_t experts, std::mt19937_64& rng) {
-  Route rt{top_k, std::vector<int64_t>(m * top_k), std::vector<float>(m * top_k)};
-  std::vector<int64_t> pool;
-  for (int64_t e = 1; e + 1 < experts; ++e) pool.push_back(e);
-  std::uniform_real_distribution<float> wdist(0.05f, 1.0f);
-  for (int64_t r = 0; r < m; ++r) {
-    std::shuffle(pool.begin(), pool.end(), rng);
-    std::copy(pool.begin(), pool.begin() + top_k, rt.index.begin() + r * top_k);
-    if (r > 0) {
-      int64_t* row = rt.index.data() + r * top_k;
-      const int64_t shared = rt.index[0];
-      if (std::find(row, row + top_k, shared) == row + top_k) row[rng() % top_k] = shared;
-    }
-    for (int j = 0; j < top_k; ++j) rt.weight[r * top_k + j] = wdist(rng);
-  }
-  return rt;
-}
-
-frt_moe_args moe_args(const Bank& b, Activation act, const Route& rt, const Rows& x, Out& y) {
-  frt_moe_args a{};
-  a.x_dtype = abi_dtype(x.dtype);
-  a.y_dtype = abi_dtype(y.dtype);
-  a.act = static_cast<int32_t>(act);
-  a.top_k = rt.top_k;
-  a.m = x.m;
-  a.x = x.data();
-  a.ldx = x.ld;
-  a.y = y.data();
-  a.ldy = y.ld;
-  a.index = rt.index.data();
-  a.weight = rt.weight.data();
-  a.experts = b.experts;
-  a.gate = b.gv.data();
-  a.up = b.uv.data();
-  a.down = b.dv.data();
-  return a;
-}
-
-const frt_op* moe_op(const frt_kernel_table& t) {
-  const frt_op* op = find_op(t, OpKind::moe_ffn);
-  EXPECT_NE(op, nullptr) << t.package << " (" << t.isa << ") lists no moe_ffn op";
-  return op;
-}
-
-struct FreeBytes {
-  void operator()(void* p) const { std::free(p); }
-};
-using Workspace = std::unique_ptr<void, FreeBytes>;
-
-Workspace poisoned_workspace(int64_t bytes) {
-  const size_t size = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
-  Workspace w(std::aligned_alloc(64, size));
-  std::memset(w.get(), 0xff, size);  // NaN floats: a read before a write shows
-  return w;
-}
-
-// Runs every phase on `threads` threads: "" or the first refusal or failure.
-std::string run_moe_op(const frt_kernel_table& t, ThreadPool& pool, frt_moe_args a, int threads) {
-  const frt_op* op = moe_op(t);
-  if (op == nullptr) return "no moe_ffn op";
-  frt_error err{};
-  if (op->supports(&a, &err) != FRT_REASON_OK) return std::string("refused: ") + err.message;
-  const Workspace ws = poisoned_workspace(op->workspace(&a));
-  a.workspace = ws.get();
-  std::mutex mu;
-  std::string failure;
-  for (int32_t phase = 0; phase < op->phases; ++phase)
-    pool.run(threads, [&](int ith, int team) {
-      frt_error e{};
-      if (op->run(&a, phase, ith, team, &e) != FRT_OK) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (failure.empty()) failure = std::string("phase failed: ") + e.message;
-      }
-    });
-  return failure;
-}
-
-double act64(Activation a, double g) {
-  if (a == Activation::silu) return g / (1.0 + std::exp(-g));
-  return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-}
 
 // Checks y against float64 over the packs' own values: the only error is fp32 accumulation (and
 // bf16 rounding of the output).

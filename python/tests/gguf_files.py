@@ -1,4 +1,6 @@
 """GGUF checkpoints written the way llama.cpp's converter writes them, for adoption tests.
+Block types gguf can quantise to are its quantiser's; Q4_K, which it only dequantises, is random
+valid super-blocks at the weights' scale.
 
 The file's tensors are the host's projections quantised by gguf's own quantisers, named by
 transformers' own tensor-name map, with q/k rows in the file's order (the inverse of the row
@@ -31,6 +33,31 @@ ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe"
 # Routers and the shared-expert gate: F32 in llama.cpp's files whatever the file's type.
 _F32 = re.compile(r"blk\.\d+\.ffn_gate_inp(_shexp)?\.weight")
 _BANK = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps")
+
+
+def _k_quant_blocks(rows: np.ndarray, qt) -> np.ndarray:
+    """Q4_K blocks for `rows` [..., k] (k a multiple of 256), which gguf has no quantiser for:
+    random valid super-blocks (any bytes with finite f16 d and dmin are one) scaled to each row's
+    magnitude, so the file's dequantised weights are in the host's range (W in [-amax/2, amax])."""
+    if qt != gguf.GGMLQuantizationType.Q4_K:
+        raise NotImplementedError(f"no test blocks for {qt.name}")
+    lead, k = rows.shape[:-1], rows.shape[-1]
+    rng = np.random.default_rng(int(k) * 7 + rows.size)
+    blocks = rng.integers(0, 256, size=(*lead, k // 256, 144), dtype=np.uint8)
+    amax = np.abs(rows).max(axis=-1, keepdims=True).astype(np.float32)[..., None]
+    d = np.broadcast_to(amax / (15 * 63), (*lead, k // 256, 1)).astype(np.float16)
+    dmin = np.broadcast_to(amax / (63 * 2), (*lead, k // 256, 1)).astype(np.float16)
+    blocks[..., 0:2] = d.view(np.uint8)
+    blocks[..., 2:4] = dmin.view(np.uint8)
+    return blocks.reshape(*lead, k // 256 * 144)
+
+
+def _quantize(rows: np.ndarray, qt) -> np.ndarray:
+    """gguf's own quantiser, or test blocks for the types it only dequantises."""
+    try:
+        return gguf.quants.quantize(np.ascontiguousarray(rows), qt)
+    except NotImplementedError:
+        return _k_quant_blocks(np.ascontiguousarray(rows), qt)
 
 
 def _processor(model: nn.Module, arch: str):
@@ -72,7 +99,7 @@ def write(model: nn.Module, path: Path, qtype: str | dict[str, str], *,
             host = param.detach().float().numpy()
             half = host.shape[1] // 2
             rows = {"gate": host[:, :half], "up": host[:, half:], "down": host}[bank[1]]
-            data = gguf.quants.quantize(np.ascontiguousarray(rows), qt)
+            data = _quantize(rows, qt)
             writer.add_tensor(fname, data, raw_dtype=qt)
             back = gguf.quants.dequantize(data, qt)
             processor.process(weights=back, name=fname, tensor_key_mapping=g2h,
@@ -88,7 +115,7 @@ def write(model: nn.Module, path: Path, qtype: str | dict[str, str], *,
                                   name=gname, tensor_key_mapping=g2h,
                                   parsed_parameters={}).weights[:, 0].astype(np.int64)
         file_rows = param.detach().float().numpy()[np.argsort(order)]
-        data = gguf.quants.quantize(np.ascontiguousarray(file_rows), qt)
+        data = _quantize(file_rows, qt)
         writer.add_tensor(gname, data, raw_dtype=qt)
         back = gguf.quants.dequantize(data, qt)
         loaded[gname] = (hname, processor.process(weights=back, name=gname,

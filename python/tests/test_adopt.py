@@ -1,5 +1,6 @@
 """adopt_prequantized on GGUF files written by gguf's own writer and quantisers (random Llama and
-Qwen3 hosts), and refusals: corrupt, truncated, another model's file, unsupported block types."""
+Qwen3 hosts; Q4_K as random valid super-blocks), and refusals: corrupt, truncated, another
+model's file, unsupported block types."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def llama_gqa() -> LlamaForCausalLM:
 
 
 @pytest.mark.parametrize("make", [llama_gqa, hosts.qwen3], ids=["llama", "qwen3"])
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K"])
 def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, make, qtype):
     model = make()
     path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
@@ -34,18 +35,21 @@ def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, ma
     text = S.explain(report)
     tag = qtype.lower()
     assert f"_{tag} (" in text, text
-    # Every seated projection is the file's own blocks: exact, or fp32 rounding of d*q + m.
+    # Every seated projection is the file's own blocks: exact, or fp32 rounding of d*q + m (Q5_0's
+    # d*(q-16) is exact; Q4_K's f32 scale d*sc and min -dmin*m are, and the product then sum is
+    # gguf's own).
     assert report.conversion, text
-    assert report.worst_conversion <= 1e-6, report.conversion
+    exact = qtype in ("Q5_0", "Q4_K")
+    assert report.worst_conversion <= (0.0 if exact else 1e-6), report.conversion
     hosts.computes_then_detaches(report, model, x, want, 0.99999)
 
 
 def test_a_block_type_no_kernel_reads_is_refused_by_name_per_tensor(tmp_path):
-    qtype = {"*": "Q4_0", "blk.0.ffn_down.weight": "Q5_0"}
+    qtype = {"*": "Q4_0", "blk.0.ffn_down.weight": "Q5_1"}
     with gguf_files.adopted(hosts.qwen3(), tmp_path, qtype) as report:
         refused = dict(report.plan.refused)
         assert "model.layers.0.mlp" in refused, S.explain(report)
-        assert "blk.0.ffn_down.weight is Q5_0 blocks" in refused["model.layers.0.mlp"]
+        assert "blk.0.ffn_down.weight is Q5_1 blocks" in refused["model.layers.0.mlp"]
         seated = {sp.site for sp in report.plan.seats}
         assert "model.layers.1.mlp" in seated  # the other layer's blocks are adopted
 
@@ -85,3 +89,21 @@ def test_unknown_formats_and_a_missing_source_are_clear_errors():
         S.adopt_prequantized(model, "awq", "x")
     with pytest.raises(ValueError, match="needs source"):
         S.adopt_prequantized(model, "gguf")
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K"])
+def test_decode_loop_runs_over_re_expressed_blocks_and_passes_its_self_check(tmp_path, qtype):
+    """Q5_0 and Q4_K are laid out in the int8 / int4 g32 forms: the decode program takes the
+    adopted packs like any seat's, and its self-check against the seated host passes."""
+    model = hosts.qwen3()
+    report = S.adopt_prequantized(model, "gguf",
+                                  gguf_files.write(model, tmp_path / "m.gguf", qtype))
+    try:
+        loop = S.decode_loop(model, max_len=64)
+        assert loop.self_check["verdict"] == "passed", loop.self_check
+        assert loop.self_check["min_cosine"] >= 0.999, loop.self_check
+        prompt = hosts.ids(4)
+        out = loop.generate(prompt, 8)
+        assert out.shape == (1, 12) and torch.equal(out[:, :4], prompt)
+    finally:
+        report.handle.detach()

@@ -33,10 +33,11 @@ def qwen3_moe_narrow() -> Qwen3MoeForCausalLM:
     (moe_hosts.qwen3_moe, "Q8_0", 0.99999),
     (moe_hosts.qwen3_moe, "Q4_0", 0.99999),
     (moe_hosts.qwen3_moe, "Q4_1", 0.99999),
+    (moe_hosts.qwen3_moe, "Q5_0", 0.99999),
     (moe_hosts.qwen2_moe, "Q8_0", 0.99999),
     (moe_hosts.qwen2_moe, "Q4_0", 0.99999),
-], ids=["qwen3_moe-Q8_0", "qwen3_moe-Q4_0", "qwen3_moe-Q4_1", "qwen2_moe-Q8_0",
-        "qwen2_moe-Q4_0"])
+], ids=["qwen3_moe-Q8_0", "qwen3_moe-Q4_0", "qwen3_moe-Q4_1", "qwen3_moe-Q5_0",
+        "qwen2_moe-Q8_0", "qwen2_moe-Q4_0"])
 def test_a_gguf_moe_file_seats_every_bank_with_its_own_blocks(tmp_path, make, qtype, band):
     model = make()
     path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
@@ -67,11 +68,11 @@ def test_a_gguf_moe_file_seats_every_bank_with_its_own_blocks(tmp_path, make, qt
 
 
 def test_a_bank_tensor_in_a_block_type_no_kernel_reads_is_refused_by_name(tmp_path):
-    qtype = {"*": "Q8_0", "blk.0.ffn_down_exps.weight": "Q5_0"}
+    qtype = {"*": "Q8_0", "blk.0.ffn_down_exps.weight": "Q5_1"}
     with gguf_files.adopted(moe_hosts.qwen3_moe(), tmp_path, qtype) as report:
         refused = dict(report.plan.refused)
         why = refused["model.layers.0.mlp.experts"]
-        assert ("model.layers.0.mlp.experts/down: blk.0.ffn_down_exps.weight is Q5_0 blocks"
+        assert ("model.layers.0.mlp.experts/down: blk.0.ffn_down_exps.weight is Q5_1 blocks"
                 in why), why
         assert set(banks(report)) == {"model.layers.1.mlp.experts"}  # the other layer's bank
 

@@ -162,7 +162,7 @@ def test_gated_attach_that_keeps_nothing_still_gives_a_receipt_of_what_it_refuse
 def test_adoption_receipt_holds_the_conversion_check(tmp_path):
     model = hosts.qwen3(1)
     path = gguf_files.write(model, tmp_path / "m.gguf",
-                            {"*": "Q8_0", "blk.0.ffn_down.weight": "Q5_0"})
+                            {"*": "Q8_0", "blk.0.ffn_down.weight": "Q5_1"})
     report = S.adopt_prequantized(model, "gguf", path)
     try:
         x = hosts.ids(1)

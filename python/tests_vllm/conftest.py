@@ -40,14 +40,16 @@ def on_int8_grid(w: torch.Tensor) -> torch.Tensor:
     return k * scale
 
 
-def _save(cls, cfg, path: Path, grid: bool) -> Path:
+def save(cls, cfg, path: Path, grid: bool) -> Path:
+    """Random weights from the config class, with grid: every matrix on the int8 grid (a bank
+    [experts, out, in] per expert's output channel)."""
     torch.manual_seed(0)
     model = cls(cfg).float()
     if grid:
         with torch.no_grad():
             for p in model.parameters():
-                if p.dim() == 2:
-                    p.copy_(on_int8_grid(p))
+                if p.dim() >= 2:
+                    p.copy_(on_int8_grid(p.reshape(-1, p.shape[-1])).reshape(p.shape))
     model.save_pretrained(path)
     return path
 
@@ -55,21 +57,21 @@ def _save(cls, cfg, path: Path, grid: bool) -> Path:
 @pytest.fixture(scope="session")
 def qwen3_dir(tmp_path_factory) -> Path:
     """Qwen3, separate head, weights on the int8 grid."""
-    return _save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
+    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
                  tmp_path_factory.mktemp("qwen3"), grid=True)
 
 
 @pytest.fixture(scope="session")
 def qwen3_gauss_dir(tmp_path_factory) -> Path:
     """Qwen3, separate head, the config class's own random initialisation."""
-    return _save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
+    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
                  tmp_path_factory.mktemp("qwen3_gauss"), grid=False)
 
 
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory) -> Path:
     """Llama, head tied to the token embedding, weights on the int8 grid."""
-    return _save(LlamaForCausalLM, LlamaConfig(**SMALL, tie_word_embeddings=True),
+    return save(LlamaForCausalLM, LlamaConfig(**SMALL, tie_word_embeddings=True),
                  tmp_path_factory.mktemp("llama"), grid=True)
 
 
@@ -100,20 +102,24 @@ def engine(model: Path, *, multiprocess: bool, **kw) -> Iterator[Any]:
         gc.collect()
 
 
-def generate(llm: Any, batch: list[dict[str, Any]], steps: int = 16
+def _logits(step: dict) -> torch.Tensor:
+    """One step's raw logits from vLLM's logprobs (max_logprobs=-1: every token)."""
+    logits = torch.full((len(step),), float("nan"), dtype=torch.float64)
+    for tok, lp in step.items():
+        logits[tok] = lp.logprob
+    return logits
+
+
+def generate(llm: Any, batch: list[dict[str, Any]], steps: int = 16, every_step: bool = False
              ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy tokens per prompt, and each prompt's full logits at the first step."""
+    """Greedy tokens per prompt, and each prompt's full logits at the first step ([vocab]) or,
+    with every_step, at every step ([steps, vocab])."""
     sp = vllm.SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True, logprobs=-1)
     outs = llm.generate(batch, sp, use_tqdm=False)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
-    first = []
-    for o in outs:
-        step = o.outputs[0].logprobs[0]
-        logits = torch.full((len(step),), float("nan"), dtype=torch.float64)
-        for tok, lp in step.items():
-            logits[tok] = lp.logprob
-        first.append(logits)
-    return tokens, first
+    if every_step:
+        return tokens, [torch.stack([_logits(s) for s in o.outputs[0].logprobs]) for o in outs]
+    return tokens, [_logits(o.outputs[0].logprobs[0]) for o in outs]
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from transformers import (
 from flashrt_structures import vllm_engine
 from flashrt_structures.vllm_engine import banks
 
-from conftest import engine, on_int8_grid, prompts, vllm
+from conftest import engine, generate, prompts, save
 
 # Small MoE sizes: 8 experts of 128 (a multiple of 32, what vLLM's CPU bank kernel takes), top-2.
 MOE = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
@@ -38,47 +38,23 @@ BATCH = prompts(4, seed=3)
 STEPS = 16
 
 
-def _save(cls, cfg, path: Path) -> Path:
-    """Random weights, every matrix (each expert's too: [E, out, in] banks) on the int8 grid."""
-    torch.manual_seed(0)
-    model = cls(cfg).float()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.copy_(on_int8_grid(p.reshape(-1, p.shape[-1])).reshape(p.shape))
-    model.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def qwen3_moe_dir(tmp_path_factory) -> Path:
-    return _save(Qwen3MoeForCausalLM, Qwen3MoeConfig(**MOE, norm_topk_prob=True),
-                 tmp_path_factory.mktemp("qwen3_moe"))
+    return save(Qwen3MoeForCausalLM, Qwen3MoeConfig(**MOE, norm_topk_prob=True),
+                tmp_path_factory.mktemp("qwen3_moe"), grid=True)
 
 
 @pytest.fixture(scope="module")
 def qwen2_moe_dir(tmp_path_factory) -> Path:
     """Qwen2-MoE: a shared expert (256 wide) with its sigmoid gate beside the routed bank."""
-    return _save(Qwen2MoeForCausalLM,
-                 Qwen2MoeConfig(**MOE, shared_expert_intermediate_size=256, norm_topk_prob=False),
-                 tmp_path_factory.mktemp("qwen2_moe"))
+    return save(Qwen2MoeForCausalLM,
+                Qwen2MoeConfig(**MOE, shared_expert_intermediate_size=256, norm_topk_prob=False),
+                tmp_path_factory.mktemp("qwen2_moe"), grid=True)
 
 
 def steps(llm: Any, batch: list[dict[str, Any]]) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Greedy tokens per prompt, and each prompt's full logits at every step [steps, vocab]."""
-    sp = vllm.SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True, logprobs=-1)
-    outs = llm.generate(batch, sp, use_tqdm=False)
-    tokens = [list(o.outputs[0].token_ids) for o in outs]
-    logits = []
-    for o in outs:
-        rows = []
-        for step in o.outputs[0].logprobs:
-            row = torch.full((len(step),), float("nan"), dtype=torch.float64)
-            for tok, lp in step.items():
-                row[tok] = lp.logprob
-            rows.append(row)
-        logits.append(torch.stack(rows))
-    return tokens, logits
+    return generate(llm, batch, STEPS, every_step=True)
 
 
 def cosines(a: torch.Tensor, b: torch.Tensor) -> list[float]:
@@ -276,7 +252,7 @@ def test_a_bank_with_biases_is_refused_by_name_and_the_rest_seated(tmp_path, hoo
                        num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                        max_position_embeddings=512, sliding_window=128, tie_word_embeddings=False)
-    _save(GptOssForCausalLM, cfg, tmp_path)
+    save(GptOssForCausalLM, cfg, tmp_path, grid=True)
     vllm_engine.install_load_hook(scheme=W8_EXACT)
     with engine(tmp_path, multiprocess=False) as llm:
         tokens, _ = steps(llm, BATCH[:2])

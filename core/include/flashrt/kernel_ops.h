@@ -77,6 +77,10 @@ class ExpertBank {
   const frt_packed_weight* down_views() const { return down_views_.data(); }
 
  private:
+  struct FreeRegion {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, FreeRegion> region_;  // every pack's buffers, expert after expert
   std::vector<PackedLinear> gate_, up_, down_;
   std::vector<frt_packed_weight> gate_views_, up_views_, down_views_;
   Activation act_;

@@ -74,6 +74,12 @@ class PackedLinear {
   int64_t nbytes() const;
   // "int8 per-channel" / "int4 g32 asymmetric"
   std::string form() const;
+  // Bytes relocate() takes: each buffer rounded up to 64 bytes with 64 zeroed bytes of slack.
+  int64_t region_bytes() const;
+  // Moves the buffers into `region` (region_bytes() zeroed bytes, 64-byte aligned, which the
+  // caller keeps alive as long as this pack) and frees its own: packs that are streamed
+  // together then lie in one huge-page region (Note [A bank in one region], kernel_ops.cpp).
+  void relocate(void* region);
   // The weight the kernels compute with, [n][k] in fp32 (for tests and error reports).
   std::vector<float> dequantize() const;
   void dequantize_row(int64_t row, std::vector<float>& out) const;  // one output channel
@@ -81,6 +87,9 @@ class PackedLinear {
  private:
   PackedLinear() = default;
   struct Buffer {
+    Buffer() noexcept : owned(true) {}
+    explicit Buffer(bool own) noexcept : owned(own) {}
+    bool owned;  // false once relocate() put it in the caller's region
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Buffer> qdata_;

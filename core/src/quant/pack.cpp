@@ -101,7 +101,9 @@ void check_scale_dtype(DType dt) {
 
 }  // namespace
 
-void PackedLinear::Buffer::operator()(void* p) const { std::free(p); }
+void PackedLinear::Buffer::operator()(void* p) const {
+  if (owned) std::free(p);
+}
 
 PackedLinear::PackedLinear(PackedLinear&& o) noexcept { *this = std::move(o); }
 
@@ -185,6 +187,36 @@ int64_t PackedLinear::nbytes() const {
   const bool two = view_.format == FRT_W_INT4_GROUP || view_.format == FRT_W_INT8_GEMM ||
                    (view_.format == FRT_W_INT4_GEMM && view_.mins != nullptr);
   return qbytes_ + scale_count_ * per * (two ? 2 : 1);  // scales, and mins or column sums
+}
+
+namespace {
+
+// A buffer's bytes in a region: rounded up to 64, plus the 64 zeroed bytes the GEMM layouts
+// keep past their end.
+int64_t region_piece(int64_t bytes) { return (bytes + 63) / 64 * 64 + 64; }
+
+}  // namespace
+
+int64_t PackedLinear::region_bytes() const {
+  const int64_t scale = scale_count_ * (view_.scale_dtype == FRT_F16 ? 2 : 4);
+  return region_piece(qbytes_) + region_piece(scale) + (mins_ ? region_piece(scale) : 0);
+}
+
+void PackedLinear::relocate(void* region) {
+  const int64_t scale = scale_count_ * (view_.scale_dtype == FRT_F16 ? 2 : 4);
+  auto* at = static_cast<char*>(region);
+  const auto move = [&](std::unique_ptr<void, Buffer>& buffer, int64_t bytes) {
+    if (!buffer) return;
+    std::memcpy(at, buffer.get(), static_cast<size_t>(bytes));
+    buffer = std::unique_ptr<void, Buffer>(at, Buffer{false});
+    at += region_piece(bytes);
+  };
+  move(qdata_, qbytes_);
+  move(scales_, scale);
+  move(mins_, scale);
+  view_.qdata = qdata_.get();
+  view_.scales = scales_.get();
+  view_.mins = mins_.get();
 }
 
 std::string PackedLinear::form() const {

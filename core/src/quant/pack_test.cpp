@@ -1,12 +1,16 @@
-// Packers: the f16 scale round trip, and weights adopted as a checkpoint quantised them.
+// Packers: the f16 scale round trip, weights adopted as a checkpoint quantised them, and packs
+// relocated into a caller's region.
 #include <flashrt/errors.h>
 #include <flashrt/pack.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace frt {
@@ -200,6 +204,56 @@ TEST(Pack, HalfScalesAreRoundedBeforeTheWeightsAreQuantisedAgainstThem) {
   const PackedLinear c = PackedLinear::int8(v);
   EXPECT_LT(f.stats().rel_err, c.stats().rel_err);  // group scales beat one per channel
   EXPECT_THROW(PackedLinear::int8(v, 0, DType::f16), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace frt
+
+namespace frt {
+namespace {
+
+// relocate() moves every buffer of every form into the caller's region and changes nothing the
+// kernels read: the dequantised weight, the byte count and the form stay, the views point into
+// the region, and destroying the pack leaves the region to its owner (ASan sees a stray free).
+TEST(Pack, RelocatedPacksHoldTheSameValuesInTheCallersRegion) {
+  const int64_t n = 40, k = 128;  // 3 panels, the last partial
+  std::vector<float> w(n * k);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  for (float& v : w) v = dist(rng);
+  const TensorView view = TensorView::matrix(w.data(), DType::f32, n, k, k);
+  std::vector<PackedLinear> packs;
+  packs.push_back(PackedLinear::int8(view));
+  packs.push_back(PackedLinear::int8(view, 64, DType::f16));
+  packs.push_back(PackedLinear::int4(view, 32, false, DType::f16));
+  packs.push_back(PackedLinear::int4(view, 32, true, DType::f32));
+  packs.push_back(PackedLinear::int8_gemm(view, 32));
+  packs.push_back(PackedLinear::int4_gemm(view, false));
+  packs.push_back(PackedLinear::int4_gemm(view, true));
+  for (PackedLinear& p : packs) {
+    const std::vector<float> before = p.dequantize();
+    const int64_t nbytes = p.nbytes(), size = p.region_bytes();
+    const std::string form = p.form();
+    EXPECT_GE(size, nbytes) << form;
+    EXPECT_EQ(size % 64, 0) << form;
+    void* region = std::aligned_alloc(64, static_cast<size_t>(size));
+    std::memset(region, 0, static_cast<size_t>(size));
+    {
+      PackedLinear moved = std::move(p);
+      moved.relocate(region);
+      const char* lo = static_cast<const char*>(region);
+      for (const void* b : {moved.view().qdata, moved.view().scales, moved.view().mins}) {
+        if (b == nullptr) continue;
+        EXPECT_GE(static_cast<const char*>(b), lo) << form;
+        EXPECT_LT(static_cast<const char*>(b), lo + size) << form;
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 64, 0u) << form;
+      }
+      EXPECT_EQ(moved.dequantize(), before) << form;
+      EXPECT_EQ(moved.nbytes(), nbytes) << form;
+      EXPECT_EQ(moved.form(), form);
+    }
+    std::free(region);  // the pack is gone and did not free it
+  }
 }
 
 }  // namespace

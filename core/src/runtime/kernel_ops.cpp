@@ -8,6 +8,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "quant/weight_memory.h"
 #include "runtime/kernel_ops_unchecked.h"
 #include "runtime/run_on_threads.h"
 
@@ -182,11 +183,33 @@ ExpertBank::ExpertBank(std::vector<PackedLinear> gate, std::vector<PackedLinear>
         up_[e].k() != g0.k() || down_[e].n() != g0.k() || down_[e].k() != g0.n())
       throw InvalidArgument("ExpertBank: expert " + std::to_string(e) +
                             "'s shapes differ from expert 0's");
+  }
+  // Note [A bank in one region]
+  // An expert's matrix is ~1-2 MiB packed, below the 2 MiB from which a pack gets huge pages of
+  // its own (Note [Weights in huge pages]), and a call streams the top-k experts' matrices in
+  // whichever order routing picks: each in 4 KiB pages, a TLB miss (two page-table walks under a
+  // hypervisor) and a prefetcher restart every 4 KiB. So the bank moves every pack into one
+  // region, expert after expert (gate, up, down), which is in huge pages wherever the system
+  // gives them; the packs' values and views are otherwise unchanged. On Zen 4 (THP "madvise") a
+  // Qwen3-30B-A3B bank's call at one row runs 4-5% faster so (w8 and w4, paired).
+  int64_t total = 0;
+  for (size_t e = 0; e < gate_.size(); ++e)
+    total += gate_[e].region_bytes() + up_[e].region_bytes() + down_[e].region_bytes();
+  region_.reset(alloc_weight_memory(total));
+  auto* at = static_cast<char*>(region_.get());
+  for (size_t e = 0; e < gate_.size(); ++e) {
+    for (PackedLinear* w : {&gate_[e], &up_[e], &down_[e]}) {
+      const int64_t bytes = w->region_bytes();
+      w->relocate(at);
+      at += bytes;
+    }
     gate_views_.push_back(gate_[e].view());
     up_views_.push_back(up_[e].view());
     down_views_.push_back(down_[e].view());
   }
 }
+
+void ExpertBank::FreeRegion::operator()(void* p) const { std::free(p); }
 
 int64_t ExpertBank::expert_nbytes() const {
   return gate_.front().nbytes() + up_.front().nbytes() + down_.front().nbytes();

@@ -1,5 +1,6 @@
 // The runtime contract in the core seat: band dispatch, form misses, the consecutive-fallback
 // restore, raise mode, and a second thread; and build_seat from a plan's SeatPlan.
+// An expert bank's packs in one region.
 #include <flashrt/errors.h>
 #include <flashrt/hub.h>
 #include <flashrt/kernel_ops.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -438,6 +440,55 @@ TEST(BuildSeat, ABankTakesAdoptedPacksPerExpertAndRefusesPartialOrStrayKeys) {
   other.erase("down/2");
   other.emplace("down/2", PackedLinear::int4(matrix_view(down, hidden, inner), 32, true));
   EXPECT_NE(refusal(std::move(other)).find("down/2: adopted as int4"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace frt
+
+namespace frt {
+namespace {
+
+// Note [A bank in one region]: a bank's packs lie in one region, expert after expert (gate, up,
+// down), each holding the bytes its own pack would.
+TEST(ExpertBank, PacksLieInOneRegionExpertAfterExpertWithTheirOwnBytes) {
+  const int64_t experts = 3, inner = 64, hidden = 128;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.1f);
+  std::vector<std::vector<float>> weights;
+  std::vector<PackedLinear> gate, up, down, alone;
+  const auto packed = [&](int64_t n, int64_t k) {
+    std::vector<float>& w = weights.emplace_back(n * k);
+    for (float& v : w) v = dist(rng);
+    const TensorView view = TensorView::matrix(w.data(), DType::f32, n, k, k);
+    alone.push_back(PackedLinear::int8(view, 64, DType::f16));
+    return PackedLinear::int8(view, 64, DType::f16);
+  };
+  for (int64_t e = 0; e < experts; ++e) {
+    gate.push_back(packed(inner, hidden));
+    up.push_back(packed(inner, hidden));
+    down.push_back(packed(hidden, inner));
+  }
+  const ExpertBank bank(std::move(gate), std::move(up), std::move(down), Activation::silu);
+  const char* last = nullptr;
+  for (int64_t e = 0; e < experts; ++e) {
+    const frt_packed_weight* views[] = {bank.gate_views() + e, bank.up_views() + e,
+                                        bank.down_views() + e};
+    for (int i = 0; i < 3; ++i) {
+      const frt_packed_weight& v = *views[i];
+      const frt_packed_weight& own = alone[static_cast<size_t>(e * 3 + i)].view();
+      const auto* q = static_cast<const char*>(v.qdata);
+      EXPECT_GT(q, last) << "expert " << e << " operand " << i;
+      if (last != nullptr) {
+        EXPECT_LT(q - last, 1 << 16) << "expert " << e << " operand " << i;
+      }
+      last = q;
+      const int64_t panels = (v.n + FRT_PANEL - 1) / FRT_PANEL;
+      EXPECT_EQ(std::memcmp(v.qdata, own.qdata, static_cast<size_t>(panels * v.k * FRT_PANEL)), 0);
+      EXPECT_EQ(std::memcmp(v.scales, own.scales,
+                            static_cast<size_t>(panels * (v.k / 64) * FRT_PANEL * 2)),
+                0);
+    }
+  }
 }
 
 }  // namespace

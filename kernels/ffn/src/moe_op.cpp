@@ -11,14 +11,19 @@
 //            selected expert, split contiguously; an item runs gate_e's and up_e's panel over
 //            the group's rows back to back and writes act(gate) * up into h[slot];
 //   phase 2  int4 group sums of h (threads split the slots; nothing to do for int8);
-//   phase 3  threads split the panels of n; for each panel, each group in ascending expert order
-//            runs down_e's panel over its rows of h and adds weight * tile into the rows' fp32
-//            accumulators, which are stored once at the end.
+//   phase 3  the work items are (group, panel of n) the same way: an item runs down_e's panel
+//            over the group's rows of h into part[slot];
+//   phase 4  threads split the panels of n; each row adds weight * part[slot] over its slots in
+//            group (ascending expert) order and stores the sum.
 // So each selected expert's gate, up and down are read once per call however many rows chose it
-// (a group of more than FRT_MAX_ROWS slots re-reads a panel from cache, not memory), and each y
-// element sums its terms in (expert, j) order whatever the thread split: 1, 2 or 3 threads agree
-// bit for bit. A row routed to one expert with weight 1 gets exactly FRT_OP_GATED_FFN's output:
-// the first term of a row is stored as weight * tile, not added to a zero.
+// (a group of more than FRT_MAX_ROWS slots re-reads a panel from cache, not memory), a thread
+// streams whole experts front to back in phases 1 and 3 (one region each, Note [A bank in one
+// region] in core/src/runtime/kernel_ops.cpp; splitting phase 3 by panels of n instead, each
+// thread hopping between the k experts every 12 KiB, made a Qwen3-30B-A3B bank's call at 1 and
+// 4 rows 11% slower on Zen 4), and each y element sums its terms in (expert, j) order whatever
+// the thread split: 1, 2 or 3 threads agree bit for bit.
+// A row routed to one expert with weight 1 gets exactly FRT_OP_GATED_FFN's output: the first
+// term of a row is stored as weight * part, not added to a zero.
 #include "moe_op.h"
 
 #include <frt_kern/moe_routing.h>
@@ -39,19 +44,22 @@ struct MoeSpace {
   float* xsum;  // [slots][k / group]: int4 group sums of xg; nullptr for int8
   float* h;     // [slots][inner]
   float* hsum;  // [slots][inner / group]: int4 group sums of h; nullptr for int8
+  float* part;  // [slots][panels of n * FRT_PANEL]: each slot's expert output, unweighted
 };
 
 // Bytes of each region, each 64-byte aligned; the carve and the workspace size both read these.
 struct MoeSizes {
-  int64_t xg, xsum, h, hsum;
+  int64_t xg, xsum, h, hsum, part;
 };
 
 MoeSizes sizes(const frt_moe_args* a) {
   const frt_packed_weight& g = a->gate[0];
   const int64_t slots = a->m * a->top_k, k = g.k, inner = g.n;
+  const int64_t n_padded = div_up(a->down[0].n, FRT_PANEL) * FRT_PANEL;
   const bool int4 = g.format == FRT_W_INT4_GROUP && g.group > 0;
   return {align64(slots * k * 4), int4 ? align64(slots * (k / g.group) * 4) : 0,
-          align64(slots * inner * 4), int4 ? align64(slots * (inner / g.group) * 4) : 0};
+          align64(slots * inner * 4), int4 ? align64(slots * (inner / g.group) * 4) : 0,
+          align64(slots * n_padded * 4)};
 }
 
 MoeSpace carve(const frt_moe_args* a) {
@@ -62,6 +70,7 @@ MoeSpace carve(const frt_moe_args* a) {
   s.xsum = z.xsum > 0 ? reinterpret_cast<float*>(base + z.xg) : nullptr;
   s.h = reinterpret_cast<float*>(base + z.xg + z.xsum);
   s.hsum = z.hsum > 0 ? reinterpret_cast<float*>(base + z.xg + z.xsum + z.h) : nullptr;
+  s.part = reinterpret_cast<float*>(base + z.xg + z.xsum + z.h + z.hsum);
   return s;
 }
 
@@ -157,36 +166,13 @@ int32_t moe_supports(const frt_moe_args* a, frt_error* err) {
   for (int64_t e = 0; e < a->experts; ++e)
     if (int32_t r = check_expert(a, e, err); r != FRT_REASON_OK) return r;
   const int64_t k = a->gate[0].k, n = a->down[0].n;
-  if (a->x == nullptr || a->y == nullptr)
-    return fail(err, FRT_REASON_LAYOUT, "moe: missing input or output");
-  if (a->index == nullptr || a->weight == nullptr)
-    return fail(err, FRT_REASON_LAYOUT, "moe: missing routing (%s is NULL)",
-                a->index == nullptr ? "index" : "weight");
-  if (a->ldx < k || a->ldy < n)
-    return fail(err, FRT_REASON_LAYOUT,
-                "moe: row strides ldx=%lld, ldy=%lld below widths %lld, %lld",
-                static_cast<long long>(a->ldx), static_cast<long long>(a->ldy),
-                static_cast<long long>(k), static_cast<long long>(n));
-  for (int64_t r = 0; r < a->m; ++r)
-    for (int32_t j = 0; j < a->top_k; ++j) {
-      const int64_t e = a->index[r * a->top_k + j];
-      if (e < 0 || e >= a->experts)
-        return fail(err, FRT_REASON_LAYOUT,
-                    "moe: index[%lld][%d] = %lld outside the bank's %lld experts",
-                    static_cast<long long>(r), j, static_cast<long long>(e),
-                    static_cast<long long>(a->experts));
-      const float w = a->weight[r * a->top_k + j];
-      if (!std::isfinite(w))
-        return fail(err, FRT_REASON_LAYOUT, "moe: weight[%lld][%d] = %g is not finite",
-                    static_cast<long long>(r), j, static_cast<double>(w));
-    }
-  return ok(err);
+  return check_moe_call(a, k, n, "moe", err);
 }
 
 int64_t moe_workspace(const frt_moe_args* a) {
   if (a == nullptr || a->gate == nullptr || a->experts < 1 || a->m < 1 || a->top_k < 1) return 0;
   const MoeSizes z = sizes(a);
-  return z.xg + z.xsum + z.h + z.hsum;
+  return z.xg + z.xsum + z.h + z.hsum + z.part;
 }
 
 int32_t moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t nth, frt_error* err) {
@@ -252,32 +238,30 @@ int32_t moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t nth, 
       return ok(err);
     }
     case 3: {
-      const int64_t n = a->down[0].n;
-      float* acc = up_tile;  // [m][FRT_PANEL]: the rows' sums over their experts
-      const Range panels = split(div_up(n, FRT_PANEL), ith, nth);
-      for (int64_t p = panels.begin; p < panels.end; ++p) {
-        bool started[FRT_MAX_ROWS] = {};
-        for (int64_t g = 0; g < rt.groups; ++g) {
-          const frt_packed_weight* down = a->down + rt.expert[g];
-          for (int64_t s0 = rt.begin[g]; s0 < rt.begin[g + 1]; s0 += FRT_MAX_ROWS) {
-            const int64_t rows = std::min<int64_t>(rt.begin[g + 1] - s0, FRT_MAX_ROWS);
-            const PreparedRows hr{sp.h + s0 * inner, inner,
-                                  sp.hsum != nullptr ? sp.hsum + s0 * (inner / group) : nullptr};
-            run_panel(down, p, hr, rows, gate_tile);
-            for (int64_t r = 0; r < rows; ++r) {
-              const int64_t row = rt.row[s0 + r];
-              const float w = a->weight[rt.place[s0 + r]];
-              const float* t = gate_tile + r * FRT_PANEL;
-              float* out = acc + row * FRT_PANEL;
-              if (started[row]) {
-                for (int j = 0; j < FRT_PANEL; ++j) out[j] += w * t[j];
-              } else {
-                for (int j = 0; j < FRT_PANEL; ++j) out[j] = w * t[j];
-                started[row] = true;
-              }
-            }
-          }
+      const int64_t n_panels = div_up(a->down[0].n, FRT_PANEL), ldp = n_panels * FRT_PANEL;
+      const Range items = split(rt.groups * n_panels, ith, nth);
+      for (int64_t it = items.begin; it < items.end; ++it) {
+        const int64_t g = it / n_panels, p = it % n_panels;
+        const frt_packed_weight* down = a->down + rt.expert[g];
+        for (int64_t s0 = rt.begin[g]; s0 < rt.begin[g + 1]; s0 += FRT_MAX_ROWS) {
+          const int64_t rows = std::min<int64_t>(rt.begin[g + 1] - s0, FRT_MAX_ROWS);
+          const PreparedRows hr{sp.h + s0 * inner, inner,
+                                sp.hsum != nullptr ? sp.hsum + s0 * (inner / group) : nullptr};
+          run_panel(down, p, hr, rows, gate_tile);
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(sp.part + (s0 + r) * ldp + p * FRT_PANEL, gate_tile + r * FRT_PANEL,
+                        FRT_PANEL * sizeof(float));
         }
+      }
+      return ok(err);
+    }
+    case 4: {
+      const int64_t n = a->down[0].n, n_panels = div_up(n, FRT_PANEL);
+      const int64_t ldp = n_panels * FRT_PANEL;
+      float* acc = up_tile;  // [m][FRT_PANEL]: the rows' sums over their experts
+      const Range panels = split(n_panels, ith, nth);
+      for (int64_t p = panels.begin; p < panels.end; ++p) {
+        weighted_sums(rt, a->weight, sp.part, ldp, p, acc);
         store_tile(acc, a->m, p, n, nullptr, a->y, a->y_dtype, a->ldy);
       }
       return ok(err);

@@ -9,8 +9,9 @@
 
 namespace frt::kern {
 
-// gather rows per slot; gate/up panels per expert; group sums of h; down panels, weighted sum
-inline constexpr int32_t kMoePhases = 4;
+// gather rows per slot; gate/up panels per expert; group sums of h; down panels per expert;
+// weighted sums
+inline constexpr int32_t kMoePhases = 5;
 
 int32_t moe_supports_form(const frt_op_desc* d, frt_error* err);
 int32_t moe_supports(const frt_moe_args* a, frt_error* err);

@@ -12,11 +12,14 @@
 //            selected expert, split contiguously; an item runs gate_e's and up_e's tile over the
 //            group's slots four at a time and writes act(gate) * up into h[slot] (fp32);
 //   phase 2  each slot's h row is quantized into blocks of 32 again, with its sums;
-//   phase 3  threads split the panels of n; for each panel, each group in ascending expert order
-//            runs down_e's tile over its slots and adds weight * tile into the rows' fp32
-//            accumulators, stored once at the end; a row's first term is stored, not added to 0.
-// Each selected expert's gate, up and down are read once per call, and each y element sums its
-// terms in (expert, j) order whatever the thread split. The activation is the feed-forward's
+//   phase 3  the work items are (group, panel of n) the same way: an item runs down_e's tile
+//            over the group's slots into part[slot] (fp32);
+//   phase 4  threads split the panels of n; each row adds weight * part[slot] over its slots in
+//            (expert, j) order (weighted_sums, moe_routing.h): its first term stored, not added
+//            to 0.
+// Each selected expert's gate, up and down are read once per call, a thread streams whole
+// experts in phases 1 and 3, and each y element sums its terms in (expert, j) order whatever
+// the thread split. The activation is the feed-forward's
 // (kGemmTiles.activate, Note [GEMM feed-forward]) times up, one scalar product; with the shared
 // tiles and quantizers every variant writes the same bits.
 #include <frt_kern/moe_routing.h>
@@ -53,11 +56,16 @@ struct MoeSpace {
   BlockRows xq;  // [slots] x k
   float* h;      // [slots][inner]
   BlockRows hq;  // [slots] x inner
+  float* part;   // [slots][panels of n * FRT_PANEL]: each slot's expert output, unweighted
 };
+
+// Row stride of part: n padded to whole panels.
+int64_t part_stride(const frt_moe_args* a) { return div_up(a->down[0].n, FRT_PANEL) * FRT_PANEL; }
 
 int64_t space_bytes(const frt_moe_args* a) {
   const int64_t slots = a->m * a->top_k, k = a->gate[0].k, inner = a->gate[0].n;
-  return block_rows_bytes(slots, k) + align64(slots * inner * 4) + block_rows_bytes(slots, inner);
+  return block_rows_bytes(slots, k) + align64(slots * inner * 4) + block_rows_bytes(slots, inner) +
+         align64(slots * part_stride(a) * 4);
 }
 
 MoeSpace carve(const frt_moe_args* a) {
@@ -69,6 +77,8 @@ MoeSpace carve(const frt_moe_args* a) {
   s.h = reinterpret_cast<float*>(base);
   base += align64(slots * inner * 4);
   s.hq = block_view(base, slots, inner);
+  base += block_rows_bytes(slots, inner);
+  s.part = reinterpret_cast<float*>(base);
   return s;
 }
 
@@ -199,30 +209,7 @@ int32_t gemm_moe_supports(const frt_moe_args* a, frt_error* err) {
   for (int64_t e = 0; e < a->experts; ++e)
     if (int32_t r = check_expert(a, e, err); r != FRT_REASON_OK) return r;
   const int64_t k = g0.k, n = d0.n;
-  if (a->x == nullptr || a->y == nullptr)
-    return fail(err, FRT_REASON_LAYOUT, "gemm moe: missing input or output");
-  if (a->index == nullptr || a->weight == nullptr)
-    return fail(err, FRT_REASON_LAYOUT, "gemm moe: missing routing (%s is NULL)",
-                a->index == nullptr ? "index" : "weight");
-  if (a->ldx < k || a->ldy < n)
-    return fail(err, FRT_REASON_LAYOUT,
-                "gemm moe: row strides ldx=%lld, ldy=%lld below widths %lld, %lld",
-                static_cast<long long>(a->ldx), static_cast<long long>(a->ldy),
-                static_cast<long long>(k), static_cast<long long>(n));
-  for (int64_t r = 0; r < a->m; ++r)
-    for (int32_t j = 0; j < a->top_k; ++j) {
-      const int64_t e = a->index[r * a->top_k + j];
-      if (e < 0 || e >= a->experts)
-        return fail(err, FRT_REASON_LAYOUT,
-                    "gemm moe: index[%lld][%d] = %lld outside the bank's %lld experts",
-                    static_cast<long long>(r), j, static_cast<long long>(e),
-                    static_cast<long long>(a->experts));
-      const float w = a->weight[r * a->top_k + j];
-      if (!std::isfinite(w))
-        return fail(err, FRT_REASON_LAYOUT, "gemm moe: weight[%lld][%d] = %g is not finite",
-                    static_cast<long long>(r), j, static_cast<double>(w));
-    }
-  return ok(err);
+  return check_moe_call(a, k, n, "gemm moe", err);
 }
 
 int64_t gemm_moe_workspace(const frt_moe_args* a) {
@@ -246,7 +233,7 @@ int32_t gemm_moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t 
       quantize_slot(sp.h + s * inner, FRT_F32, inner, sp.hq, s);
     return ok(err);
   }
-  if (phase < 0 || phase > 3) return fail(err, FRT_E_INVALID, "gemm moe has no phase %d", phase);
+  if (phase < 0 || phase > 4) return fail(err, FRT_E_INVALID, "gemm moe has no phase %d", phase);
   Routing rt;
   if (!route(a, rt))
     return fail(err, FRT_E_INVALID, "gemm moe: an index lies outside the bank's %lld experts",
@@ -284,31 +271,27 @@ int32_t gemm_moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t 
     }
     return ok(err);
   }
-  // phase 3
-  const int64_t n = a->down[0].n;
-  alignas(64) float acc[FRT_MAX_ROWS * FRT_PANEL];  // the rows' sums over their experts
-  const Range panels = split(div_up(n, FRT_PANEL), ith, nth);
-  for (int64_t p = panels.begin; p < panels.end; ++p) {
-    bool started[FRT_MAX_ROWS] = {};
-    for (int64_t g = 0; g < rt.groups; ++g) {
+  const int64_t n = a->down[0].n, n_panels = div_up(n, FRT_PANEL), ldp = part_stride(a);
+  if (phase == 3) {
+    const Range items = split(rt.groups * n_panels, ith, nth);
+    for (int64_t it = items.begin; it < items.end; ++it) {
+      const int64_t g = it / n_panels, p = it % n_panels;
       const frt_packed_weight* down = a->down + rt.expert[g];
       for (int64_t s0 = rt.begin[g]; s0 < rt.begin[g + 1]; s0 += 4) {
         const int64_t rows = std::min<int64_t>(rt.begin[g + 1] - s0, 4);
         tile(down, p, sp.hq, s0, rows, gate_tile);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t row = rt.row[s0 + r];
-          const float w = a->weight[rt.place[s0 + r]];
-          const float* t = gate_tile + r * FRT_PANEL;
-          float* out = acc + row * FRT_PANEL;
-          if (started[row]) {
-            for (int j = 0; j < FRT_PANEL; ++j) out[j] += w * t[j];
-          } else {
-            for (int j = 0; j < FRT_PANEL; ++j) out[j] = w * t[j];
-            started[row] = true;
-          }
-        }
+        for (int64_t r = 0; r < rows; ++r)
+          std::memcpy(sp.part + (s0 + r) * ldp + p * FRT_PANEL, gate_tile + r * FRT_PANEL,
+                      FRT_PANEL * sizeof(float));
       }
     }
+    return ok(err);
+  }
+  // phase 4
+  alignas(64) float acc[FRT_MAX_ROWS * FRT_PANEL];  // the rows' sums over their experts
+  const Range panels = split(n_panels, ith, nth);
+  for (int64_t p = panels.begin; p < panels.end; ++p) {
+    weighted_sums(rt, a->weight, sp.part, ldp, p, acc);
     gemm_store_rows(acc, a->m, 0, p, n, a->y, a->y_dtype, a->ldy);
   }
   return ok(err);

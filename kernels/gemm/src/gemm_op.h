@@ -34,8 +34,8 @@ int32_t gemm_ffn_run(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t 
 
 // The routed bank of gated experts over the decode forms (FRT_OP_MOE_FFN; int8_gemm with
 // activation blocks of 32, int4_gemm g32): gather and quantize slots; gate/up per expert and
-// panel; requantize h; down per panel (Note [GEMM MoE] in gemm_moe.cpp).
-inline constexpr int32_t kGemmMoePhases = 4;
+// panel; requantize h; down per expert and panel; weighted sums (Note [GEMM MoE] in gemm_moe.cpp).
+inline constexpr int32_t kGemmMoePhases = 5;
 int32_t gemm_moe_supports_form(const frt_op_desc* d, frt_error* err);
 int32_t gemm_moe_supports(const frt_moe_args* a, frt_error* err);
 int64_t gemm_moe_workspace(const frt_moe_args* a);

@@ -4,7 +4,8 @@ routed experts (llama.cpp's ``blk.N.ffn_{gate,up,down}_exps``), as a Source.
 The tensor-name map, the row permutation and the placement of expert tensors (gate and up into
 the halves of a fused gate_up_proj) are transformers' own (its GGUF loader's), found by running
 its tensor processor on row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels
-unchanged, other block types are refused by name, per tensor.
+unchanged, Q4_K re-expressed exactly as int4 g32 (below), other block types are refused by name,
+per tensor.
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ from torch import nn
 from .. import _core
 from .source import Source, weight_form
 
-# GGUF block types the kernels read as they are: bytes per block of 32 and the form they map to.
+# GGUF block types adopted: elements and bytes per block, and the form the kernels read them in.
+# Q8_0, Q4_0 and Q4_1 are laid out unchanged (f16 scales); Q5_0 (W = d * (q - 16), q of 5 bits)
+# is int8 g32 with the file's d, exact (8 bits a weight against the file's 5.5). Q4_K
+# (super-blocks of 256: f16 d and dmin, eight 6-bit scales and mins, 4-bit values) is
+# re-expressed exactly as int4 g32 with f32 scales and mins: sub-block j's
+# W = (d * sc_j) * q - dmin * m_j, both products exact in f32, the product-then-sum the kernels
+# and gguf's own dequantiser compute (6 bits a weight against the file's 4.5). Native forms at
+# the files' own bits are the next step (issue 31).
 _BLOCKS = {
-    "Q8_0": (34, _core.WeightFormat.int8_group, True),
-    "Q4_0": (18, _core.WeightFormat.int4_group, True),
-    "Q4_1": (20, _core.WeightFormat.int4_group, False),
+    "Q8_0": (32, 34, _core.WeightFormat.int8_group, True),
+    "Q4_0": (32, 18, _core.WeightFormat.int4_group, True),
+    "Q4_1": (32, 20, _core.WeightFormat.int4_group, False),
+    "Q5_0": (32, 22, _core.WeightFormat.int8_group, True),
+    "Q4_K": (256, 144, _core.WeightFormat.int4_group, False),
 }
 _UNQUANTISED = {"F32", "F16", "BF16", "F64"}
 # llama.cpp's names of a layer's banks of routed experts: [experts, out, in] in torch order.
@@ -32,20 +42,49 @@ _EXPERTS = re.compile(r"blk\.(?P<blk>\d+)\.ffn_(?P<operand>gate|up|down)_exps\.w
 
 
 def _form(block_type: str) -> _core.WeightForm:
-    _, fmt, symmetric = _BLOCKS[block_type]
+    fmt, symmetric = _BLOCKS[block_type][2:]
     return weight_form("gguf_" + block_type.lower(), block_type.lower(), fmt, 32, symmetric,
-                       f16=True)
+                       f16=block_type != "Q4_K")
+
+
+def _q4_k(blocks: np.ndarray, n: int, k: int) -> tuple:
+    """Q4_K super-blocks [n, k/256, 144] -> (nibbles [n, k], scales f32 [n, k/32], mins f32)."""
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)
+    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+    packed = blocks[..., 4:16].astype(np.uint8)  # 12 bytes: eight 6-bit scales and mins
+    lo, hi = packed[..., 0:4], packed[..., 4:8]
+    tail = packed[..., 8:12]
+    # Sub-blocks 0..3 keep their scale and min in the low 6 bits of bytes 0..3 and 4..7;
+    # 4..7 take a nibble of bytes 8..11 and the top 2 bits of bytes 0..3 (scale) or 4..7 (min).
+    sc = np.concatenate([lo & 63, (tail & 15) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([hi & 63, (tail >> 4) | ((hi >> 6) << 4)], axis=-1)
+    scales = (d * sc.astype(np.float32)).reshape(n, k // 32)
+    mins = -(dmin * mn.astype(np.float32)).reshape(n, k // 32)
+    # 128 bytes of values: four runs of 32 bytes, run r holding sub-block 2r in its low nibbles
+    # and sub-block 2r + 1 in its high nibbles.
+    qs = blocks[..., 16:].reshape(n, k // 256, 4, 1, 32)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).astype(np.int8).reshape(n, k)
+    return q, scales, mins
 
 
 def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> tuple:
-    """GGUF blocks of one [n, k] tensor -> (q int8 [n, k], scales f16 [n, k/32], mins or None).
-    int4 values come out as nibbles 0..15 with W = q*d + m (Q4_0: m = -8 d)."""
-    size = _BLOCKS[block_type][0]
-    blocks = np.ascontiguousarray(raw).reshape(n, k // 32, size)
+    """GGUF blocks of one [n, k] tensor -> (q int8 [n, k], scales [n, k/32], mins or None):
+    scales f16, or f32 for Q4_K. int4 values come out as nibbles 0..15 with W = q*d + m (Q4_0:
+    m = -8 d)."""
+    per, size = _BLOCKS[block_type][:2]
+    blocks = np.ascontiguousarray(raw).reshape(n, k // per, size)
+    if block_type == "Q4_K":
+        return _q4_k(blocks, n, k)
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).reshape(n, k // 32)
     if block_type == "Q8_0":
         q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k)
         return q, d, None
+    if block_type == "Q5_0":  # d, 32 fifth bits (little-endian), 16 bytes of nibbles
+        high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")
+        packed = blocks[..., 6:]
+        low = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+        q = (low | (high << 4)).astype(np.int8) - np.int8(16)
+        return q.reshape(n, k), d, None
     packed = blocks[..., 4:] if block_type == "Q4_1" else blocks[..., 2:]
     # Byte j of a block holds element j (low nibble) and element j + 16 (high nibble).
     q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8).reshape(n, k)
@@ -54,6 +93,22 @@ def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> tuple:
     else:
         m = (-8.0 * d.astype(np.float32)).astype(np.float16)
     return q, d, np.ascontiguousarray(m)
+
+
+def _pack(block_type: str, raw: np.ndarray, n: int, k: int, order: np.ndarray) -> Any:
+    """One [n, k] tensor's blocks laid out for the kernels, its rows in the host's order."""
+    q, d, m = _unpack_blocks(block_type, raw, n, k)
+    if not np.array_equal(order, np.arange(n)):
+        q, d = q[order], d[order]
+        m = m[order] if m is not None else None
+    return _core.from_quantized(_BLOCKS[block_type][2], 32, np.ascontiguousarray(q),
+                                np.ascontiguousarray(d),
+                                None if m is None else np.ascontiguousarray(m))
+
+
+def _refusal(name: str, block_type: str) -> str:
+    return (f"{name} is {block_type} blocks; adoptable: {', '.join(_BLOCKS)} (others refused "
+            f"until supported)")
 
 
 def _open_gguf(path: str) -> Any:
@@ -211,20 +266,11 @@ def _bank_source(model: nn.Module, t: Any, operand: str, blk: str, processor: An
     if btype in _UNQUANTISED:
         return src
     if btype not in _BLOCKS:
-        src.refusal = (f"{t.name} is {btype} blocks; adoptable: {', '.join(_BLOCKS)} (others "
-                       f"refused until supported)")
+        src.refusal = _refusal(t.name, btype)
         return src
     data = np.asarray(t.data).reshape(e, f, -1)
-    identity = np.array_equal(order, np.arange(f))
     src.form = _form(btype)
-    for x in range(e):
-        q, d, m = _unpack_blocks(btype, data[x], f, k)
-        if not identity:
-            q, d = q[order], d[order]
-            m = m[order] if m is not None else None
-        src.packs.append(_core.from_quantized(
-            src.form.format, 32, np.ascontiguousarray(q), np.ascontiguousarray(d),
-            None if m is None else np.ascontiguousarray(m)))
+    src.packs = [_pack(btype, data[x], f, k, order) for x in range(e)]
     return src
 
 
@@ -300,22 +346,15 @@ def sources(model: nn.Module, path: str) -> dict[str, Source]:
             if btype in _UNQUANTISED:
                 continue
             if btype not in _BLOCKS:
-                src.refusal = (f"{t.name} is {btype} blocks; adoptable: "
-                               f"{', '.join(_BLOCKS)} (others refused until supported)")
+                src.refusal = _refusal(t.name, btype)
                 continue
             order = _row_order(processor, t.name, n, name_map, parsed)
             if order is None:
                 src.refusal = (f"{t.name}: transformers' loader transforms it beyond a row "
                                f"permutation; its blocks cannot be adopted as they are")
                 continue
-            q, d, m = _unpack_blocks(btype, t.data, n, k)
-            if not np.array_equal(order, np.arange(n)):
-                q, d = q[order], d[order]
-                m = m[order] if m is not None else None
             src.form = _form(btype)
-            src.pack = _core.from_quantized(src.form.format, 32, np.ascontiguousarray(q),
-                                            np.ascontiguousarray(d),
-                                            None if m is None else np.ascontiguousarray(m))
+            src.pack = _pack(btype, t.data, n, k, order)
     _unplaced(unplaced, name_map, processor, model, path, out)
     if matched == 0:
         raise _core.Refused(f"adopt: no tensor of {path} names a projection of this "

@@ -1,11 +1,15 @@
-// The routing order both bank ops (flashrt/ffn and flashrt/gemm moe_ffn) share: a call's
-// m * top_k slots ordered by (expert, row, j), grouped by expert (Note [MoE slots] in
-// kernels/ffn/src/moe_op.cpp). Each thread computes it itself: deterministic, no shared write.
+// What both bank ops (flashrt/ffn and flashrt/gemm moe_ffn) share: the per-call checks of a
+// call's operands and routing, the routing order (a call's m * top_k slots ordered by
+// (expert, row, j), grouped by expert; Note [MoE slots] in kernels/ffn/src/moe_op.cpp), and the
+// weighted sum of the slots' outputs. Each thread computes the order itself: deterministic, no
+// shared write.
 #pragma once
 
 #include <flashrt/abi/frt_kernel_abi.h>
+#include <frt_kern/util.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace frt::kern {
@@ -13,6 +17,37 @@ namespace frt::kern {
 constexpr int64_t kMaxSlots = int64_t{FRT_MAX_ROWS} * FRT_MAX_TOP_K;
 constexpr int kSlotBits = 9;  // a slot's place r * top_k + j fits the low bits of a sort key
 static_assert(kMaxSlots <= (int64_t{1} << kSlotBits));
+
+// The call's operands for a bank of width k in and n out: x, y and the routing present, row
+// strides that hold the widths, every index inside the bank and every weight finite. `op` names
+// the op in messages ("moe", "gemm moe").
+inline int32_t check_moe_call(const frt_moe_args* a, int64_t k, int64_t n, const char* op,
+                              frt_error* err) {
+  if (a->x == nullptr || a->y == nullptr)
+    return fail(err, FRT_REASON_LAYOUT, "%s: missing input or output", op);
+  if (a->index == nullptr || a->weight == nullptr)
+    return fail(err, FRT_REASON_LAYOUT, "%s: missing routing (%s is NULL)", op,
+                a->index == nullptr ? "index" : "weight");
+  if (a->ldx < k || a->ldy < n)
+    return fail(err, FRT_REASON_LAYOUT,
+                "%s: row strides ldx=%lld, ldy=%lld below widths %lld, %lld", op,
+                static_cast<long long>(a->ldx), static_cast<long long>(a->ldy),
+                static_cast<long long>(k), static_cast<long long>(n));
+  for (int64_t r = 0; r < a->m; ++r)
+    for (int32_t j = 0; j < a->top_k; ++j) {
+      const int64_t e = a->index[r * a->top_k + j];
+      if (e < 0 || e >= a->experts)
+        return fail(err, FRT_REASON_LAYOUT,
+                    "%s: index[%lld][%d] = %lld outside the bank's %lld experts", op,
+                    static_cast<long long>(r), j, static_cast<long long>(e),
+                    static_cast<long long>(a->experts));
+      const float w = a->weight[r * a->top_k + j];
+      if (!std::isfinite(w))
+        return fail(err, FRT_REASON_LAYOUT, "%s: weight[%lld][%d] = %g is not finite", op,
+                    static_cast<long long>(r), j, static_cast<double>(w));
+    }
+  return ok(err);
+}
 
 // The slots in (expert, row, j) order and their groups.
 struct Routing {
@@ -48,6 +83,27 @@ inline bool route(const frt_moe_args* a, Routing& rt) {
   }
   rt.begin[rt.groups] = static_cast<int32_t>(slots);
   return true;
+}
+
+// Panel p of every row's output: acc[row][0..FRT_PANEL) = the sum over the row's slots, in slot
+// ((expert, row, j)) order, of weight * part[slot][p * FRT_PANEL ..], where part holds each
+// slot's unweighted expert output at row stride ldp. A row's first term is stored, not added to
+// a zero, so a row routed to one expert with weight 1 is exactly that expert's output.
+inline void weighted_sums(const Routing& rt, const float* weight, const float* part, int64_t ldp,
+                          int64_t p, float* acc) {
+  bool started[FRT_MAX_ROWS] = {};
+  for (int64_t s = 0; s < rt.slots; ++s) {
+    const int64_t row = rt.row[s];
+    const float w = weight[rt.place[s]];
+    const float* t = part + s * ldp + p * FRT_PANEL;
+    float* out = acc + row * FRT_PANEL;
+    if (started[row]) {
+      for (int j = 0; j < FRT_PANEL; ++j) out[j] += w * t[j];
+    } else {
+      for (int j = 0; j < FRT_PANEL; ++j) out[j] = w * t[j];
+      started[row] = true;
+    }
+  }
 }
 
 }  // namespace frt::kern
