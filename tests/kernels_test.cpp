@@ -31,7 +31,8 @@ const std::vector<Format> kFormats = {
     {"int4_g32_asym_f16", WeightFormat::int4_group, 32, false, DType::f16},
     {"int4_g64_asym", WeightFormat::int4_group, 64, false, DType::f32},
     {"int4_g128_sym_f16", WeightFormat::int4_group, 128, true, DType::f16},
-    {"int4_g128_asym", WeightFormat::int4_group, 128, false, DType::f32}};
+    {"int4_g128_asym", WeightFormat::int4_group, 128, false, DType::f32},
+    {"int8_g16", WeightFormat::int8_group, 16, true, DType::f32}};
 
 // |got - want| within fp32 accumulation error over sum |x w| (plus bf16 output rounding).
 void expect_close(double got, double want, double magnitude, DType out, const std::string& where) {

@@ -1,6 +1,6 @@
 """GGUF checkpoints written the way llama.cpp's converter writes them, for adoption tests.
-Block types gguf can quantise to are its quantiser's; Q4_K, which it only dequantises, is random
-valid super-blocks at the weights' scale.
+Block types gguf can quantise to are its quantiser's; Q4_K and Q6_K, which it only dequantises,
+are random valid super-blocks at the weights' scale.
 
 The file's tensors are the host's projections quantised by gguf's own quantisers, named by
 transformers' own tensor-name map, with q/k rows in the file's order (the inverse of the row
@@ -36,20 +36,24 @@ _BANK = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps")
 
 
 def _k_quant_blocks(rows: np.ndarray, qt) -> np.ndarray:
-    """Q4_K blocks for `rows` [..., k] (k a multiple of 256), which gguf has no quantiser for:
-    random valid super-blocks (any bytes with finite f16 d and dmin are one) scaled to each row's
-    magnitude, so the file's dequantised weights are in the host's range (W in [-amax/2, amax])."""
-    if qt != gguf.GGMLQuantizationType.Q4_K:
-        raise NotImplementedError(f"no test blocks for {qt.name}")
+    """Q4_K or Q6_K blocks for `rows` [..., k] (k a multiple of 256), which gguf has no quantiser
+    for: random valid super-blocks (any bytes with finite f16 scales are one) scaled to each
+    row's magnitude, so the file's dequantised weights are in the host's range."""
     lead, k = rows.shape[:-1], rows.shape[-1]
     rng = np.random.default_rng(int(k) * 7 + rows.size)
-    blocks = rng.integers(0, 256, size=(*lead, k // 256, 144), dtype=np.uint8)
     amax = np.abs(rows).max(axis=-1, keepdims=True).astype(np.float32)[..., None]
-    d = np.broadcast_to(amax / (15 * 63), (*lead, k // 256, 1)).astype(np.float16)
-    dmin = np.broadcast_to(amax / (63 * 2), (*lead, k // 256, 1)).astype(np.float16)
-    blocks[..., 0:2] = d.view(np.uint8)
-    blocks[..., 2:4] = dmin.view(np.uint8)
-    return blocks.reshape(*lead, k // 256 * 144)
+    def f16(v: np.ndarray) -> np.ndarray:  # one f16 per super-block, as its two bytes
+        return np.broadcast_to(v, (*lead, k // 256, 1)).astype(np.float16).view(np.uint8)
+
+    if qt == gguf.GGMLQuantizationType.Q4_K:  # W = d*sc*q - dmin*m in [-amax/2, amax]
+        blocks = rng.integers(0, 256, size=(*lead, k // 256, 144), dtype=np.uint8)
+        blocks[..., 0:2], blocks[..., 2:4] = f16(amax / (15 * 63)), f16(amax / (63 * 2))
+    elif qt == gguf.GGMLQuantizationType.Q6_K:  # W = d*sc*q, |W| <= amax
+        blocks = rng.integers(0, 256, size=(*lead, k // 256, 210), dtype=np.uint8)
+        blocks[..., 208:210] = f16(amax / (128 * 32))
+    else:
+        raise NotImplementedError(f"no test blocks for {qt.name}")
+    return blocks.reshape(*lead, k // 256 * blocks.shape[-1])
 
 
 def _quantize(rows: np.ndarray, qt) -> np.ndarray:

@@ -24,7 +24,7 @@ def llama_gqa() -> LlamaForCausalLM:
 
 
 @pytest.mark.parametrize("make", [llama_gqa, hosts.qwen3], ids=["llama", "qwen3"])
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"])
 def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, make, qtype):
     model = make()
     path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
@@ -36,10 +36,10 @@ def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, ma
     tag = qtype.lower()
     assert f"_{tag} (" in text, text
     # Every seated projection is the file's own blocks: exact, or fp32 rounding of d*q + m (Q5_0's
-    # d*(q-16) is exact; Q4_K's f32 scale d*sc and min -dmin*m are, and the product then sum is
-    # gguf's own).
+    # d*(q-16) is exact; the K-quants' f32 scale d*sc and min -dmin*m are, and the product then
+    # sum is gguf's own).
     assert report.conversion, text
-    exact = qtype in ("Q5_0", "Q4_K")
+    exact = qtype in ("Q5_0", "Q4_K", "Q6_K")
     assert report.worst_conversion <= (0.0 if exact else 1e-6), report.conversion
     hosts.computes_then_detaches(report, model, x, want, 0.99999)
 
@@ -91,14 +91,21 @@ def test_unknown_formats_and_a_missing_source_are_clear_errors():
         S.adopt_prequantized(model, "gguf")
 
 
-@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
 def test_decode_loop_runs_over_re_expressed_blocks_and_passes_its_self_check(tmp_path, qtype):
-    """Q5_0 and Q4_K are laid out in the int8 / int4 g32 forms: the decode program takes the
-    adopted packs like any seat's, and its self-check against the seated host passes."""
+    """Q5_0, Q4_K and Q6_K are laid out in the int8 g32, int4 g32 and int8 g16 forms: the
+    decode program takes the adopted packs like any seat's, and its self-check against the
+    seated host passes; Q4_K_M is llama.cpp's mix (Q6_K for the head, attn_v and half the
+    ffn_down, Q4_K for the rest), each projection seated in its own form."""
     model = hosts.qwen3()
+    mix: str | dict[str, str] = qtype
+    if qtype == "Q4_K_M":
+        mix = {"*": "Q4_K", "output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K",
+               "blk.1.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K"}
     report = S.adopt_prequantized(model, "gguf",
-                                  gguf_files.write(model, tmp_path / "m.gguf", qtype))
+                                  gguf_files.write(model, tmp_path / "m.gguf", mix))
     try:
+        assert not report.plan.refused and report.worst_conversion == 0.0, S.explain(report)
         loop = S.decode_loop(model, max_len=64)
         assert loop.self_check["verdict"] == "passed", loop.self_check
         assert loop.self_check["min_cosine"] >= 0.999, loop.self_check

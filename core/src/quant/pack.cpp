@@ -9,6 +9,7 @@
 #include <mutex>
 #include <new>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "quant/f16.h"
@@ -84,10 +85,12 @@ float write_scale(void* base, int64_t i, DType dt, float v) {
   return frt_f16_to_f32(h);
 }
 
+// int8 also takes groups of 16 (GGUF Q6_K's sub-blocks, adopted exactly); int4 does not.
 void check_group(int group, int64_t k, const char* bits, const std::string& what) {
-  if (group != 32 && group != 64 && group != 128)
+  const bool int8 = std::string_view(bits) == "int8";
+  if (group != 32 && group != 64 && group != 128 && (!int8 || group != 16))
     throw InvalidArgument(std::string("pack: ") + bits + " group " + std::to_string(group) +
-                          " not in {32, 64, 128}");
+                          (int8 ? " not in {16, 32, 64, 128}" : " not in {32, 64, 128}"));
   if (k % group != 0)
     throw InvalidArgument(std::string("pack: ") + bits + " width k=" + std::to_string(k) +
                           " is not a multiple of group " + std::to_string(group) + " (" + what +

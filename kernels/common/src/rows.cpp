@@ -17,9 +17,12 @@ int32_t check_weight_form(int32_t wformat, int32_t group, int32_t scale_dtype, i
   }
   if (wformat != FRT_W_INT4_GROUP && wformat != FRT_W_INT8_GROUP)
     return fail(err, FRT_REASON_FORMAT, "%s: unknown weight format %d", what, wformat);
-  const char* bits = wformat == FRT_W_INT4_GROUP ? "int4" : "int8";
-  if (group != 32 && group != 64 && group != 128)
-    return fail(err, FRT_REASON_FORMAT, "%s: %s group %d not in {32, 64, 128}", what, bits, group);
+  const bool int4 = wformat == FRT_W_INT4_GROUP;
+  const char* bits = int4 ? "int4" : "int8";
+  // int8 also takes groups of 16: GGUF Q6_K's sub-blocks, laid out exactly.
+  if (group != 32 && group != 64 && group != 128 && (int4 || group != 16))
+    return fail(err, FRT_REASON_FORMAT, "%s: %s group %d not in {%s32, 64, 128}", what, bits, group,
+                int4 ? "" : "16, ");
   if (k % group != 0)
     return fail(err, FRT_REASON_SHAPE, "%s: %s width k=%lld is not a multiple of group %d", what,
                 bits, static_cast<long long>(k), group);

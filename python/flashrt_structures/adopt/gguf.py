@@ -4,7 +4,7 @@ routed experts (llama.cpp's ``blk.N.ffn_{gate,up,down}_exps``), as a Source.
 The tensor-name map, the row permutation and the placement of expert tensors (gate and up into
 the halves of a fused gate_up_proj) are transformers' own (its GGUF loader's), found by running
 its tensor processor on row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels
-unchanged, Q4_K re-expressed exactly as int4 g32 (below), other block types are refused by name,
+unchanged, Q5_0, Q4_K and Q6_K re-expressed exactly (below), other block types are refused by name,
 per tensor.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from torch import nn
@@ -21,20 +21,34 @@ from torch import nn
 from .. import _core
 from .source import Source, weight_form
 
-# GGUF block types adopted: elements and bytes per block, and the form the kernels read them in.
-# Q8_0, Q4_0 and Q4_1 are laid out unchanged (f16 scales); Q5_0 (W = d * (q - 16), q of 5 bits)
-# is int8 g32 with the file's d, exact (8 bits a weight against the file's 5.5). Q4_K
-# (super-blocks of 256: f16 d and dmin, eight 6-bit scales and mins, 4-bit values) is
-# re-expressed exactly as int4 g32 with f32 scales and mins: sub-block j's
-# W = (d * sc_j) * q - dmin * m_j, both products exact in f32, the product-then-sum the kernels
-# and gguf's own dequantiser compute (6 bits a weight against the file's 4.5). Native forms at
-# the files' own bits are the next step (issue 31).
+
+class _Block(NamedTuple):
+    """A GGUF block type as adopted: its elements and bytes per block, and the form the kernels
+    read it in (format, group, symmetric, f16 scales)."""
+
+    per: int
+    size: int
+    format: Any
+    group: int
+    symmetric: bool
+    f16: bool
+
+
+# Q8_0, Q4_0 and Q4_1 are laid out unchanged (f16 scales). The others are re-expressed exactly in
+# an existing form, at more bits a weight than the file's own (native forms are issue 31's next
+# step): Q5_0 (W = d * (q - 16), q of 5 bits) is int8 g32 with the file's d (8 bits against 5.5);
+# Q4_K (super-blocks of 256: f16 d and dmin, eight 6-bit scales and mins, 4-bit values) is int4
+# g32 with f32 scale d * sc_j and min -dmin * m_j (6 bits against 4.5); Q6_K (super-blocks of
+# 256: f16 d, sixteen int8 scales, 6-bit values) is int8 g16 with f32 scale d * sc_j (10 bits
+# against 6.56). Every scale and min is a product exact in f32, and W = scale * q (+ min) is then
+# the product-then-sum the kernels and gguf's own dequantiser compute, bit for bit.
 _BLOCKS = {
-    "Q8_0": (32, 34, _core.WeightFormat.int8_group, True),
-    "Q4_0": (32, 18, _core.WeightFormat.int4_group, True),
-    "Q4_1": (32, 20, _core.WeightFormat.int4_group, False),
-    "Q5_0": (32, 22, _core.WeightFormat.int8_group, True),
-    "Q4_K": (256, 144, _core.WeightFormat.int4_group, False),
+    "Q8_0": _Block(32, 34, _core.WeightFormat.int8_group, 32, True, True),
+    "Q4_0": _Block(32, 18, _core.WeightFormat.int4_group, 32, True, True),
+    "Q4_1": _Block(32, 20, _core.WeightFormat.int4_group, 32, False, True),
+    "Q5_0": _Block(32, 22, _core.WeightFormat.int8_group, 32, True, True),
+    "Q4_K": _Block(256, 144, _core.WeightFormat.int4_group, 32, False, False),
+    "Q6_K": _Block(256, 210, _core.WeightFormat.int8_group, 16, True, False),
 }
 _UNQUANTISED = {"F32", "F16", "BF16", "F64"}
 # llama.cpp's names of a layer's banks of routed experts: [experts, out, in] in torch order.
@@ -42,9 +56,9 @@ _EXPERTS = re.compile(r"blk\.(?P<blk>\d+)\.ffn_(?P<operand>gate|up|down)_exps\.w
 
 
 def _form(block_type: str) -> _core.WeightForm:
-    fmt, symmetric = _BLOCKS[block_type][2:]
-    return weight_form("gguf_" + block_type.lower(), block_type.lower(), fmt, 32, symmetric,
-                       f16=block_type != "Q4_K")
+    b = _BLOCKS[block_type]
+    return weight_form("gguf_" + block_type.lower(), block_type.lower(), b.format, b.group,
+                       b.symmetric, f16=b.f16)
 
 
 def _q4_k(blocks: np.ndarray, n: int, k: int) -> tuple:
@@ -67,14 +81,31 @@ def _q4_k(blocks: np.ndarray, n: int, k: int) -> tuple:
     return q, scales, mins
 
 
+def _q6_k(blocks: np.ndarray, n: int, k: int) -> tuple:
+    """Q6_K super-blocks [n, k/256, 210] -> (q int8 [n, k] in -32..31, scales f32 [n, k/16])."""
+    nb = k // 256
+    # Each half of 128 values: 64 bytes of low nibbles (values 0..63 low, then 64..127 high)
+    # and 32 bytes holding four values' top two bits each (bits 2t..2t+1: value 32t + l).
+    ql = blocks[..., 0:128].reshape(n, nb, 2, 64)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=-1)
+    qh = blocks[..., 128:192].reshape(n, nb, 2, 1, 32)
+    high = ((qh >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)) & 3).reshape(n, nb, 2, 128)
+    q = (low | (high << 4)).astype(np.int8) - np.int8(32)
+    sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
+    d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16).astype(np.float32)
+    return q.reshape(n, k), (d * sc).reshape(n, k // 16), None
+
+
 def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> tuple:
-    """GGUF blocks of one [n, k] tensor -> (q int8 [n, k], scales [n, k/32], mins or None):
-    scales f16, or f32 for Q4_K. int4 values come out as nibbles 0..15 with W = q*d + m (Q4_0:
-    m = -8 d)."""
-    per, size = _BLOCKS[block_type][:2]
-    blocks = np.ascontiguousarray(raw).reshape(n, k // per, size)
+    """GGUF blocks of one [n, k] tensor -> (q int8 [n, k], scales [n, k/group], mins or None):
+    scales f16, or f32 for the K-quants. int4 values come out as nibbles 0..15 with W = q*d + m
+    (Q4_0: m = -8 d)."""
+    b = _BLOCKS[block_type]
+    blocks = np.ascontiguousarray(raw).reshape(n, k // b.per, b.size)
     if block_type == "Q4_K":
         return _q4_k(blocks, n, k)
+    if block_type == "Q6_K":
+        return _q6_k(blocks, n, k)
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).reshape(n, k // 32)
     if block_type == "Q8_0":
         q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k)
@@ -101,7 +132,8 @@ def _pack(block_type: str, raw: np.ndarray, n: int, k: int, order: np.ndarray) -
     if not np.array_equal(order, np.arange(n)):
         q, d = q[order], d[order]
         m = m[order] if m is not None else None
-    return _core.from_quantized(_BLOCKS[block_type][2], 32, np.ascontiguousarray(q),
+    b = _BLOCKS[block_type]
+    return _core.from_quantized(b.format, b.group, np.ascontiguousarray(q),
                                 np.ascontiguousarray(d),
                                 None if m is None else np.ascontiguousarray(m))
 

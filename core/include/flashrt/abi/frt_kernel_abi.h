@@ -94,8 +94,10 @@ enum frt_op_kind {
  *
  * FRT_W_INT8_CHANNEL: qdata int8 [P][k][FRT_PANEL]; scales f32 [P*FRT_PANEL];
  *   W[c][i] = q * scales[c].
- * FRT_W_INT8_GROUP: group size g in {32, 64, 128}, k % g == 0; qdata int8 [P][k][FRT_PANEL];
- *   scales [P][k/g][FRT_PANEL] in scale_dtype;  W[c][i] = q * scale.      (GGUF Q8_0 at g = 32)
+ * FRT_W_INT8_GROUP: group size g in {16, 32, 64, 128}, k % g == 0; qdata int8 [P][k][FRT_PANEL];
+ *   scales [P][k/g][FRT_PANEL] in scale_dtype;  W[c][i] = q * scale.      (GGUF Q8_0 at g = 32,
+ *   Q6_K at g = 16 with f32 scales d * sc; packages before flashrt/linear 2.1, flashrt/ffn 2.2
+ *   and flashrt/decode 2.1 refuse g = 16)
  * FRT_W_INT4_GROUP: group size g in {32, 64, 128}, k % g == 0; nibbles q in [0, 15];
  *   qdata uint8 [P][k/2][FRT_PANEL], byte = q(c, 2r) | q(c, 2r+1) << 4;
  *   scales, mins [P][k/g][FRT_PANEL] in scale_dtype;  W[c][i] = q * scale + min.
