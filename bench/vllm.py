@@ -69,7 +69,8 @@ QWEN3_30B_A3B = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144
                      moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                      norm_topk_prob=True, num_attention_heads=32, num_key_value_heads=4,
                      head_dim=128, max_position_embeddings=4096, tie_word_embeddings=False)
-MOE_ARMS = {"vllm": None, "w8": "w8a16_decode", "w4": "w4a16_decode"}
+MOE_ARMS = {"vllm": None, "w8": "w8a16_decode", "w4": "w4a16_decode", "w8a8": "w8a8_decode",
+            "w4a8": "w4a8_decode"}
 BANK_ROWS = (1, 4, 8, 16)
 
 
