@@ -114,13 +114,20 @@ def run(arm: dict, model, prompt: torch.Tensor, new: int) -> dict:
             handle.detach()
 
 
-def llama_arm(llm, prompt: torch.Tensor, new: int) -> dict:
-    """llama.cpp: prefill the prompt in one batch, then one eval a token, greedy on the last
-    logits (llama-cpp-python keeps no scores without logits_all)."""
+def llama_logits(llm) -> torch.Tensor:
+    """The last evaluated position's logits (llama-cpp-python keeps no scores without
+    logits_all), as a view of llama.cpp's buffer."""
     import numpy as np
 
+    return torch.from_numpy(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)))
+
+
+def llama_arm(llm, prompt: torch.Tensor, new: int) -> dict:
+    """llama.cpp: prefill the prompt in one batch, then one eval a token, greedy on the last
+    logits."""
+
     def argmax() -> int:
-        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+        return int(llama_logits(llm).argmax())
 
     llm.reset()
     t0 = time.perf_counter()
@@ -157,7 +164,6 @@ def llama_arms(model, arms: dict, max_len: int, step: torch.Tensor, want: torch.
         import tempfile
 
         import llama_cpp
-        import numpy as np
 
         from decode import llama_isa
         from gguf_export import export_qwen3_moe
@@ -172,10 +178,9 @@ def llama_arms(model, arms: dict, max_len: int, step: torch.Tensor, want: torch.
                               n_threads=os.cpu_count(), logits_all=False, verbose=False)
         llm.reset()
         llm.eval(step[0].tolist())
-        logits = torch.tensor(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)))
         arms[f"llama.cpp {quant}"] = {
             "llama": llm, "swaps": None, "bind_s": time.perf_counter() - t0,
-            "logits_cosine": cosine(logits, want),
+            "logits_cosine": cosine(llama_logits(llm), want),
             "bytes": gguf_step_bytes(path, cfg.num_experts_per_tok, cfg.num_experts)}
     return (f"llama-cpp-python {llama_cpp.__version__}: GGUF (qwen3moe) written from the same "
             "weights by the gguf package; " + llama_isa(llama_cpp))

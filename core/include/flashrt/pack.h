@@ -86,6 +86,7 @@ class PackedLinear {
 
  private:
   PackedLinear() = default;
+  int64_t scale_buffer_bytes() const;  // the scales' buffer (and the mins', as long)
   struct Buffer {
     Buffer() noexcept : owned(true) {}
     explicit Buffer(bool own) noexcept : owned(own) {}

@@ -9,7 +9,6 @@
 #include <mutex>
 #include <new>
 #include <sstream>
-#include <string_view>
 #include <utility>
 
 #include "quant/f16.h"
@@ -86,11 +85,11 @@ float write_scale(void* base, int64_t i, DType dt, float v) {
 }
 
 // int8 also takes groups of 16 (GGUF Q6_K's sub-blocks, adopted exactly); int4 does not.
-void check_group(int group, int64_t k, const char* bits, const std::string& what) {
-  const bool int8 = std::string_view(bits) == "int8";
-  if (group != 32 && group != 64 && group != 128 && (!int8 || group != 16))
+void check_group(int group, int64_t k, bool int4, const std::string& what) {
+  const char* bits = int4 ? "int4" : "int8";
+  if (group != 32 && group != 64 && group != 128 && (int4 || group != 16))
     throw InvalidArgument(std::string("pack: ") + bits + " group " + std::to_string(group) +
-                          (int8 ? " not in {16, 32, 64, 128}" : " not in {32, 64, 128}"));
+                          (int4 ? " not in {32, 64, 128}" : " not in {16, 32, 64, 128}"));
   if (k % group != 0)
     throw InvalidArgument(std::string("pack: ") + bits + " width k=" + std::to_string(k) +
                           " is not a multiple of group " + std::to_string(group) + " (" + what +
@@ -186,10 +185,9 @@ PackStats PackedLinear::compare(const TensorView& w) const {
 WeightFormat PackedLinear::format() const { return static_cast<WeightFormat>(view_.format); }
 
 int64_t PackedLinear::nbytes() const {
-  const int64_t per = view_.scale_dtype == FRT_F16 ? 2 : 4;
   const bool two = view_.format == FRT_W_INT4_GROUP || view_.format == FRT_W_INT8_GEMM ||
                    (view_.format == FRT_W_INT4_GEMM && view_.mins != nullptr);
-  return qbytes_ + scale_count_ * per * (two ? 2 : 1);  // scales, and mins or column sums
+  return qbytes_ + scale_buffer_bytes() * (two ? 2 : 1);  // scales, and mins or column sums
 }
 
 namespace {
@@ -200,13 +198,17 @@ int64_t region_piece(int64_t bytes) { return (bytes + 63) / 64 * 64 + 64; }
 
 }  // namespace
 
+int64_t PackedLinear::scale_buffer_bytes() const {
+  return scale_count_ * (view_.scale_dtype == FRT_F16 ? 2 : 4);
+}
+
 int64_t PackedLinear::region_bytes() const {
-  const int64_t scale = scale_count_ * (view_.scale_dtype == FRT_F16 ? 2 : 4);
+  const int64_t scale = scale_buffer_bytes();
   return region_piece(qbytes_) + region_piece(scale) + (mins_ ? region_piece(scale) : 0);
 }
 
 void PackedLinear::relocate(void* region) {
-  const int64_t scale = scale_count_ * (view_.scale_dtype == FRT_F16 ? 2 : 4);
+  const int64_t scale = scale_buffer_bytes();
   auto* at = static_cast<char*>(region);
   const auto move = [&](std::unique_ptr<void, Buffer>& buffer, int64_t bytes) {
     if (!buffer) return;
@@ -241,7 +243,7 @@ PackedLinear PackedLinear::int8(const TensorView& w, int group, DType scale_dtyp
   check_weight(w);
   check_scale_dtype(scale_dtype);
   const int64_t n = w.shape[0], k = w.shape[1];
-  if (group != 0) check_group(group, k, "int8", w.describe());
+  if (group != 0) check_group(group, k, false, w.describe());
   if (group == 0 && scale_dtype != DType::f32)
     throw InvalidArgument("pack: int8 per-channel scales are f32");
   const WeightFormat format = group == 0 ? WeightFormat::int8_channel : WeightFormat::int8_group;
@@ -275,7 +277,7 @@ PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric, 
   check_weight(w);
   check_scale_dtype(scale_dtype);
   const int64_t n = w.shape[0], k = w.shape[1];
-  check_group(group, k, "int4", w.describe());
+  check_group(group, k, true, w.describe());
   const int64_t groups = k / group;
   PackedLinear p = PackAccess::allocate(WeightFormat::int4_group, group, n, k, scale_dtype);
   p.symmetric_ = symmetric;
@@ -320,7 +322,7 @@ PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
     if (in.scale_dtype != DType::f32)
       throw InvalidArgument("adopt: int8 per-channel scales are f32");
   } else {
-    check_group(in.group, k, int4 ? "int4" : "int8", "adopted weight");
+    check_group(in.group, k, int4, "adopted weight");
   }
   if (int4 && in.mins == nullptr) throw InvalidArgument("adopt: int4 weight without mins");
   const int group = in.format == WeightFormat::int8_channel ? 0 : in.group;

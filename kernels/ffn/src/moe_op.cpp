@@ -55,11 +55,10 @@ struct MoeSizes {
 MoeSizes sizes(const frt_moe_args* a) {
   const frt_packed_weight& g = a->gate[0];
   const int64_t slots = a->m * a->top_k, k = g.k, inner = g.n;
-  const int64_t n_padded = div_up(a->down[0].n, FRT_PANEL) * FRT_PANEL;
   const bool int4 = g.format == FRT_W_INT4_GROUP && g.group > 0;
   return {align64(slots * k * 4), int4 ? align64(slots * (k / g.group) * 4) : 0,
           align64(slots * inner * 4), int4 ? align64(slots * (inner / g.group) * 4) : 0,
-          align64(slots * n_padded * 4)};
+          align64(slots * part_stride(a) * 4)};
 }
 
 MoeSpace carve(const frt_moe_args* a) {
@@ -238,7 +237,7 @@ int32_t moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t nth, 
       return ok(err);
     }
     case 3: {
-      const int64_t n_panels = div_up(a->down[0].n, FRT_PANEL), ldp = n_panels * FRT_PANEL;
+      const int64_t n_panels = div_up(a->down[0].n, FRT_PANEL), ldp = part_stride(a);
       const Range items = split(rt.groups * n_panels, ith, nth);
       for (int64_t it = items.begin; it < items.end; ++it) {
         const int64_t g = it / n_panels, p = it % n_panels;
@@ -256,8 +255,7 @@ int32_t moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t nth, 
       return ok(err);
     }
     case 4: {
-      const int64_t n = a->down[0].n, n_panels = div_up(n, FRT_PANEL);
-      const int64_t ldp = n_panels * FRT_PANEL;
+      const int64_t n = a->down[0].n, n_panels = div_up(n, FRT_PANEL), ldp = part_stride(a);
       float* acc = up_tile;  // [m][FRT_PANEL]: the rows' sums over their experts
       const Range panels = split(n_panels, ith, nth);
       for (int64_t p = panels.begin; p < panels.end; ++p) {

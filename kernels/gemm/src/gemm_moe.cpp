@@ -59,9 +59,6 @@ struct MoeSpace {
   float* part;   // [slots][panels of n * FRT_PANEL]: each slot's expert output, unweighted
 };
 
-// Row stride of part: n padded to whole panels.
-int64_t part_stride(const frt_moe_args* a) { return div_up(a->down[0].n, FRT_PANEL) * FRT_PANEL; }
-
 int64_t space_bytes(const frt_moe_args* a) {
   const int64_t slots = a->m * a->top_k, k = a->gate[0].k, inner = a->gate[0].n;
   return block_rows_bytes(slots, k) + align64(slots * inner * 4) + block_rows_bytes(slots, inner) +

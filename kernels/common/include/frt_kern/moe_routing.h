@@ -85,6 +85,11 @@ inline bool route(const frt_moe_args* a, Routing& rt) {
   return true;
 }
 
+// Row stride of a slot's unweighted output (`part` below): the bank's width n in whole panels.
+inline int64_t part_stride(const frt_moe_args* a) {
+  return div_up(a->down[0].n, FRT_PANEL) * FRT_PANEL;
+}
+
 // Panel p of every row's output: acc[row][0..FRT_PANEL) = the sum over the row's slots, in slot
 // ((expert, row, j)) order, of weight * part[slot][p * FRT_PANEL ..], where part holds each
 // slot's unweighted expert output at row stride ldp. A row's first term is stored, not added to
