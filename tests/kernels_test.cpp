@@ -490,6 +490,17 @@ TEST_P(FfnKernel, FormRefusalAnswersForTheDescribedForm) {
   gated_desc.act = FRT_ACT_SILU;
   gated_desc.has_bias = 0;
   EXPECT_EQ(form_refusal(*t, gated_desc), "");
+  // Groups of 16 are an int8 form (GGUF Q6_K's sub-blocks); int4 and other sizes are refused.
+  frt_op_desc g16 = good;
+  g16.wformat = FRT_W_INT8_GROUP;
+  g16.group = 16;
+  EXPECT_EQ(form_refusal(*t, g16), "");
+  g16.wformat = FRT_W_INT4_GROUP;
+  EXPECT_NE(form_refusal(*t, g16).find("int4 group 16 not in {32, 64, 128}"), std::string::npos);
+  frt_op_desc g8 = good;
+  g8.wformat = FRT_W_INT8_GROUP;
+  g8.group = 8;
+  EXPECT_NE(form_refusal(*t, g8).find("int8 group 8 not in {16, 32, 64, 128}"), std::string::npos);
 
   // An op kind the package does not own: the message names the package and the op.
   frt_op_desc linear_desc = good;

@@ -212,6 +212,25 @@ TEST(Pack, HalfScalesAreRoundedBeforeTheWeightsAreQuantisedAgainstThem) {
 namespace frt {
 namespace {
 
+// int8 packs in groups of 16 (GGUF Q6_K's sub-blocks); int4 does not, and no form takes 8.
+TEST(Pack, GroupsOf16AreInt8OnlyAndOtherSizesAreRefusedByName) {
+  std::vector<float> w(16 * 64, 0.25f);
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, 16, 64, 64);
+  EXPECT_EQ(PackedLinear::int8(v, 16, DType::f32).group(), 16);
+  const auto refused = [](auto pack, const std::string& want) {
+    try {
+      pack();
+      ADD_FAILURE() << "not refused: " << want;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { return PackedLinear::int4(v, 16, true, DType::f32); },
+          "int4 group 16 not in {32, 64, 128}");
+  refused([&] { return PackedLinear::int8(v, 8, DType::f32); },
+          "int8 group 8 not in {16, 32, 64, 128}");
+}
+
 // relocate() moves every buffer of every form into the caller's region and changes nothing the
 // kernels read: the dequantised weight, the byte count and the form stay, the views point into
 // the region, and destroying the pack leaves the region to its owner (ASan sees a stray free).
