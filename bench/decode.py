@@ -25,6 +25,7 @@ they are measured when importable and reported as not installed otherwise.
     .venv/bin/python bench/decode.py                  # writes bench/results/<tier>/decode.json
     FRT_CPU_CAP=avx2 .venv/bin/python bench/decode.py # the AVX2 tier on an AVX-512 machine
     .venv/bin/python bench/decode.py --model smollm2  # bench/results/<tier>/decode_smollm2.json
+    .venv/bin/python bench/decode.py --family all --layers 4  # decode_families.json
 """
 
 from __future__ import annotations
@@ -227,6 +228,82 @@ def smollm2_main(args) -> int:
     return 0
 
 
+FAMILY_SCHEMES = {"loop_w8": "w8a16_decode", "loop_w4a8": "w4a8_decode"}
+
+
+def family_run(name: str, args) -> dict:
+    """One family of bench/families.py: the host's own forward with its cache (what greedy
+    generate does) and the loop over w8a16 and w4a8 seats, alternated round by round; prefill
+    and decode apart, each loop's decode held against the bracketing bandwidth probes."""
+    from families import FAMILIES
+
+    build, released = FAMILIES[name]
+    model = build(args.layers)
+    cfg = model.config
+    prompt_len, new = args.prompt, args.new
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len),
+                           generator=torch.Generator().manual_seed(1))
+    loops = {}
+    for arm, scheme in FAMILY_SCHEMES.items():
+        handle = S.auto_swaps(model, lambda: model(prompt[:, :1]), scheme=scheme).attach(model)
+        loops[arm] = S.decode_loop(model, prompt_len + new)
+        handle.detach()
+
+    def step_bytes(lp):
+        return lambda pos: lp.weight_bytes + kv_bytes(cfg, pos, 4)
+
+    arms = {"host": lambda: host_arm(model, prompt, new),
+            **{arm: (lambda lp=lp: loop_arm(lp, prompt, new, step_bytes(lp)))
+               for arm, lp in loops.items()}}
+    samples: dict[str, list] = {n: [] for n in arms}
+    for _ in range(args.rounds):
+        for arm, fn in arms.items():
+            samples[arm].append(fn())
+    host_tokens = samples["host"][0][2]
+    host_decode = statistics.median(s[1] for s in samples["host"]) / (new - 1)
+    host_prefill = statistics.median(s[0] for s in samples["host"])
+    binding = loops["loop_w8"].plan.binding
+    print(f"\n{name}: {released} widths, {args.layers} layers, fp32 random weights, batch 1, "
+          f"prompt {prompt_len}, new {new}; binding {binding}")
+    print(f"{'arm':<11}{'prefill tok/s':>14}{'vs host':>9}{'decode tok/s':>14}{'vs host':>9}"
+          f"{'of floor':>10}{'tokens = host':>15}")
+    rows = []
+    for arm in arms:
+        pre = statistics.median(s[0] for s in samples[arm])
+        dec = statistics.median(s[1] for s in samples[arm]) / (new - 1)
+        brackets = [b for s in samples[arm] for b in s[3]]
+        same = sum(a == b for a, b in zip(samples[arm][0][2], host_tokens)) / new
+        row = {"arm": arm, "prefill_tok_s": prompt_len / pre,
+               "prefill_speedup_vs_host": host_prefill / pre, "decode_tok_s": 1 / dec,
+               "decode_speedup_vs_host": host_decode / dec,
+               "weight_bytes_per_token": (loops[arm].weight_bytes if arm in loops
+                                          else host_weight_bytes(model)),
+               "greedy_tokens_same_as_host": same}
+        if brackets:
+            row["floor"] = summarize(brackets)
+            row["frac_of_floor"] = row["floor"]["frac_of_bandwidth"]
+        rows.append(row)
+        fl = f"{row['frac_of_floor']:>10.0%}" if brackets else f"{'-':>10}"
+        print(f"{arm:<11}{row['prefill_tok_s']:>14.1f}{row['prefill_speedup_vs_host']:>8.2f}x"
+              f"{row['decode_tok_s']:>14.2f}{row['decode_speedup_vs_host']:>8.2f}x{fl}"
+              f"{same:>15.0%}")
+    return {"released": released, "layers": args.layers, "binding": binding, "rows": rows}
+
+
+def family_main(args) -> int:
+    """Every family asked for, one after another (bench/results/<tier>/decode_families.json).
+    llama.cpp is not an arm here: bench/gguf_export.py writes the Qwen3 families only."""
+    from families import FAMILIES
+
+    names = list(FAMILIES) if args.family == "all" else args.family.split(",")
+    print(f"machine: {machine()}")
+    result = {"bench": "decode_families", "machine": machine(), "prompt": args.prompt,
+              "new_tokens": args.new, "rounds": args.rounds,
+              "families": {name: family_run(name, args) for name in names}}
+    write_result(result_path(args.json, "decode_families"), result)
+    return 0
+
+
 def arm_filter(arms: str) -> Callable[[str], bool]:
     """--arms: 'all', or a comma list; the host always runs (the others are judged against it),
     and attached_w8 needs loop_w8's plan."""
@@ -250,10 +327,17 @@ def main() -> int:
     parser.add_argument("--arms", default="all",
                         help="'all' or a comma list of arms to run (the host always runs: the "
                              "other arms' tokens and speedups are judged against it)")
+    parser.add_argument("--family", default=None,
+                        help="'all' or a comma list of bench/families.py hosts (gemma3, phi3, "
+                             "olmo2, granite): bench/results/<tier>/decode_families.json")
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="--family: prompt tokens")
+    parser.add_argument("--new", type=int, default=NEW, help="--family: new tokens")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
     if args.model == "smollm2":
         return smollm2_main(args)
+    if args.family:
+        return family_main(args)
 
     model = qwen3_06b(args.layers)
     prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))

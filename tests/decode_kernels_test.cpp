@@ -101,7 +101,8 @@ TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64InBothCacheLayouts) {
   // head_dim 48 and 20 take the AVX2 8-wide and scalar tails, 64/80/96/128 the zmm paths (query
   // heads in pairs; a group of 3 ends on a single head); 1 KV head with 3 threads splits query
   // heads instead of groups. Each shape runs over the host's cache order [position][kv][d] and
-  // the loop's [kv][max_len][d] (Note [KV cache layout]).
+  // the loop's [kv][max_len][d] (Note [KV cache layout]), plain and with softcapped scores
+  // (capped_attention, a cap of 1.5 that bends most of these scores).
   struct Shape {
     int64_t heads, kv, d, positions;
   };
@@ -109,53 +110,62 @@ TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64InBothCacheLayouts) {
        {Shape{8, 2, 48, 1}, Shape{8, 2, 48, 2}, Shape{8, 2, 48, 37}, Shape{16, 8, 128, 133},
         Shape{4, 1, 20, 6}, Shape{6, 6, 72, 5}, Shape{9, 3, 64, 40}, Shape{6, 2, 80, 19},
         Shape{4, 2, 96, 23}, Shape{2, 1, 128, 3}})
-    for (bool per_head : {false, true}) {
-      const int64_t heads = sh.heads, kv = sh.kv, d = sh.d, positions = sh.positions;
-      const int64_t stride = positions + 3, max_len = positions + 5;
-      const int64_t ld_pos = per_head ? d : kv * d, ld_head = per_head ? max_len * d : d;
-      std::vector<float> q = randn(heads * d, rng_), kt = randn(positions * kv * d, rng_),
-                         vt = randn(positions * kv * d, rng_);
-      // kt/vt hold K and V as [t][g][i]; the cache holds them in the layout under test.
-      std::vector<float> k(kv * max_len * d, std::nanf("")), v(k);
-      for (int64_t t = 0; t < positions; ++t)
-        for (int64_t g = 0; g < kv; ++g)
-          for (int64_t i = 0; i < d; ++i) {
-            k[t * ld_pos + g * ld_head + i] = kt[(t * kv + g) * d + i];
-            v[t * ld_pos + g * ld_head + i] = vt[(t * kv + g) * d + i];
+    for (bool per_head : {false, true})
+      for (float softcap : {0.0f, 1.5f}) {
+        const OpKind kind = softcap > 0 ? OpKind::capped_attention : OpKind::attention;
+        const int64_t heads = sh.heads, kv = sh.kv, d = sh.d, positions = sh.positions;
+        const int64_t stride = positions + 3, max_len = positions + 5;
+        const int64_t ld_pos = per_head ? d : kv * d, ld_head = per_head ? max_len * d : d;
+        std::vector<float> q = randn(heads * d, rng_), kt = randn(positions * kv * d, rng_),
+                           vt = randn(positions * kv * d, rng_);
+        // kt/vt hold K and V as [t][g][i]; the cache holds them in the layout under test.
+        std::vector<float> k(kv * max_len * d, std::nanf("")), v(k);
+        for (int64_t t = 0; t < positions; ++t)
+          for (int64_t g = 0; g < kv; ++g)
+            for (int64_t i = 0; i < d; ++i) {
+              k[t * ld_pos + g * ld_head + i] = kt[(t * kv + g) * d + i];
+              v[t * ld_pos + g * ld_head + i] = vt[(t * kv + g) * d + i];
+            }
+        std::vector<float> out(heads * d, std::nanf("")), scores(heads * stride);
+        const float scale = 1.0f / std::sqrt(float(d));
+        frt_attention_args a{heads,    kv,       d,      positions,  q.data(),
+                             k.data(), v.data(), scale,  out.data(), scores.data(),
+                             stride,   ld_pos,   ld_head};
+        const frt_capped_attention_args capped{a, softcap};
+        if (softcap > 0)
+          run3(*t_, kind, capped);
+        else
+          run3(*t_, kind, a);
+        // One thread computes the same bits as three (Note [Grouped attention]).
+        std::vector<float> alone(heads * d, std::nanf(""));
+        frt_capped_attention_args one = capped;
+        one.attention.out = alone.data();
+        frt_error err{};
+        const void* args = softcap > 0 ? static_cast<const void*>(&one) : &one.attention;
+        ASSERT_EQ(run_op(*t_, kind, args, 0, 1, &err), FRT_OK) << err.message;
+        EXPECT_EQ(std::memcmp(alone.data(), out.data(), out.size() * sizeof(float)), 0);
+        for (int64_t h = 0; h < heads; ++h) {
+          const int64_t g = h / (heads / kv);
+          std::vector<double> p(positions);
+          double mx = -1e300, total = 0;
+          for (int64_t t = 0; t < positions; ++t) {
+            double dot = 0;
+            for (int64_t i = 0; i < d; ++i) dot += double(q[h * d + i]) * kt[(t * kv + g) * d + i];
+            p[t] = dot * scale;
+            if (softcap > 0) p[t] = softcap * std::tanh(p[t] / softcap);
+            mx = std::max(mx, p[t]);
           }
-      std::vector<float> out(heads * d, std::nanf("")), scores(heads * stride);
-      const float scale = 1.0f / std::sqrt(float(d));
-      frt_attention_args a{heads,    kv,       d,      positions,  q.data(),
-                           k.data(), v.data(), scale,  out.data(), scores.data(),
-                           stride,   ld_pos,   ld_head};
-      run3(*t_, OpKind::attention, a);
-      // One thread computes the same bits as three (Note [Grouped attention]).
-      std::vector<float> alone(heads * d, std::nanf(""));
-      frt_attention_args one = a;
-      one.out = alone.data();
-      frt_error err{};
-      ASSERT_EQ(run_op(*t_, OpKind::attention, &one, 0, 1, &err), FRT_OK) << err.message;
-      EXPECT_EQ(std::memcmp(alone.data(), out.data(), out.size() * sizeof(float)), 0);
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t g = h / (heads / kv);
-        std::vector<double> p(positions);
-        double mx = -1e300, total = 0;
-        for (int64_t t = 0; t < positions; ++t) {
-          double dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += double(q[h * d + i]) * kt[(t * kv + g) * d + i];
-          p[t] = dot * scale;
-          mx = std::max(mx, p[t]);
-        }
-        for (double& x : p) total += (x = std::exp(x - mx));
-        for (int64_t i = 0; i < d; ++i) {
-          double want = 0;
-          for (int64_t t = 0; t < positions; ++t) want += p[t] / total * vt[(t * kv + g) * d + i];
-          ASSERT_NEAR(out[h * d + i], want, 2e-5)
-              << heads << "/" << kv << " d=" << d << " positions " << positions << " "
-              << (per_head ? "per head" : "host order") << " " << h << " " << i;
+          for (double& x : p) total += (x = std::exp(x - mx));
+          for (int64_t i = 0; i < d; ++i) {
+            double want = 0;
+            for (int64_t t = 0; t < positions; ++t) want += p[t] / total * vt[(t * kv + g) * d + i];
+            ASSERT_NEAR(out[h * d + i], want, 2e-5)
+                << heads << "/" << kv << " d=" << d << " positions " << positions << " "
+                << (per_head ? "per head" : "host order") << " softcap " << softcap << " " << h
+                << " " << i;
+          }
         }
       }
-    }
 }
 
 TEST_P(DecodeKernels, DenseMatchesFloat64ForF32AndBf16Weights) {
@@ -211,11 +221,19 @@ TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
   EXPECT_NE(run_op(*t_, OpKind::attention, &narrow, 0, 1, &err), FRT_OK);
   EXPECT_NE(std::string(err.message).find("attention: bad arguments"), std::string::npos);
   EXPECT_NE(run_op(*t_, OpKind::rmsnorm, nullptr, 0, 1, &err), FRT_OK);
+  // A softcap of zero (or below) is no cap: an error, not a division by zero.
+  std::vector<float> q1(8, 1.0f), kv1(8, 1.0f), out1(8), scores1(1);
+  frt_capped_attention_args uncapped{
+      {1, 1, 8, 1, q1.data(), kv1.data(), kv1.data(), 1.0f, out1.data(), scores1.data(), 1, 8, 8},
+      0.0f};
+  EXPECT_NE(run_op(*t_, OpKind::capped_attention, &uncapped, 0, 1, &err), FRT_OK);
+  EXPECT_NE(std::string(err.message).find("softcap must be positive"), std::string::npos);
 }
 
 TEST_P(DecodeKernels, ListsItsPrimitivesAndAnswersPlanTimeQuestions) {
-  EXPECT_EQ(t_->n_ops, 4);
-  for (OpKind kind : {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}) {
+  EXPECT_EQ(t_->n_ops, 5);
+  for (OpKind kind : {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense,
+                      OpKind::capped_attention}) {
     const frt_op* op = find_op(*t_, kind);
     ASSERT_NE(op, nullptr) << name_of(kind);
     EXPECT_EQ(op->phases, 1) << name_of(kind);

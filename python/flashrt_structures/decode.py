@@ -1,10 +1,13 @@
-"""decode_loop: the whole decode step of a Llama-family decoder run in the core (DESIGN §8), its
-feed-forwards dense or routed (a bank of experts, its router measured on a call of its own).
+"""decode_loop: the whole decode step of a decoder run in the core (DESIGN §8): Llama-family
+stacks (with Granite's multipliers and SmolLM3's rotary-free layers), Gemma 2 and 3, OLMo 2 and
+Phi-3, their feed-forwards dense or routed (a bank of experts, its router measured on a call of
+its own).
 
-The door observes the module tree (norm forms, activations and rotary frequencies measured, not
-read from class names; the host's declared head counts and rotary form) into a HostGraph; the core
-plans the program against a binding (catalog/bindings/llama_decode.yaml: where this family keeps
-each slot) and refuses, with the form named, what it cannot cover. The door then hands the core
+The door observes the module tree (norm forms, activations, rotary frequencies and the
+embedding's scale measured, not read from class names; the host's declared head counts, rotary
+form, layer types and scalars) into a HostGraph; the core chooses the binding that describes the
+host (catalog/bindings/*.yaml: where a family keeps each slot), plans the program against it and
+refuses, with the form named, what it cannot cover. The door then hands the core
 the tensor (or seat) of each planned slot, and the built loop is self-checked against the host on
 a probe before it is handed out. The host is never modified.
 
@@ -31,7 +34,6 @@ from .observe.routing import describe_routing
 from .seats import PackLead, PackMember, SeatModule
 
 Refused = _core.Refused
-BINDING = "llama_decode"
 
 
 def _refuse(why: str) -> NoReturn:
@@ -153,7 +155,8 @@ class DecodeLoop:
         for i, layer in enumerate(layers):
             k = layer.keys[0].transpose(0, 1).contiguous()  # [positions, kv_heads, head_dim]
             v = layer.values[0].transpose(0, 1).contiguous()
-            self.program.load_cache(i, k, v)
+            # A sliding layer's cache holds the prompt's last positions only (its window).
+            self.program.load_cache(i, k, v, len(tokens) - k.shape[0])
         first = int(out.logits[0, -1].argmax())
         self.timing = {"prefill_s": time.perf_counter() - t0, "prefill_tokens": len(tokens)}
         return self._decode(tokens, first, max_new_tokens, eos, streamer)
@@ -188,8 +191,9 @@ class DecodeLoop:
         return self.program.weight_bytes
 
 
-def plan_decode(model: nn.Module, max_len: int, binding: str = BINDING) -> _core.DecodePlan:
-    """The core's decode plan for `model` (print it with explain()); builds nothing."""
+def plan_decode(model: nn.Module, max_len: int, binding: str = "") -> _core.DecodePlan:
+    """The core's decode plan for `model` (print it with explain()); builds nothing. Without a
+    binding the core chooses the one that describes the host."""
     graph, _ = describe_tree(model)
     describe_routing(model, graph)  # banks' and routers' forms, measured on calls of their own
     return _core.plan_decode(graph, catalog.shipped(), binding, max_len)
@@ -244,7 +248,8 @@ def _host_cache(out: Any) -> Any:
 
 
 def _host_keys(out: Any) -> list[torch.Tensor]:
-    """The keys the host cached on a forward, per layer [positions, kv_heads, head_dim]."""
+    """The keys the host cached on a forward, per layer [positions, kv_heads, head_dim] (a
+    sliding layer's: its window's last positions)."""
     cache = _host_cache(out)
     layers = getattr(cache, "layers", None)
     if not layers:
@@ -269,13 +274,17 @@ def _self_check(loop: DecodeLoop, vocab: int) -> None:
     if len(host_keys) != loop.program.config.layers:
         _refuse(f"the host cached {len(host_keys)} layers of keys; the loop runs "
                 f"{loop.program.config.layers}")
-    mine_keys = torch.cat([torch.from_numpy(loop.program.read_cache(i, n)[0]).reshape(n, -1)
-                           for i in range(len(host_keys))])
-    want_keys = torch.cat([k.reshape(n, -1) for k in host_keys]).contiguous()
+    # The positions every layer's host cache kept: all n, or the last of a sliding window's.
+    kept = min(k.shape[0] for k in host_keys)
+    mine_keys = torch.cat([
+        torch.from_numpy(loop.program.read_cache(i, n)[0])[n - kept:].reshape(kept, -1)
+        for i in range(len(host_keys))])
+    want_keys = torch.cat([k[k.shape[0] - kept:].reshape(kept, -1) for k in host_keys])
+    want_keys = want_keys.contiguous()
     if mine_keys.shape != want_keys.shape:
         _refuse(f"the host's cached keys {tuple(want_keys.shape)} are not the loop's "
                 f"{tuple(mine_keys.shape)}")
-    verdict = _core.judge_self_check(spec, mine, host, mine_keys, want_keys)
+    verdict = _core.judge_self_check(spec, mine, host, mine_keys, want_keys, n - kept)
     loop.self_check = {"tokens": verdict.positions, "agreement": verdict.top1_agreement,
                        "threshold": spec.top1_agreement, "min_cosine": verdict.min_cosine,
                        "cosine_floor": spec.logits_cosine,

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string_view>
 
 #include "convert.h"
 
@@ -118,12 +119,20 @@ class DecodeTensors {
         return it == P.slots.end() ? SlotTensor{nb::none(), nb::none()} : at(it->second);
       };
       LayerWeights L;
-      L.input_norm = vector_of(slot("input_norm").weight, cfg.hidden, where + "input norm");
-      L.post_norm = vector_of(slot("post_norm").weight, cfg.hidden, where + "post-attention norm");
-      L.q_norm = vector_of(slot("q_norm").weight, cfg.head_dim, where + "q norm");
-      L.k_norm = vector_of(slot("k_norm").weight, cfg.head_dim, where + "k norm");
+      for (auto [name, norm] :
+           {std::pair{"attn_in_norm", &L.attn_in_norm},
+            std::pair{"attn_out_norm", &L.attn_out_norm}, std::pair{"ffn_in_norm", &L.ffn_in_norm},
+            std::pair{"ffn_out_norm", &L.ffn_out_norm}})
+        *norm = vector_of(slot(name).weight, cfg.hidden, where + name);
+      const bool whole = cfg.layer.at(i).qk_norm == QkNorm::whole;
+      L.q_norm = vector_of(slot("q_norm").weight, whole ? cfg.heads * cfg.head_dim : cfg.head_dim,
+                           where + "q norm");
+      L.k_norm = vector_of(slot("k_norm").weight,
+                           whole ? cfg.kv_heads * cfg.head_dim : cfg.head_dim, where + "k norm");
+      const bool fused = P.slots.count("qkv") > 0;
       for (auto [name, proj] : {std::pair{"q", &L.q}, std::pair{"k", &L.k}, std::pair{"v", &L.v},
-                                std::pair{"o", &L.o}}) {
+                                std::pair{"qkv", &L.qkv}, std::pair{"o", &L.o}}) {
+        if (std::string_view(name) != "o" && fused != (std::string_view(name) == "qkv")) continue;
         const SlotTensor t = slot(name);
         *proj = proj_of(t.weight, t.bias, where + name);
       }
@@ -135,8 +144,12 @@ class DecodeTensors {
           f.seat = nb::cast<const FfnSeat*>(slot(module).weight);
           return f;
         }
-        f.gate = proj_of(slot(parts[0]).weight, nb::none(), what + "gate");
-        f.up = proj_of(slot(parts[1]).weight, nb::none(), what + "up");
+        if (std::string_view(module) == "mlp" && P.slots.count("gate_up")) {
+          f.gate_up = proj_of(slot("gate_up").weight, nb::none(), what + "gate_up");
+        } else {
+          f.gate = proj_of(slot(parts[0]).weight, nb::none(), what + "gate");
+          f.up = proj_of(slot(parts[1]).weight, nb::none(), what + "up");
+        }
         f.down = proj_of(slot(parts[2]).weight, nb::none(), what + "down");
         f.act = act;
         return f;
@@ -183,6 +196,17 @@ class DecodeTensors {
 }  // namespace
 
 void bind_decode(nb::module_& m) {
+  nb::enum_<QkNorm>(m, "QkNorm")
+      .value("none", QkNorm::none)
+      .value("per_head", QkNorm::per_head)
+      .value("whole", QkNorm::whole);
+  nb::class_<DecodeRotary>(m, "DecodeRotary")
+      .def_ro("inv_freq", &DecodeRotary::inv_freq)
+      .def_ro("attention_scaling", &DecodeRotary::attention_scaling);
+  nb::class_<DecodeLayerConfig>(m, "DecodeLayerConfig")
+      .def_ro("window", &DecodeLayerConfig::window)
+      .def_ro("rotary", &DecodeLayerConfig::rotary)
+      .def_ro("qk_norm", &DecodeLayerConfig::qk_norm);
   nb::class_<DecodeConfig>(m, "DecodeConfig")
       .def(nb::init<>())
       .def_rw("layers", &DecodeConfig::layers)
@@ -194,9 +218,16 @@ void bind_decode(nb::module_& m) {
       .def_rw("vocab", &DecodeConfig::vocab)
       .def_rw("max_len", &DecodeConfig::max_len)
       .def_rw("eps", &DecodeConfig::eps)
-      .def_rw("qk_norm", &DecodeConfig::qk_norm)
-      .def_rw("inv_freq", &DecodeConfig::inv_freq)
-      .def_rw("attention_scaling", &DecodeConfig::attention_scaling);
+      .def_rw("norm_plus_one", &DecodeConfig::norm_plus_one)
+      .def_rw("rotary_dim", &DecodeConfig::rotary_dim)
+      .def_rw("rotaries", &DecodeConfig::rotaries)
+      .def_rw("layer", &DecodeConfig::layer)
+      .def_rw("embed_scale", &DecodeConfig::embed_scale)
+      .def_rw("residual_scale", &DecodeConfig::residual_scale)
+      .def_rw("attention_scale", &DecodeConfig::attention_scale)
+      .def_rw("attention_softcap", &DecodeConfig::attention_softcap)
+      .def_rw("logits_divisor", &DecodeConfig::logits_divisor)
+      .def_rw("final_softcap", &DecodeConfig::final_softcap);
 
   nb::class_<DecodeMoePlan>(m, "DecodeMoePlan")
       .def_ro("experts", &DecodeMoePlan::experts)
@@ -217,6 +248,7 @@ void bind_decode(nb::module_& m) {
       .def_ro("moe", &DecodeLayerPlan::moe);
   nb::class_<DecodePlan>(m, "DecodePlan")
       .def_ro("binding", &DecodePlan::binding)
+      .def_ro("fits", &DecodePlan::fits)
       .def_ro("decode_package", &DecodePlan::decode_package)
       .def_ro("linear_package", &DecodePlan::linear_package)
       .def_ro("ffn_package", &DecodePlan::ffn_package)
@@ -230,7 +262,7 @@ void bind_decode(nb::module_& m) {
       .def_ro("assumed", &DecodePlan::assumed)
       .def_prop_ro("ok", &DecodePlan::ok);
   m.def("plan_decode", &plan_decode, nb::arg("graph"), nb::arg("catalog"), nb::arg("binding"),
-        nb::arg("max_len"));
+        nb::arg("max_len"));  // binding "": the core chooses (Note [Choosing a binding])
   m.def("explain_decode", nb::overload_cast<const DecodePlan&, bool>(&explain), nb::arg("plan"),
         nb::arg("verbose") = false);
 
@@ -247,7 +279,7 @@ void bind_decode(nb::module_& m) {
           nb::arg("tokens"), nb::arg("pos0") = 0)
       .def(
           "load_cache",
-          [](DecodeProgram& p, int64_t layer, nb::handle k, nb::handle v) {
+          [](DecodeProgram& p, int64_t layer, nb::handle k, nb::handle v, int64_t first) {
             const TensorView kv = view_of(k, "k cache"), vv = view_of(v, "v cache");
             const DecodeConfig& c = p.config();
             for (const TensorView* t : {&kv, &vv})
@@ -256,10 +288,13 @@ void bind_decode(nb::module_& m) {
                   t->strides[0] != c.kv_heads * c.head_dim)
                 throw Refused("decode_loop: cache " + t->describe() +
                               ", expected contiguous f32[positions, kv_heads, head_dim]");
+            if (kv.shape[0] != vv.shape[0])
+              throw Refused("decode_loop: cache keys hold " + std::to_string(kv.shape[0]) +
+                            " positions and values " + std::to_string(vv.shape[0]));
             p.load_cache(layer, kv.shape[0], static_cast<const float*>(kv.data),
-                         static_cast<const float*>(vv.data));
+                         static_cast<const float*>(vv.data), first);
           },
-          nb::arg("layer"), nb::arg("k"), nb::arg("v"))
+          nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("first") = 0)
       // Positions [0, n) of a layer's cache as two [n, kv_heads, head_dim] fp32 arrays (copies).
       .def(
           "read_cache",

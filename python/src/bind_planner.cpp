@@ -33,7 +33,9 @@ void bind_planner(nb::module_& m) {
   nb::class_<RotaryFacts>(m, "RotaryFacts")
       .def(nb::init<>())
       .def_rw("inv_freq", &RotaryFacts::inv_freq)
-      .def_rw("attention_scaling", &RotaryFacts::attention_scaling);
+      .def_rw("attention_scaling", &RotaryFacts::attention_scaling)
+      .def_rw("inv_freq_of", &RotaryFacts::inv_freq_of)
+      .def_rw("attention_scaling_of", &RotaryFacts::attention_scaling_of);
 
   nb::class_<HostConfig>(m, "HostConfig")
       .def(nb::init<>())
@@ -45,7 +47,16 @@ void bind_planner(nb::module_& m) {
       .def_rw("rope", &HostConfig::rope)
       .def_rw("rope_name", &HostConfig::rope_name)
       .def_rw("partial_rotary_factor", &HostConfig::partial_rotary_factor)
-      .def_rw("sliding_window", &HostConfig::sliding_window);
+      .def_rw("sliding_window", &HostConfig::sliding_window)
+      .def_rw("layer_types", &HostConfig::layer_types)
+      .def_rw("rope_layers", &HostConfig::rope_layers)
+      .def_rw("embedding_multiplier", &HostConfig::embedding_multiplier)
+      .def_rw("residual_multiplier", &HostConfig::residual_multiplier)
+      .def_rw("attention_multiplier", &HostConfig::attention_multiplier)
+      .def_rw("logits_scaling", &HostConfig::logits_scaling)
+      .def_rw("query_pre_attn_scalar", &HostConfig::query_pre_attn_scalar)
+      .def_rw("attn_logit_softcapping", &HostConfig::attn_logit_softcapping)
+      .def_rw("final_logit_softcapping", &HostConfig::final_logit_softcapping);
 
   nb::class_<RouterFacts>(m, "RouterFacts")
       .def(nb::init<>())
@@ -90,6 +101,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("activation", &HostModule::activation)
       .def_rw("norm", &HostModule::norm)
       .def_rw("rotary", &HostModule::rotary)
+      .def_rw("embed_scale", &HostModule::embed_scale)
       .def_rw("seated", &HostModule::seated)
       .def_rw("experts", &HostModule::experts)
       .def_rw("router", &HostModule::router)

@@ -205,11 +205,13 @@ void bind_gates(nb::module_& m) {
   m.def(
       "judge_self_check",
       [](const SelfCheckSpec& spec, nb::handle got, nb::handle want, nb::handle got_keys,
-         nb::handle want_keys) {
+         nb::handle want_keys, int64_t first_key_position) {
         return judge_self_check(spec, view_of(got, "got"), view_of(want, "want"),
-                                view_of(got_keys, "got_keys"), view_of(want_keys, "want_keys"));
+                                view_of(got_keys, "got_keys"), view_of(want_keys, "want_keys"),
+                                first_key_position);
       },
-      nb::arg("spec"), nb::arg("got"), nb::arg("want"), nb::arg("got_keys"), nb::arg("want_keys"));
+      nb::arg("spec"), nb::arg("got"), nb::arg("want"), nb::arg("got_keys"), nb::arg("want_keys"),
+      nb::arg("first_key_position") = 0);
   nb::class_<CertificationVerdict>(m, "CertificationVerdict")
       .def_ro("passed", &CertificationVerdict::passed)
       .def_ro("worst_cosine", &CertificationVerdict::worst_cosine)

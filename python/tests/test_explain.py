@@ -98,6 +98,8 @@ def test_a_decode_plan_takes_verbose_and_keeps_its_header():
     head = ("flashrt decode plan: binding llama_decode, 2 layers, hidden 256, heads 4/2 x 64, "
             "vocab 512, window 32, 0 seated, buildable")
     assert grouped.startswith(head) and verbose.startswith(head)
-    refused = S.decode.plan_decode(hosts.gemma(2), 32)
-    assert one(S.explain(refused, verbose=True), "model.layers.0.input_layernorm  ") == one(
-        S.explain(refused), "model.layers.0.input_layernorm  ")
+    refused = S.decode.plan_decode(hosts.gemma(2), 32, "olmo2_decode")
+    site = refused.refused[0][0]
+    assert site == "model.layers.0.post_feedforward_layernorm"
+    assert one(S.explain(refused, verbose=True), site + "  ") == one(S.explain(refused),
+                                                                      site + "  ")

@@ -1,8 +1,10 @@
-// decode_loop's program (DESIGN §8): the whole decode step of a Llama-family decoder (RMSNorm,
-// q/k/v, per-head q/k norm, rotary, attention over a static KV window with grouped heads, o,
-// residuals, a gated feed-forward or a routed bank of gated experts, final norm, head, argmax)
-// run in the core, one token at a time, over the host's own weights (borrowed, never copied) or
-// the packed weights of seated impls.
+// decode_loop's program (DESIGN §8): the whole decode step of a pre- or post-norm decoder (RMSNorm
+// x*w or x*(1+w) before and/or after attention and the feed-forward, q/k/v separate or fused,
+// q/k norms per head or over the projection, rotary over the whole head or its leading part or
+// none, attention over a static KV window with grouped heads, a sliding window per layer and
+// softcapped scores, o, scaled residuals, a gated feed-forward or a routed bank of gated experts,
+// final norm, head, softcapped or scaled logits, argmax) run in the core, one token at a time,
+// over the host's own weights (borrowed, never copied) or the packed weights of seated impls.
 #pragma once
 
 #include <flashrt/abi/frt_kernel_abi.h>
@@ -20,13 +22,38 @@
 
 namespace frt {
 
+// A rotary table, taken from the host's rotary module: rotary_dim / 2 frequencies and the scale
+// of its cos/sin.
+struct DecodeRotary {
+  std::vector<float> inv_freq;
+  float attention_scaling = 1.0f;
+};
+
+// Where a layer's q/k norms normalise: each head's vector (Qwen3, Gemma 3) or the whole
+// projection at once (OLMo 2).
+enum class QkNorm : int32_t { none, per_head, whole };
+
+struct DecodeLayerConfig {
+  int64_t window = 0;  // > 0: attends to the last `window` positions (sliding); 0: all of them
+  int32_t rotary = 0;  // index into DecodeConfig::rotaries; -1: this layer has no rotary (NoPE)
+  QkNorm qk_norm = QkNorm::none;
+};
+
 struct DecodeConfig {
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   int64_t vocab = 0, max_len = 0;
   float eps = 1e-6f;
-  bool qk_norm = false;
-  std::vector<float> inv_freq;     // head_dim / 2 rotary frequencies, taken from the host
-  float attention_scaling = 1.0f;  // the host's rotary cos/sin scale
+  bool norm_plus_one = false;  // every norm computes x·(1+w)/rms(x) (Gemma), else x·w/rms(x)
+  int64_t rotary_dim = 0;      // the leading dims of a head that rotate (halves of them pair)
+  std::vector<DecodeRotary> rotaries;
+  std::vector<DecodeLayerConfig> layer;  // one per layer
+  // The scalars a family's forward applies (1 / 0 where it applies none).
+  float embed_scale = 1.0f;        // the embedding's rows times this (Gemma: sqrt(hidden))
+  float residual_scale = 1.0f;     // each sublayer's output times this before its residual add
+  float attention_scale = 0.0f;    // q·k times this; 0: 1/sqrt(head_dim)
+  float attention_softcap = 0.0f;  // > 0: scores become c·tanh(s / c) before the softmax
+  float logits_divisor = 1.0f;     // the logits divided by this (Granite's logits_scaling)
+  float final_softcap = 0.0f;      // > 0: logits become c·tanh(l / c)
 };
 
 // One projection: a seat's packed weight when `seat` is set, else the host's own row-major
@@ -35,12 +62,14 @@ struct ProjWeights {
   TensorView host;
   const float* bias = nullptr;
   const LinearSeat* seat = nullptr;
+  bool present() const;  // a seat or a host weight stands here
   int64_t n() const;
   int64_t k() const;
 };
 
 struct FfnWeights {
-  ProjWeights gate, up, down;
+  // gate and up apart, or one fused projection [gate; up] (rows in that order) in `gate_up`.
+  ProjWeights gate, up, down, gate_up;
   Activation act = Activation::silu;
   const FfnSeat* seat = nullptr;  // the fused impl, when the FFN is seated as one
 };
@@ -70,9 +99,13 @@ struct MoeWeights {
 };
 
 struct LayerWeights {
-  const float *input_norm = nullptr, *post_norm = nullptr;
-  const float *q_norm = nullptr, *k_norm = nullptr;  // per-head, when the host has them
-  ProjWeights q, k, v, o;
+  // The norms around each sublayer, where the family has them: before attention, after it (on
+  // its output, before the residual add), before the feed-forward and after it.
+  const float *attn_in_norm = nullptr, *attn_out_norm = nullptr;
+  const float *ffn_in_norm = nullptr, *ffn_out_norm = nullptr;
+  const float *q_norm = nullptr, *k_norm = nullptr;  // as DecodeLayerConfig::qk_norm says
+  // q, k, v apart, or one fused projection [q; k; v] (rows in that order) in `qkv`.
+  ProjWeights q, k, v, o, qkv;
   FfnWeights mlp;  // a dense layer's
   bool routed = false;
   MoeWeights moe;  // a routed layer's
@@ -99,7 +132,8 @@ class DecodeProgram {
   int64_t prefill(const int64_t* tokens, int64_t count, int64_t pos0);
   static constexpr int64_t kBlock = FRT_MAX_ROWS;
   // Host K/V for positions [0, n) of `layer`, each [n][kv_heads][head_dim] contiguous fp32.
-  void load_cache(int64_t layer, int64_t n, const float* k, const float* v);
+  // A host whose sliding layers cache only their window hands positions [first, first + n).
+  void load_cache(int64_t layer, int64_t n, const float* k, const float* v, int64_t first = 0);
   // The same layout out: what the program wrote for positions [0, n) of `layer` (the self-check
   // holds its keys, rotated, against the host's).
   void read_cache(int64_t layer, int64_t n, float* k, float* v) const;
@@ -119,11 +153,18 @@ class DecodeProgram {
   void route(const MoeWeights& w, const float* x, int64_t m);
   void host_bank(const BankWeights& b, const float* x, float* y, int64_t m, int64_t top_k);
   void norm_rows(const float* w, float* x, int64_t rows, int64_t width);
+  // Rotates `heads` vectors a head_dim apart by a row's cos/sin (their leading rotary_dim dims).
+  void rotate(float* x, int64_t heads, const float* cos, const float* sin);
+  // x (+)= scale * y over n values: a residual add, or a store where the family scales none.
+  void residual(float* h, const float* y, int64_t n) const;
+  // A norm weight as the rmsnorm kernel takes it: the host's own, or 1 + w kept here.
+  const float* norm_weight(const float* host, int64_t width);
 
   DecodeConfig cfg_;
   ModelWeights w_;
   const frt_kernel_table& decode_;
   const frt_op *dense_ = nullptr, *rmsnorm_ = nullptr, *rotary_ = nullptr, *attention_ = nullptr;
+  const frt_op* capped_attention_ = nullptr;  // where the family softcaps its scores
   const frt_kernel_table* linear_;
   const frt_kernel_table* ffn_;
   // Preallocated once for a block of kBlock rows (row-major [row][width]): no allocation per step.
@@ -132,14 +173,16 @@ class DecodeProgram {
   // expert takes (gathered), its output, the shared expert's output and gate.
   std::vector<float> router_, route_w_, xg_, yg_, shared_out_, shared_g_;
   std::vector<int64_t> route_i_;
-  std::vector<float> cos_, sin_;  // [row][head_dim / 2]
+  std::vector<float> qkv_, gate_up_;  // fused projections' outputs, [row][q; k; v], [row][g; u]
+  std::vector<float> cos_, sin_;      // [rotary table][row][rotary_dim / 2]
+  std::vector<std::vector<float>> plus_one_;  // 1 + w of each norm, for x·(1+w) families
   // The KV cache, one buffer: [layer][K, V][kv_head][max_len][head_dim] (Note [KV cache layout]).
   struct FreeCache {
     void operator()(float* p) const;
   };
   std::unique_ptr<float[], FreeCache> cache_;
   float* cache_at(int64_t layer, int64_t kv, int64_t head) const;
-  void for_cache_rows(int64_t layer, int64_t n,
+  void for_cache_rows(int64_t layer, int64_t first, int64_t n,
                       const std::function<void(float*, float*, int64_t)>& copy) const;
 };
 

@@ -17,13 +17,20 @@
 namespace frt {
 
 // The slots the decode program reads, by name: a binding maps each to a path on its family.
-// The stack's and the layer's are read always (a binding must mark them required); the
-// feed-forward's only when the layer is dense and its feed-forward is not one seat; q_norm and
-// k_norm are optional (per-head norms, when the host has them).
+// The stack's and kDecodeLayerSlots are read always (a binding must mark them required). The
+// attention's input is q, k and v or one fused qkv; each sublayer has a norm before it, after
+// it (on its output) or both, as the family places them; q_norm and k_norm are optional
+// (per-head or whole-projection norms, measured by their width). The feed-forward's slots are
+// read when the layer is dense and its feed-forward is not one seat: gate and up or one fused
+// gate_up, down, act. A binding naming a slot outside these tables is refused at plan time.
 inline constexpr std::array<const char*, 2> kDecodeStackSlots = {"final_norm", "rotary"};
-inline constexpr std::array<const char*, 7> kDecodeLayerSlots = {
-    "input_norm", "post_norm", "q", "k", "v", "o", "mlp"};
-inline constexpr std::array<const char*, 4> kDecodeFfnSlots = {"gate", "up", "down", "act"};
+inline constexpr std::array<const char*, 2> kDecodeLayerSlots = {"o", "mlp"};
+inline constexpr std::array<const char*, 6> kDecodeAttentionSlots = {"q",   "k",      "v",
+                                                                     "qkv", "q_norm", "k_norm"};
+inline constexpr std::array<const char*, 4> kDecodeNormSlots = {"attn_in_norm", "attn_out_norm",
+                                                                "ffn_in_norm", "ffn_out_norm"};
+inline constexpr std::array<const char*, 5> kDecodeFfnSlots = {"gate", "up", "gate_up", "down",
+                                                               "act"};
 // A routed feed-forward (read when the binding names `experts` and a layer holds it): the bank,
 // its router, and a shared expert with the sigmoid gate that mixes it in (both optional on a
 // host; the shared expert's projections are read when it is not one seat).
@@ -32,7 +39,7 @@ inline constexpr std::array<const char*, 6> kDecodeSharedSlots = {
     "shared",           "shared_gate_proj", "shared_up_proj",
     "shared_down_proj", "shared_act",       "shared_expert_gate"};
 // What the program computes: a binding may only admit these (checked when it is planned).
-inline constexpr std::array<NormForm, 1> kDecodeNormForms = {NormForm::rms};
+inline constexpr std::array<NormForm, 2> kDecodeNormForms = {NormForm::rms, NormForm::rms_one_plus};
 inline constexpr std::array<Activation, 2> kDecodeActivations = {Activation::silu,
                                                                  Activation::gelu_tanh};
 
@@ -63,6 +70,10 @@ struct DecodeLayerPlan {
 
 struct DecodePlan {
   std::string binding;
+  // The binding describes the host's structure: every slot it requires is there and every
+  // weight of every layer is a slot the program reads. A plan that fits may still be refused
+  // for a form (a dtype, an activation); one that does not is the wrong binding.
+  bool fits = false;
   // The kernel packages the program runs, as the binding names them.
   std::string decode_package, linear_package, ffn_package;
   DecodeConfig config;
@@ -77,6 +88,7 @@ struct DecodePlan {
 
 // Reads the host's declared configuration (HostGraph::config), each norm's measured form and
 // epsilon, what a seated module runs, and the rotary module's own frequencies and scale.
+// An empty `binding` chooses one (Note [Choosing a binding] in plan_decode.cpp).
 DecodePlan plan_decode(const HostGraph& graph, const Catalog& catalog, const std::string& binding,
                        int64_t max_len);
 

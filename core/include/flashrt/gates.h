@@ -145,9 +145,12 @@ struct SelfCheckVerdict {
   int64_t positions = 0;
   std::string text;  // "passed" or the refusal ("self-check against the host: ...")
 };
+// The keys are [layers * kept, width]: each layer's positions [first_key_position, positions),
+// kept = positions - first_key_position (a host whose sliding layers cache their window only
+// holds the probe's last positions).
 SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& got,
                                   const TensorView& want, const TensorView& got_keys,
-                                  const TensorView& want_keys);
+                                  const TensorView& want_keys, int64_t first_key_position = 0);
 
 // get().bind()'s certification: the worst of the samples' cosines against a floor (the
 // structure's parity pass band unless the caller names one; a floor <= 0 checks nothing).

@@ -6,6 +6,7 @@
 #include <flashrt/types.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,6 +68,9 @@ struct NormFacts {
 struct RotaryFacts {
   std::vector<float> inv_freq;     // the frequencies it rotates by, scaled as the host scales them
   double attention_scaling = 1.0;  // its cos/sin scale
+  // A module holding a table per layer type (Gemma 3: local and global bases), by type.
+  std::map<std::string, std::vector<float>> inv_freq_of;
+  std::map<std::string, double> attention_scaling_of;
 };
 
 // What the host's configuration declares that its modules cannot show.
@@ -77,6 +81,15 @@ struct HostConfig {
   std::string rope_name = "default";   // as declared (a kind outside the table is `other`)
   double partial_rotary_factor = 1.0;  // the share of each head the rotary rotates
   int64_t sliding_window = 0;          // 0: no sliding window applies
+  // Each layer's attention as declared ("full_attention", "sliding_attention", ...); empty when
+  // the configuration declares none.
+  std::vector<std::string> layer_types;
+  // Which layers apply the rotary (SmolLM3's no_rope_layers: 1 rotates, 0 does not); empty: all.
+  std::vector<int64_t> rope_layers;
+  // Scalars a family's forward applies where its configuration declares them (0: none).
+  double embedding_multiplier = 0, residual_multiplier = 0, attention_multiplier = 0;
+  double logits_scaling = 0, query_pre_attn_scalar = 0;
+  double attn_logit_softcapping = 0, final_logit_softcapping = 0;
 };
 
 struct HostModule {
@@ -92,10 +105,13 @@ struct HostModule {
   // activation: what the door measured the module to compute (experts: its gated form's act,
   // unknown when act(gate) * up with none of the kernels' activations reproduced its calls).
   Activation activation = Activation::unknown;
-  ExpertFacts experts;                // kind experts
-  RouterFacts router;                 // a bank's router, as measured on its own call
-  NormFacts norm;                     // kind norm: its measured form and epsilon
-  RotaryFacts rotary;                 // a rotary embedding; empty inv_freq otherwise
+  ExpertFacts experts;  // kind experts
+  RouterFacts router;   // a bank's router, as measured on its own call
+  NormFacts norm;       // kind norm: its measured form and epsilon
+  RotaryFacts rotary;   // a rotary embedding; empty inv_freq otherwise
+  // An embedding's call returns its rows times this (measured; Gemma scales by sqrt(hidden)),
+  // 0 when its call is not its rows times one constant.
+  double embed_scale = 1.0;
   std::optional<OpKind> seated;       // a flashrt seat stands here and runs this op
   std::vector<std::string> children;  // direct children's paths
 };

@@ -49,6 +49,7 @@ enum class OpKind : int32_t {
   attention = FRT_OP_ATTENTION,
   dense = FRT_OP_DENSE,
   moe_ffn = FRT_OP_MOE_FFN,
+  capped_attention = FRT_OP_CAPPED_ATTENTION,
 };
 
 // How a gate scores a forward's output (DESIGN §7).

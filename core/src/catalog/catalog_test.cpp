@@ -717,12 +717,21 @@ TEST_F(CatalogFiles, ABindingIsHeldToWhatTheDecodeProgramComputes) {
                                 "activation: [silu, gelu_tanh, gelu]"))
                 .find("activation 'gelu' is not a form the decode program computes"),
             std::string::npos);
-  EXPECT_NE(plan_error(replaced(binding, "  norm_form: [rms]\n", ""))
+  EXPECT_NE(plan_error(replaced(binding, "  norm_form: [rms, rms_one_plus]\n", ""))
                 .find("declares no norm_form it covers"),
             std::string::npos);
-  EXPECT_NE(plan_error(replaced(binding, "  input_norm: input_layernorm",
-                                "  input_norm: {path: input_layernorm, required: false}"))
-                .find("slot 'input_norm' is read by every program, so it cannot be optional"),
+  EXPECT_NE(plan_error(replaced(binding, "  mlp: mlp\n", "  mlp: {path: mlp, required: false}\n"))
+                .find("slot 'mlp' is read by every program, so it cannot be optional"),
+            std::string::npos);
+  EXPECT_NE(plan_error(replaced(binding, "  attn_in_norm: input_layernorm",
+                                "  attn_norm: input_layernorm"))
+                .find("names layer slot 'attn_norm', which the decode program does not read"),
+            std::string::npos);
+  EXPECT_NE(plan_error(replaced(binding, "  ffn_in_norm: post_attention_layernorm\n", ""))
+                .find("names no norm around the feed-forward"),
+            std::string::npos);
+  EXPECT_NE(plan_error(replaced(binding, "  v: self_attn.v_proj\n", ""))
+                .find("names neither q, k and v nor a fused qkv"),
             std::string::npos);
   EXPECT_NE(plan_error(replaced(binding, "  o: self_attn.o_proj\n", ""))
                 .find("has no slot 'o', which the decode program reads"),
@@ -730,17 +739,19 @@ TEST_F(CatalogFiles, ABindingIsHeldToWhatTheDecodeProgramComputes) {
   // The covered values are parsed into the core's enums at load.
   const Catalog shipped = Catalog::load(kCatalogDir);
   const BindingSpec& llama = shipped.binding("llama_decode");
-  EXPECT_EQ(llama.norm_forms, (std::vector<NormForm>{NormForm::rms}));
+  EXPECT_EQ(llama.norm_forms, (std::vector<NormForm>{NormForm::rms, NormForm::rms_one_plus}));
   EXPECT_EQ(llama.rope_kinds,
             (std::vector<RopeKind>{RopeKind::plain, RopeKind::linear, RopeKind::llama3}));
   write("bindings/llama_decode.yaml",
         replaced(binding, "rope_type: [default, linear, llama3]", "rope_type: [default, sliding]"));
   expect_error_in("bindings/llama_decode.yaml", "attributes.rope_type[1]",
                   "unknown rotary form 'sliding'");
-  write("bindings/llama_decode.yaml", replaced(binding, "norm_form: [rms]", "norm_form: [rmsx]"));
+  write("bindings/llama_decode.yaml",
+        replaced(binding, "norm_form: [rms, rms_one_plus]", "norm_form: [rmsx]"));
   expect_error_in("bindings/llama_decode.yaml", "attributes.norm_form[0]",
                   "unknown norm form 'rmsx'");
-  write("bindings/llama_decode.yaml", replaced(binding, "norm_form: [rms]", "colour: [red]"));
+  write("bindings/llama_decode.yaml",
+        replaced(binding, "norm_form: [rms, rms_one_plus]", "colour: [red]"));
   expect_error_in("bindings/llama_decode.yaml", "attributes", "colour");
 }
 

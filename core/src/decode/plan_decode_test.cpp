@@ -222,6 +222,8 @@ TEST(DecodePlanRouted, ARouterOutsideTheBindingsSlotIsNamedWithWhatItComputes) {
     if (m.path == "model.layers.0.mlp.gate") m.path = "model.layers.0.mlp.router";
     if (m.path == "model.layers.0.mlp.experts") m.experts.router = "model.layers.0.mlp.router";
   }
+  for (HostParam& hp : g.params)
+    if (hp.module == "model.layers.0.mlp.gate") hp.module = "model.layers.0.mlp.router";
   const DecodePlan p = plan_of(g);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.refused[0].second,
@@ -238,9 +240,11 @@ TEST(DecodePlanRouted, AWeightInTheBlockOutsideTheSlotsIsRefused) {
   g.params.push_back({"model.layers.0.mlp.shared_experts.up_proj", "weight", {96, 64}, 96 * 64});
   const DecodePlan p = plan_of(g);
   ASSERT_FALSE(p.ok());
+  // Llama's binding does not describe this layer (Note [Every weight is a slot]).
+  EXPECT_FALSE(p.fits);
   EXPECT_EQ(p.refused[0].second,
-            "model.layers.0.mlp.shared_experts.up_proj.weight [96, 64] is part of the routed "
-            "block model.layers.0.mlp and no slot the loop computes");
+            "model.layers.0.mlp.shared_experts.up_proj.weight [96, 64] is part of "
+            "model.layers.0 and no slot the loop computes");
 }
 
 TEST(DecodePlanRouted, ABankWhoseGatedFormWasNotReproducedIsRefused) {
@@ -252,6 +256,114 @@ TEST(DecodePlanRouted, ABankWhoseGatedFormWasNotReproducedIsRefused) {
   EXPECT_NE(p.refused[0].second.find("none of {silu, gelu_tanh} reproduced its call"),
             std::string::npos)
       << p.refused[0].second;
+}
+
+}  // namespace
+}  // namespace frt
+
+namespace frt {
+namespace {
+
+// Note [Choosing a binding]: the same two-layer stack with its norms placed as each family
+// places them is planned under the binding that describes it, and under no other.
+HostGraph with_norms(const std::vector<std::string>& add, const std::vector<std::string>& drop,
+                     NormForm form) {
+  HostGraph g = stack({Ffn::dense, Ffn::dense});
+  std::vector<HostModule> kept;
+  for (HostModule& m : g.modules) {
+    bool dropped = false;
+    for (const std::string& d : drop) dropped |= m.path.size() > d.size() && m.path.ends_with(d);
+    if (m.kind == ModuleKind::norm) m.norm.form = form;
+    if (!dropped) kept.push_back(m);
+  }
+  g.modules = kept;
+  for (int i : {0, 1})
+    for (const std::string& a : add) {
+      HostModule n = norm("model.layers." + std::to_string(i) + "." + a, kHidden);
+      n.norm.form = form;
+      g.modules.push_back(n);
+    }
+  return g;
+}
+
+DecodePlan chosen(const HostGraph& g) { return plan_decode(g, shipped(), "", 32); }
+
+TEST(DecodePlanBinding, EachNormPlacementChoosesItsFamilysBinding) {
+  const DecodePlan llama = chosen(with_norms({}, {}, NormForm::rms));
+  ASSERT_TRUE(llama.ok()) << explain(llama);
+  EXPECT_EQ(llama.binding, "llama_decode");
+  EXPECT_TRUE(llama.fits);
+  // Gemma 2/3: a norm before and after each sublayer, of the form x·(1+w).
+  const DecodePlan gemma = chosen(with_norms(
+      {"pre_feedforward_layernorm", "post_feedforward_layernorm"}, {}, NormForm::rms_one_plus));
+  ASSERT_TRUE(gemma.ok()) << explain(gemma);
+  EXPECT_EQ(gemma.binding, "gemma_decode");
+  EXPECT_TRUE(gemma.config.norm_plus_one);
+  EXPECT_EQ(gemma.layers[0].slots.at("ffn_in_norm"), "model.layers.0.pre_feedforward_layernorm");
+  // OLMo 2: none before, one after each sublayer.
+  const DecodePlan olmo =
+      chosen(with_norms({"post_feedforward_layernorm"}, {".input_layernorm"}, NormForm::rms));
+  ASSERT_TRUE(olmo.ok()) << explain(olmo);
+  EXPECT_EQ(olmo.binding, "olmo2_decode");
+  EXPECT_EQ(olmo.layers[1].slots.count("attn_in_norm"), 0u);
+  EXPECT_EQ(olmo.layers[1].slots.at("attn_out_norm"), "model.layers.1.post_attention_layernorm");
+  // The same placement under a binding that does not describe it: not a fit.
+  const DecodePlan forced =
+      plan_decode(with_norms({"post_feedforward_layernorm"}, {".input_layernorm"}, NormForm::rms),
+                  shipped(), "llama_decode", 32);
+  EXPECT_FALSE(forced.fits);
+  EXPECT_EQ(forced.refused[0].second,
+            "a required slot is absent on this host: model.layers.0.input_layernorm");
+}
+
+TEST(DecodePlanBinding, NoBindingFitsAndEachSaysWhatItFound) {
+  // Llama's norms with one more after the feed-forward: Llama's binding leaves it out, Gemma's
+  // and OLMo 2's miss a norm each.
+  const DecodePlan p = chosen(with_norms({"post_feedforward_layernorm"}, {}, NormForm::rms));
+  ASSERT_FALSE(p.ok());
+  EXPECT_FALSE(p.fits);
+  EXPECT_EQ(p.binding, "");
+  const std::string& why = p.refused[0].second;
+  EXPECT_EQ(why.rfind("no decode binding describes this host (", 0), 0u) << why;
+  EXPECT_NE(why.find("llama_decode: model.layers.0.post_feedforward_layernorm (T) holds a weight "
+                     "and is no slot the loop computes"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("gemma_decode: a required slot is absent on this host: "
+                     "model.layers.0.pre_feedforward_layernorm"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("phi3_decode: a required slot is absent"), std::string::npos) << why;
+  EXPECT_NE(explain(p).find("binding (none)"), std::string::npos);
+}
+
+TEST(DecodePlanBinding, TheFormsItReadsAreCheckedAgainstTheHost) {
+  // A norm form the stack does not share, layer types and rotary tables that do not add up.
+  HostGraph mixed = with_norms({}, {}, NormForm::rms);
+  for (HostModule& m : mixed.modules)
+    if (m.path == "model.layers.1.input_layernorm") m.norm.form = NormForm::rms_one_plus;
+  const DecodePlan p = chosen(mixed);
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(p.fits);
+  EXPECT_EQ(p.refused[0].second,
+            "model.layers.1.input_layernorm computes 'rms_one_plus' where the stack's other "
+            "norms compute 'rms'; the loop applies one form");
+  HostGraph typed = with_norms({}, {}, NormForm::rms);
+  typed.config.layer_types = {"full_attention"};
+  EXPECT_EQ(chosen(typed).refused[0].second,
+            "the configuration declares 1 layer types for 2 layers");
+  typed.config.layer_types = {"sliding_attention", "full_attention"};
+  EXPECT_EQ(chosen(typed).refused[0].second,
+            "model.layers.0 is a sliding-window layer without a declared window");
+  typed.config.sliding_window = 4;
+  const DecodePlan windowed = chosen(typed);
+  ASSERT_TRUE(windowed.ok()) << explain(windowed);
+  EXPECT_EQ(windowed.config.layer[0].window, 4);
+  EXPECT_EQ(windowed.config.layer[1].window, 0);
+  HostGraph wide = with_norms({}, {}, NormForm::rms);
+  for (HostModule& m : wide.modules)
+    if (m.path == "model.rotary_emb") m.rotary.inv_freq.assign(9, 0.5f);  // 18 dims of 16
+  EXPECT_EQ(chosen(wide).refused[0].second, "model.rotary_emb rotates 18 dims of a 16-dim head");
 }
 
 }  // namespace

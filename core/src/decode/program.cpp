@@ -32,6 +32,7 @@ void check(bool ok, const std::string& what) {
 
 }  // namespace
 
+bool ProjWeights::present() const { return seat != nullptr || host.data != nullptr; }
 int64_t ProjWeights::n() const { return seat != nullptr ? seat->weight().n() : host.shape[0]; }
 int64_t ProjWeights::k() const { return seat != nullptr ? seat->weight().k() : host.shape[1]; }
 int64_t BankWeights::experts() const {
@@ -55,11 +56,24 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   attention_ = find_op(decode_, OpKind::attention);
   check(dense_ && rmsnorm_ && rotary_ && attention_,
         std::string("package '") + decode_.package + "' lacks a decode primitive");
+  if (c.attention_softcap > 0) {
+    capped_attention_ = find_op(decode_, OpKind::capped_attention);
+    check(capped_attention_ != nullptr, std::string("package '") + decode_.package +
+                                            "' has no softcapped attention (kernel ABI 4.2)");
+  }
   check(c.layers == static_cast<int64_t>(w_.layers.size()) && c.layers > 0, "layer count");
+  check(static_cast<int64_t>(c.layer.size()) == c.layers, "a layer configuration per layer");
   check(c.heads % c.kv_heads == 0, "heads " + std::to_string(c.heads) +
                                        " not a multiple of kv heads " + std::to_string(c.kv_heads));
-  check(static_cast<int64_t>(c.inv_freq.size()) * 2 == c.head_dim,
-        "rotary frequencies for head_dim " + std::to_string(c.head_dim));
+  check(c.rotary_dim > 0 && c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim,
+        "rotary over " + std::to_string(c.rotary_dim) + " of a head's " +
+            std::to_string(c.head_dim) + " dims");
+  for (const DecodeRotary& r : c.rotaries)
+    check(static_cast<int64_t>(r.inv_freq.size()) * 2 == c.rotary_dim,
+          "rotary frequencies for " + std::to_string(c.rotary_dim) + " rotated dims");
+  check(c.embed_scale > 0 && c.residual_scale > 0 && c.logits_divisor > 0 &&
+            c.attention_scale >= 0 && c.attention_softcap >= 0 && c.final_softcap >= 0,
+        "scales must be positive");
   check(w_.embed.rank == 2 && w_.embed.dtype == DType::f32 && w_.embed.shape[1] == c.hidden &&
             w_.embed.strides[1] == 1,
         "embedding " + w_.embed.describe() + ", expected f32[vocab, " + std::to_string(c.hidden) +
@@ -74,29 +88,51 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
     else
       check(linear_ != nullptr, name + " is seated but the linear package is unavailable");
   };
+  bool fused_qkv = false, fused_gate_up = false;
   const auto gated = [&](const FfnWeights& f, int64_t inner, const std::string& at) {
     if (f.seat != nullptr) {
       check(ffn_ != nullptr, at + "ffn is seated but the ffn package is unavailable");
       check(f.seat->gate() != nullptr, at + "ffn seat is not a gated feed-forward");
       check(f.seat->up().k() == c.hidden && f.seat->down().n() == c.hidden,
             at + "seated ffn widths");
+      return;
+    }
+    if (f.gate_up.present()) {
+      proj(f.gate_up, 2 * inner, c.hidden, at + "gate_up");
+      fused_gate_up = true;
     } else {
       proj(f.gate, inner, c.hidden, at + "gate");
       proj(f.up, inner, c.hidden, at + "up");
-      proj(f.down, c.hidden, inner, at + "down");
     }
+    proj(f.down, c.hidden, inner, at + "down");
   };
   // The widest feed-forward and the largest bank and top-k: the buffers' sizes.
   int64_t inner = c.intermediate, experts = 0, top_k = 0;
   const int64_t qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   for (int64_t l = 0; l < c.layers; ++l) {
-    const LayerWeights& L = w_.layers[l];
+    LayerWeights& L = w_.layers[l];
+    const DecodeLayerConfig& lc = c.layer[l];
     const std::string at = "layer " + std::to_string(l) + " ";
-    check(L.input_norm && L.post_norm, at + "norm weights");
-    check(!c.qk_norm || (L.q_norm && L.k_norm), at + "q/k norm weights");
-    proj(L.q, qd, c.hidden, at + "q");
-    proj(L.k, kvd, c.hidden, at + "k");
-    proj(L.v, kvd, c.hidden, at + "v");
+    check(L.attn_in_norm || L.attn_out_norm, at + "attention has no norm before or after it");
+    check(L.ffn_in_norm || L.ffn_out_norm, at + "feed-forward has no norm before or after it");
+    check(lc.rotary < static_cast<int32_t>(c.rotaries.size()), at + "rotary table");
+    check(lc.window >= 0, at + "window");
+    check((lc.qk_norm == QkNorm::none) == (L.q_norm == nullptr && L.k_norm == nullptr) &&
+              (L.q_norm == nullptr) == (L.k_norm == nullptr),
+          at + "q/k norm weights");
+    for (const float** norm : {&L.attn_in_norm, &L.attn_out_norm, &L.ffn_in_norm, &L.ffn_out_norm})
+      *norm = norm_weight(*norm, c.hidden);
+    const int64_t qk_width = lc.qk_norm == QkNorm::whole ? qd : c.head_dim;
+    L.q_norm = norm_weight(L.q_norm, qk_width);
+    L.k_norm = norm_weight(L.k_norm, lc.qk_norm == QkNorm::whole ? kvd : c.head_dim);
+    if (L.qkv.present()) {
+      proj(L.qkv, qd + 2 * kvd, c.hidden, at + "qkv");
+      fused_qkv = true;
+    } else {
+      proj(L.q, qd, c.hidden, at + "q");
+      proj(L.k, kvd, c.hidden, at + "k");
+      proj(L.v, kvd, c.hidden, at + "v");
+    }
     proj(L.o, c.hidden, qd, at + "o");
     if (!L.routed) {
       gated(L.mlp, c.intermediate, at);
@@ -131,13 +167,14 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
     top_k = std::max(top_k, M.top_k);
     if (M.shared) {
       const FfnWeights& f = M.shared_expert;
-      const int64_t shared = f.seat != nullptr ? f.seat->up().n() : f.up.n();
+      const int64_t shared = f.seat != nullptr ? f.seat->up().n() : f.down.k();
       gated(f, shared, at + "shared ");
       proj(M.shared_gate, 1, c.hidden, at + "shared expert gate");
       inner = std::max(inner, shared);
     }
   }
   check(w_.final_norm != nullptr, "final norm weight");
+  w_.final_norm = norm_weight(w_.final_norm, c.hidden);
   proj(w_.head, c.vocab, c.hidden, "head");
   const int64_t B = kBlock;
   h_.resize(B * c.hidden);
@@ -145,10 +182,12 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   q_.resize(B * qd);
   k_.resize(B * kvd);
   v_.resize(B * kvd);
+  if (fused_qkv) qkv_.resize(B * (qd + 2 * kvd));
   attn_.resize(B * qd);
   o_.resize(B * c.hidden);
   gate_.resize(B * inner);
   up_.resize(B * inner);
+  if (fused_gate_up) gate_up_.resize(B * 2 * inner);
   mlp_out_.resize(B * c.hidden);
   if (experts > 0) {
     router_.resize(B * experts);
@@ -161,10 +200,31 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   }
   scores_.resize(c.heads * c.max_len);
   logits_.resize(c.vocab);
-  cos_.resize(B * c.head_dim / 2);
-  sin_.resize(B * c.head_dim / 2);
+  cos_.resize(c.rotaries.size() * B * c.rotary_dim / 2);
+  sin_.resize(c.rotaries.size() * B * c.rotary_dim / 2);
   cache_.reset(static_cast<float*>(
       alloc_weight_memory(c.layers * 2 * kvd * c.max_len * static_cast<int64_t>(sizeof(float)))));
+}
+
+// Note [Norms of the form x·(1+w)]: Gemma's norms scale by 1 + w, which the host forms in fp32
+// (`1.0 + self.weight.float()`) before multiplying; the kernel multiplies by its weight, so the
+// program keeps 1 + w of each such norm (a few KiB in all) formed the same way: the same values,
+// the same product.
+const float* DecodeProgram::norm_weight(const float* host, int64_t width) {
+  if (host == nullptr || !cfg_.norm_plus_one) return host;
+  std::vector<float> w(host, host + width);
+  for (float& x : w) x = 1.0f + x;
+  plus_one_.push_back(std::move(w));
+  return plus_one_.back().data();
+}
+
+void DecodeProgram::residual(float* h, const float* y, int64_t n) const {
+  const float s = cfg_.residual_scale;
+  if (s == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) h[i] += y[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) h[i] += y[i] * s;
+  }
 }
 
 // Note [KV cache layout]: held [kv_head][position][head_dim] per layer, each KV head's positions
@@ -232,10 +292,21 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y, int64_t m
     run_ffn(f.seat->table(), process_parallel(), f.seat->operands(), xv, yv);
     return;
   }
-  project_group({{&f.gate, gate_.data()}, {&f.up, up_.data()}}, x, m);
+  const int64_t inner = f.down.k();
+  if (f.gate_up.present()) {
+    // One projection [gate; up]: each row's first half is its gate, its second its up.
+    project(f.gate_up, x, gate_up_.data(), m);
+    for (int64_t r = 0; r < m; ++r) {
+      const float* row = gate_up_.data() + r * 2 * inner;
+      std::memcpy(gate_.data() + r * inner, row, inner * sizeof(float));
+      std::memcpy(up_.data() + r * inner, row + inner, inner * sizeof(float));
+    }
+  } else {
+    project_group({{&f.gate, gate_.data()}, {&f.up, up_.data()}}, x, m);
+  }
   // The activation on the team too: one exp per hidden element (3,072 on Qwen3-0.6B) is ~2% of
   // a decode step on one thread while the other waits. Elementwise, so any split is exact.
-  const int64_t count = m * f.gate.n();
+  const int64_t count = m * inner;
   Parallel& par = process_parallel();
   const int nth = par.size();
   par.run(nth, [&](int ith, int team) {
@@ -391,41 +462,82 @@ int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos
   return best;
 }
 
+void DecodeProgram::rotate(float* x, int64_t heads, const float* cos, const float* sin) {
+  const DecodeConfig& c = cfg_;
+  if (c.rotary_dim == c.head_dim) {
+    frt_rotary_args a{heads, c.head_dim, x, cos, sin};
+    parallel(rotary_, a, "rotary", heads * c.head_dim);
+    return;
+  }
+  // Partial rotary: each head's leading rotary_dim dims rotate (their halves pair), the rest
+  // pass through; the kernel rotates whole contiguous vectors, so one head at a time.
+  for (int64_t h = 0; h < heads; ++h) {
+    frt_rotary_args a{1, c.rotary_dim, x + h * c.head_dim, cos, sin};
+    parallel(rotary_, a, "rotary", c.rotary_dim);
+  }
+}
+
 int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0) {
   const DecodeConfig& c = cfg_;
   const int64_t H = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
-  const int64_t half = c.head_dim / 2;
+  const int64_t half = c.rotary_dim / 2, B = kBlock;
   for (int64_t r = 0; r < m; ++r) {
-    std::memcpy(h_.data() + r * H,
-                static_cast<const float*>(w_.embed.data) + tokens[r] * w_.embed.strides[0],
+    float* h = h_.data() + r * H;
+    std::memcpy(h, static_cast<const float*>(w_.embed.data) + tokens[r] * w_.embed.strides[0],
                 H * sizeof(float));
-    // The host computes cos/sin in fp32 as (pos * inv_freq), scaled; so does the loop.
-    for (int64_t i = 0; i < half; ++i) {
-      const float f = static_cast<float>(pos0 + r) * c.inv_freq[i];
-      cos_[r * half + i] = std::cos(f) * c.attention_scaling;
-      sin_[r * half + i] = std::sin(f) * c.attention_scaling;
+    if (c.embed_scale != 1.0f)
+      for (int64_t i = 0; i < H; ++i) h[i] *= c.embed_scale;
+    // The host computes cos/sin in fp32 as (pos * inv_freq), scaled; so does the loop, for each
+    // of its rotary tables.
+    for (size_t t = 0; t < c.rotaries.size(); ++t) {
+      const DecodeRotary& rot = c.rotaries[t];
+      for (int64_t i = 0; i < half; ++i) {
+        const float f = static_cast<float>(pos0 + r) * rot.inv_freq[i];
+        cos_[(t * B + r) * half + i] = std::cos(f) * rot.attention_scaling;
+        sin_[(t * B + r) * half + i] = std::sin(f) * rot.attention_scaling;
+      }
     }
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const float scale =
+      c.attention_scale > 0 ? c.attention_scale : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const auto normed = [&](const float* norm) {
+    if (norm == nullptr) return h_.data();
+    std::memcpy(xn_.data(), h_.data(), m * H * sizeof(float));
+    norm_rows(norm, xn_.data(), m, H);
+    return xn_.data();
+  };
   for (int64_t l = 0; l < c.layers; ++l) {
     const LayerWeights& L = w_.layers[l];
-    std::memcpy(xn_.data(), h_.data(), m * H * sizeof(float));
-    norm_rows(L.input_norm, xn_.data(), m, H);
-    project_group({{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}}, xn_.data(), m);
-    if (c.qk_norm) {
+    const DecodeLayerConfig& lc = c.layer[l];
+    const float* x = normed(L.attn_in_norm);
+    if (L.qkv.present()) {
+      // One projection [q; k; v]: each row's three parts into their buffers.
+      project(L.qkv, x, qkv_.data(), m);
+      for (int64_t r = 0; r < m; ++r) {
+        const float* row = qkv_.data() + r * (qd + 2 * kvd);
+        std::memcpy(q_.data() + r * qd, row, qd * sizeof(float));
+        std::memcpy(k_.data() + r * kvd, row + qd, kvd * sizeof(float));
+        std::memcpy(v_.data() + r * kvd, row + qd + kvd, kvd * sizeof(float));
+      }
+    } else {
+      project_group({{&L.q, q_.data()}, {&L.k, k_.data()}, {&L.v, v_.data()}}, x, m);
+    }
+    if (lc.qk_norm == QkNorm::per_head) {
       norm_rows(L.q_norm, q_.data(), m * c.heads, c.head_dim);
       norm_rows(L.k_norm, k_.data(), m * c.kv_heads, c.head_dim);
+    } else if (lc.qk_norm == QkNorm::whole) {
+      norm_rows(L.q_norm, q_.data(), m, qd);
+      norm_rows(L.k_norm, k_.data(), m, kvd);
     }
     // Row by row: each row's own rotation, its K/V into the cache, then attention over every
-    // position up to its own (causal inside the block).
+    // position up to its own (causal inside the block), or its window's.
     for (int64_t r = 0; r < m; ++r) {
       const int64_t pos = pos0 + r;
-      frt_rotary_args rq{c.heads, c.head_dim, q_.data() + r * qd, cos_.data() + r * half,
-                         sin_.data() + r * half};
-      parallel(rotary_, rq, "rotary", c.heads * c.head_dim);
-      frt_rotary_args rk{c.kv_heads, c.head_dim, k_.data() + r * kvd, cos_.data() + r * half,
-                         sin_.data() + r * half};
-      parallel(rotary_, rk, "rotary", c.kv_heads * c.head_dim);
+      if (lc.rotary >= 0) {
+        const int64_t at = (lc.rotary * B + r) * half;
+        rotate(q_.data() + r * qd, c.heads, cos_.data() + at, sin_.data() + at);
+        rotate(k_.data() + r * kvd, c.kv_heads, cos_.data() + at, sin_.data() + at);
+      }
       for (int64_t j = 0; j < c.kv_heads; ++j) {
         const int64_t at = r * kvd + j * c.head_dim;
         std::memcpy(cache_at(l, 0, j) + pos * c.head_dim, k_.data() + at,
@@ -435,34 +547,48 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
       }
     }
     for (int64_t r = 0; r < m; ++r) {
+      const int64_t pos = pos0 + r;
+      // A sliding layer attends to the last `window` positions, its own included.
+      const int64_t first = lc.window > 0 ? std::max<int64_t>(0, pos - lc.window + 1) : 0;
       frt_attention_args at{c.heads,
                             c.kv_heads,
                             c.head_dim,
-                            pos0 + r + 1,
+                            pos + 1 - first,
                             q_.data() + r * qd,
-                            cache_at(l, 0, 0),
-                            cache_at(l, 1, 0),
+                            cache_at(l, 0, 0) + first * c.head_dim,
+                            cache_at(l, 1, 0) + first * c.head_dim,
                             scale,
                             attn_.data() + r * qd,
                             scores_.data(),
                             c.max_len,
                             c.head_dim,
                             c.max_len * c.head_dim};
-      parallel(attention_, at, "attention", c.heads * (pos0 + r + 1) * c.head_dim);
+      const int64_t work = c.heads * (pos + 1 - first) * c.head_dim;
+      if (c.attention_softcap > 0)
+        parallel(capped_attention_, frt_capped_attention_args{at, c.attention_softcap}, "attention",
+                 work);
+      else
+        parallel(attention_, at, "attention", work);
     }
     project(L.o, attn_.data(), o_.data(), m);
-    for (int64_t i = 0; i < m * H; ++i) h_[i] += o_[i];
-    std::memcpy(xn_.data(), h_.data(), m * H * sizeof(float));
-    norm_rows(L.post_norm, xn_.data(), m, H);
+    if (L.attn_out_norm != nullptr) norm_rows(L.attn_out_norm, o_.data(), m, H);
+    residual(h_.data(), o_.data(), m * H);
+    x = normed(L.ffn_in_norm);
     if (L.routed)
-      moe(L.moe, xn_.data(), mlp_out_.data(), m);
+      moe(L.moe, x, mlp_out_.data(), m);
     else
-      ffn(L.mlp, xn_.data(), mlp_out_.data(), m);
-    for (int64_t i = 0; i < m * H; ++i) h_[i] += mlp_out_[i];
+      ffn(L.mlp, x, mlp_out_.data(), m);
+    if (L.ffn_out_norm != nullptr) norm_rows(L.ffn_out_norm, mlp_out_.data(), m, H);
+    residual(h_.data(), mlp_out_.data(), m * H);
   }
   float* last = h_.data() + (m - 1) * H;
   norm_rows(w_.final_norm, last, 1, H);
   project(w_.head, last, logits_.data(), 1);
+  // As the host orders them: divided by the family's scale, then softcapped (tanh(l / c) * c).
+  if (c.logits_divisor != 1.0f)
+    for (float& v : logits_) v /= c.logits_divisor;
+  if (c.final_softcap > 0)
+    for (float& v : logits_) v = std::tanh(v / c.final_softcap) * c.final_softcap;
   int64_t best = 0;
   for (int64_t i = 1; i < c.vocab; ++i)
     if (logits_[i] > logits_[best]) best = i;
@@ -471,21 +597,24 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
 
 // Positions [0, n) of a layer's cache against the door's layout [n][kv_heads][head_dim]: `copy`
 // gets each row's cache K and V and the row's offset in the door's buffers.
-void DecodeProgram::for_cache_rows(int64_t layer, int64_t n,
+void DecodeProgram::for_cache_rows(int64_t layer, int64_t first, int64_t n,
                                    const std::function<void(float*, float*, int64_t)>& copy) const {
-  if (layer < 0 || layer >= cfg_.layers || n < 0 || n > cfg_.max_len)
-    throw InvalidArgument("decode_loop: cache of layer " + std::to_string(layer) + " with " +
-                          std::to_string(n) + " positions does not fit the window of " +
+  if (layer < 0 || layer >= cfg_.layers || n < 0 || first < 0 || first + n > cfg_.max_len)
+    throw InvalidArgument("decode_loop: cache of layer " + std::to_string(layer) +
+                          " at positions " + std::to_string(first) + ".." +
+                          std::to_string(first + n) + " does not fit the window of " +
                           std::to_string(cfg_.max_len));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < cfg_.kv_heads; ++j)
-      copy(cache_at(layer, 0, j) + t * cfg_.head_dim, cache_at(layer, 1, j) + t * cfg_.head_dim,
+      copy(cache_at(layer, 0, j) + (first + t) * cfg_.head_dim,
+           cache_at(layer, 1, j) + (first + t) * cfg_.head_dim,
            (t * cfg_.kv_heads + j) * cfg_.head_dim);
 }
 
-void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const float* v) {
+void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const float* v,
+                               int64_t first) {
   const size_t row = cfg_.head_dim * sizeof(float);
-  for_cache_rows(layer, n, [&](float* ck, float* cv, int64_t at) {
+  for_cache_rows(layer, first, n, [&](float* ck, float* cv, int64_t at) {
     std::memcpy(ck, k + at, row);
     std::memcpy(cv, v + at, row);
   });
@@ -493,7 +622,7 @@ void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const f
 
 void DecodeProgram::read_cache(int64_t layer, int64_t n, float* k, float* v) const {
   const size_t row = cfg_.head_dim * sizeof(float);
-  for_cache_rows(layer, n, [&](float* ck, float* cv, int64_t at) {
+  for_cache_rows(layer, 0, n, [&](float* ck, float* cv, int64_t at) {
     std::memcpy(k + at, ck, row);
     std::memcpy(v + at, cv, row);
   });
@@ -506,9 +635,10 @@ int64_t DecodeProgram::weight_bytes() const {
   };
   int64_t total = bytes(w_.head);
   for (const LayerWeights& L : w_.layers) {
-    total += bytes(L.q) + bytes(L.k) + bytes(L.v) + bytes(L.o);
+    total += (L.qkv.present() ? bytes(L.qkv) : bytes(L.q) + bytes(L.k) + bytes(L.v)) + bytes(L.o);
     const auto ffn_bytes = [&](const FfnWeights& f) {
-      return f.seat != nullptr ? f.seat->nbytes() : bytes(f.gate) + bytes(f.up) + bytes(f.down);
+      if (f.seat != nullptr) return f.seat->nbytes();
+      return (f.gate_up.present() ? bytes(f.gate_up) : bytes(f.gate) + bytes(f.up)) + bytes(f.down);
     };
     if (!L.routed) {
       total += ffn_bytes(L.mlp);

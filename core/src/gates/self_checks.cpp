@@ -32,14 +32,18 @@ std::pair<double, int64_t> worst_row(const TensorView& a, const TensorView& b) {
 
 SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& got,
                                   const TensorView& want, const TensorView& got_keys,
-                                  const TensorView& want_keys) {
+                                  const TensorView& want_keys, int64_t first_key_position) {
   if (got.rank != 2 || want.rank != 2 || got.shape != want.shape || got.shape[0] < 1)
     throw InvalidArgument("self-check: logits must be [positions, vocab] on both sides, got " +
                           got.describe() + " vs " + want.describe());
+  const int64_t kept = got.shape[0] - first_key_position;
+  if (first_key_position < 0 || kept < 1)
+    throw InvalidArgument("self-check: keys from position " + std::to_string(first_key_position) +
+                          " of a " + std::to_string(got.shape[0]) + "-token probe");
   if (got_keys.rank != 2 || want_keys.rank != 2 || got_keys.shape != want_keys.shape ||
-      got_keys.shape[0] < 1 || got_keys.shape[0] % got.shape[0] != 0)
+      got_keys.shape[0] < 1 || got_keys.shape[0] % kept != 0)
     throw InvalidArgument(
-        "self-check: keys must be [layers * positions, width] on both sides, got " +
+        "self-check: keys must be [layers * positions kept, width] on both sides, got " +
         got_keys.describe() + " vs " + want_keys.describe());
   // Same shapes, contiguous (check_pair); distribution_metrics also counts argmax agreement.
   const DistributionMetrics d = distribution_metrics(got, want);
@@ -50,8 +54,8 @@ SelfCheckVerdict judge_self_check(const SelfCheckSpec& spec, const TensorView& g
   std::tie(v.min_cosine, v.worst_position) = worst_row(got, want);
   int64_t key_row = 0;
   std::tie(v.min_keys_cosine, key_row) = worst_row(got_keys, want_keys);
-  v.worst_key_layer = key_row / v.positions;
-  v.worst_key_position = key_row % v.positions;
+  v.worst_key_layer = key_row / kept;
+  v.worst_key_position = first_key_position + key_row % kept;
   std::ostringstream s;
   if (!(v.top1_agreement >= spec.top1_agreement)) {
     s.precision(2);

@@ -160,7 +160,9 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
   const std::map<std::string, std::vector<OpKind>> owns = {
       {"flashrt/linear", {OpKind::linear}},
       {"flashrt/ffn", {OpKind::gated_ffn, OpKind::ffn, OpKind::moe_ffn}},
-      {"flashrt/decode", {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense}},
+      {"flashrt/decode",
+       {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense,
+        OpKind::capped_attention}},
       {"flashrt/gemm", {OpKind::linear, OpKind::ffn, OpKind::moe_ffn}}};
   for (const std::string repo :
        {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm"}) {

@@ -25,14 +25,15 @@ constexpr Table<WeightFormat, 5> kFormats{{{WeightFormat::int8_channel, "int8_ch
                                            {WeightFormat::int8_group, "int8_group"},
                                            {WeightFormat::int8_gemm, "int8_gemm"},
                                            {WeightFormat::int4_gemm, "int4_gemm"}}};
-constexpr Table<OpKind, 8> kOps{{{OpKind::linear, "linear"},
+constexpr Table<OpKind, 9> kOps{{{OpKind::linear, "linear"},
                                  {OpKind::gated_ffn, "gated_ffn"},
                                  {OpKind::ffn, "ffn"},
                                  {OpKind::rmsnorm, "rmsnorm"},
                                  {OpKind::rotary, "rotary"},
                                  {OpKind::attention, "attention"},
                                  {OpKind::dense, "dense"},
-                                 {OpKind::moe_ffn, "moe_ffn"}}};
+                                 {OpKind::moe_ffn, "moe_ffn"},
+                                 {OpKind::capped_attention, "capped_attention"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};
 constexpr Table<NormForm, 5> kNormForms{{{NormForm::unknown, "unknown"},

@@ -215,12 +215,13 @@ void weighted_rows(const float* p, const float* v, int64_t ldv, int64_t position
   }
 }
 
-// One pass of up to two query heads over a KV head's rows.
+// One pass of up to two query heads over a KV head's rows. Softcapped scores (softcap > 0) take
+// the path that forms all scores before the softmax: the cap goes between the two.
 void attend_pair(const HeadPair& hp, int nh, const float* k, const float* v, int64_t ld, int64_t d,
-                 int64_t positions, float scale) {
+                 int64_t positions, float scale, float softcap) {
 #if defined(FRT_ZMM)
-  if (nh == 2 ? attend_zmm_any<2>(hp, k, v, ld, d, positions, scale)
-              : attend_zmm_any<1>(hp, k, v, ld, d, positions, scale))
+  if (softcap == 0 && (nh == 2 ? attend_zmm_any<2>(hp, k, v, ld, d, positions, scale)
+                               : attend_zmm_any<1>(hp, k, v, ld, d, positions, scale)))
     return;
 #endif
   for (int64_t t = 0; t < positions; ++t) {
@@ -231,13 +232,16 @@ void attend_pair(const HeadPair& hp, int nh, const float* k, const float* v, int
       scores_at<1>(hp, k + t * ld, d, scale, t);
   }
   for (int g = 0; g < nh; ++g) {
+    if (softcap > 0)
+      for (int64_t t = 0; t < positions; ++t)
+        hp.s[g][t] = softcap * std::tanh(hp.s[g][t] / softcap);
     softmax(hp.s[g], positions);
     weighted_rows(hp.s[g], v, ld, positions, d, hp.out[g]);
   }
 }
 
 // Query heads [h0, h1) of KV head kvh, two at a time.
-void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1) {
+void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1, float softcap) {
   const int64_t d = a->head_dim;
   for (int64_t h = h0; h < h1; h += 2) {
     const int nh = h + 1 < h1 ? 2 : 1;
@@ -248,13 +252,16 @@ void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1) {
       hp.out[g] = a->out + (h + g) * d;
     }
     attend_pair(hp, nh, a->k_cache + kvh * a->ld_head, a->v_cache + kvh * a->ld_head, a->ld_pos, d,
-                a->positions, a->scale);
+                a->positions, a->scale, softcap);
   }
 }
 
 }  // namespace
 
-int32_t attention_run(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err) {
+namespace {
+
+int32_t run_attention(const frt_attention_args* a, float softcap, int32_t ith, int32_t nth,
+                      frt_error* err) {
   if (a == nullptr || a->kv_heads < 1 || a->heads % a->kv_heads != 0 || a->positions < 1 ||
       a->scores_stride < a->positions || a->ld_pos < a->head_dim || a->ld_head < a->head_dim)
     return fail(err, FRT_E_INVALID, "attention: bad arguments");
@@ -262,12 +269,25 @@ int32_t attention_run(const frt_attention_args* a, int32_t ith, int32_t nth, frt
   if (a->kv_heads >= nth) {  // whole groups per thread
     const Range kv = split(a->kv_heads, ith, nth);
     for (int64_t kvh = kv.begin; kvh < kv.end; ++kvh)
-      attend(a, kvh, kvh * group, (kvh + 1) * group);
+      attend(a, kvh, kvh * group, (kvh + 1) * group, softcap);
   } else {  // fewer KV heads than threads: split the query heads
     const Range heads = split(a->heads, ith, nth);
-    for (int64_t h = heads.begin; h < heads.end; ++h) attend(a, h / group, h, h + 1);
+    for (int64_t h = heads.begin; h < heads.end; ++h) attend(a, h / group, h, h + 1, softcap);
   }
   return ok(err);
+}
+
+}  // namespace
+
+int32_t attention_run(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err) {
+  return run_attention(a, 0.0f, ith, nth, err);
+}
+
+int32_t capped_attention_run(const frt_capped_attention_args* a, int32_t ith, int32_t nth,
+                             frt_error* err) {
+  if (a == nullptr || !(a->softcap > 0))
+    return fail(err, FRT_E_INVALID, "capped attention: the softcap must be positive");
+  return run_attention(&a->attention, a->softcap, ith, nth, err);
 }
 
 int32_t dense_run(const frt_dense_args* a, int32_t ith, int32_t nth, frt_error* err) {

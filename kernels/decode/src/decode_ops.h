@@ -10,6 +10,8 @@ namespace frt::kern {
 int32_t rmsnorm_run(const frt_rmsnorm_args* a, int32_t ith, int32_t nth, frt_error* err);
 int32_t rotary_run(const frt_rotary_args* a, int32_t ith, int32_t nth, frt_error* err);
 int32_t attention_run(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err);
+int32_t capped_attention_run(const frt_capped_attention_args* a, int32_t ith, int32_t nth,
+                             frt_error* err);
 int32_t dense_run(const frt_dense_args* a, int32_t ith, int32_t nth, frt_error* err);
 
 }  // namespace frt::kern

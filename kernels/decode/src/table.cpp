@@ -13,6 +13,8 @@ constexpr frt_op kOps[] = {
     primitive_op<frt_rmsnorm_args, frt::kern::rmsnorm_run>(FRT_OP_RMSNORM),
     primitive_op<frt_rotary_args, frt::kern::rotary_run>(FRT_OP_ROTARY),
     primitive_op<frt_attention_args, frt::kern::attention_run>(FRT_OP_ATTENTION),
+    primitive_op<frt_capped_attention_args, frt::kern::capped_attention_run>(
+        FRT_OP_CAPPED_ATTENTION),
     primitive_op<frt_dense_args, frt::kern::dense_run>(FRT_OP_DENSE),
 };
 
@@ -22,6 +24,7 @@ int32_t supports_op(const frt_op_desc* d, frt_error* err) {
       case FRT_OP_RMSNORM:
       case FRT_OP_ROTARY:
       case FRT_OP_ATTENTION:
+      case FRT_OP_CAPPED_ATTENTION:
         return frt::kern::ok(err);
       case FRT_OP_DENSE:
         if (d->rows_max < 1 || d->rows_max > FRT_MAX_ROWS)

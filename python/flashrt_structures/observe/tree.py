@@ -25,10 +25,20 @@ def _path_of(model: nn.Module, target: nn.Module | None) -> str:
 
 
 def _rope_name(config: object) -> str:
+    """The declared rotary form; where the configuration declares one per layer type (Gemma 3),
+    the first that is not "default"."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     if not params:
         return "default"
+    if all(isinstance(v, dict) for v in params.values()):
+        names = sorted({str(v.get("rope_type", v.get("type", "default"))) for v in params.values()})
+        return next((n for n in names if n != "default"), "default")
     return str(params.get("rope_type", params.get("type", "default")))
+
+
+def _positive(value: object) -> float:
+    """A declared scalar, 0 where the configuration leaves it unset."""
+    return float(value) if isinstance(value, (int, float)) and value > 0 else 0.0
 
 
 def config_facts(model: nn.Module) -> _core.HostConfig:
@@ -55,10 +65,22 @@ def config_facts(model: nn.Module) -> _core.HostConfig:
     if isinstance(partial, (int, float)):
         facts.partial_rotary_factor = float(partial)
     window = getattr(cfg, "sliding_window", None)
-    sliding = getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (
-        getattr(cfg, "layer_types", None) or [])
+    types = getattr(cfg, "layer_types", None) or []
+    if all(isinstance(t, str) for t in types):
+        facts.layer_types = list(types)
+    # A window applies where a layer type says so, where the family switches it on, or (no layer
+    # types declared) wherever it is set: Mistral's attention reads it on every layer.
+    sliding = (getattr(cfg, "use_sliding_window", False) or "sliding_attention" in types
+               or (not types and not hasattr(cfg, "use_sliding_window")))
     if isinstance(window, int) and window > 0 and sliding:
         facts.sliding_window = window
+    no_rope = getattr(cfg, "no_rope_layers", None)
+    if isinstance(no_rope, (list, tuple)) and all(isinstance(v, int) for v in no_rope):
+        facts.rope_layers = [int(v) for v in no_rope]
+    for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                "logits_scaling", "query_pre_attn_scalar", "attn_logit_softcapping",
+                "final_logit_softcapping"):
+        setattr(facts, key, _positive(getattr(cfg, key, None)))
     return facts
 
 
@@ -123,6 +145,7 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.in_features, hm.out_features = mod.num_embeddings, mod.embedding_dim
         hm.weight_dtype = dtype_of(mod.weight.dtype)
         hm.weight_id = mod.weight.data_ptr()
+        hm.embed_scale = _embed_scale(mod)
         return hm, False
     if (act := measure_activation(mod)) is not None:
         hm.kind = _core.ModuleKind.activation
@@ -137,16 +160,49 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
     hm.kind = _core.ModuleKind.module
     if wrapped_linear(mod) is not None:
         return hm, True  # observed: it is an activation node if its call shows one
-    inv_freq = getattr(mod, "inv_freq", None)  # a rotary embedding's own frequencies
-    if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
-        rotary = _core.RotaryFacts()
-        rotary.inv_freq = inv_freq.detach().float().tolist()
-        rotary.attention_scaling = float(getattr(mod, "attention_scaling", 1.0))
+    if (rotary := _rotary_tables(mod)) is not None:
         hm.rotary = rotary
     # Observed: a norm without affine if its call shows one; a container, whose calls show whether
     # it computes exactly a region of its children (Note [Enclosing site] in
     # core/src/planner/discover.cpp).
     return hm, bare_leaf(mod) or bool(hm.children)
+
+
+def _rotary_tables(mod: nn.Module) -> _core.RotaryFacts | None:
+    """A rotary embedding's own frequencies and cos/sin scale: one table (`inv_freq`), or one per
+    layer type (`<type>_inv_freq`, Gemma 3's local and global bases)."""
+    rotary = _core.RotaryFacts()
+    inv_freq = getattr(mod, "inv_freq", None)
+    if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
+        rotary.inv_freq = inv_freq.detach().float().tolist()
+        rotary.attention_scaling = float(getattr(mod, "attention_scaling", 1.0))
+    tables, scales = {}, {}
+    for name, buf in mod.named_buffers(recurse=False):
+        if name.endswith("_inv_freq") and not name.endswith("original_inv_freq") and buf.dim() == 1:
+            kind = name[: -len("_inv_freq")]
+            tables[kind] = buf.detach().float().tolist()
+            scales[kind] = float(getattr(mod, f"{kind}_attention_scaling", 1.0))
+    rotary.inv_freq_of, rotary.attention_scaling_of = tables, scales
+    return rotary if rotary.inv_freq or tables else None
+
+
+def _embed_scale(mod: nn.Embedding) -> float:
+    """What the embedding's call multiplies its rows by (Gemma: sqrt(hidden), in the weight's
+    dtype), measured on a call of three rows; 0 when its call is not its rows times one
+    constant."""
+    ids = torch.arange(min(3, mod.num_embeddings)).unsqueeze(0)
+    with torch.no_grad():
+        out = mod(ids)[0].float()
+    rows = mod.weight.detach()[ids[0]].float()
+    if torch.equal(out, rows):
+        return 1.0
+    nonzero = rows != 0
+    if not bool(nonzero.any()):
+        return 0.0
+    # The constant in fp32, as the host multiplies by it (the ratios in float64 straddle it).
+    ratio = out[nonzero].double() / rows[nonzero].double()
+    scale = torch.tensor(float(ratio.median()), dtype=torch.float32)
+    return float(scale) if torch.equal(out, rows * scale) else 0.0
 
 
 def _param(path: str, name: str, p: torch.Tensor) -> _core.HostParam:

@@ -28,9 +28,11 @@ extern "C" {
  * FRT_W_INT4_GEMM holds a column's two nibbles of a byte four inputs apart, so one 64-byte
  * load is sixteen columns' worth of eight inputs (Note [W4A8]).
  * 4.1: FRT_OP_MOE_FFN, a routed bank of gated experts (frt_moe_args); frt_op_desc gains the
- * bank's expert count and top-k (appended). */
+ * bank's expert count and top-k (appended).
+ * 4.2: FRT_OP_CAPPED_ATTENTION, attention whose scores are softcapped (Gemma 2), a kind of its
+ *   own so that no caller of 4.1 hands a package a struct shorter than it reads. */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 1
+#define FRT_KERNEL_ABI_MINOR 2
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -77,14 +79,15 @@ enum frt_act { FRT_ACT_SILU = 0, FRT_ACT_GELU_TANH = 1, FRT_ACT_GELU = 2 };
 
 /* The ops a package may own. A package lists only its own (frt_kernel_table.ops). */
 enum frt_op_kind {
-  FRT_OP_LINEAR = 1,    /* frt_linear_args */
-  FRT_OP_GATED_FFN = 2, /* frt_ffn_args: down(act(gate(x)) * up(x)) */
-  FRT_OP_FFN = 3,       /* frt_ffn_args, gate NULL: down(act(up(x) + b_up)) + b_down */
-  FRT_OP_RMSNORM = 4,   /* frt_rmsnorm_args */
-  FRT_OP_ROTARY = 5,    /* frt_rotary_args */
-  FRT_OP_ATTENTION = 6, /* frt_attention_args */
-  FRT_OP_DENSE = 7,     /* frt_dense_args */
-  FRT_OP_MOE_FFN = 8    /* frt_moe_args (4.1) */
+  FRT_OP_LINEAR = 1,          /* frt_linear_args */
+  FRT_OP_GATED_FFN = 2,       /* frt_ffn_args: down(act(gate(x)) * up(x)) */
+  FRT_OP_FFN = 3,             /* frt_ffn_args, gate NULL: down(act(up(x) + b_up)) + b_down */
+  FRT_OP_RMSNORM = 4,         /* frt_rmsnorm_args */
+  FRT_OP_ROTARY = 5,          /* frt_rotary_args */
+  FRT_OP_ATTENTION = 6,       /* frt_attention_args */
+  FRT_OP_DENSE = 7,           /* frt_dense_args */
+  FRT_OP_MOE_FFN = 8,         /* frt_moe_args (4.1) */
+  FRT_OP_CAPPED_ATTENTION = 9 /* frt_capped_attention_args (4.2) */
 };
 
 /* ---- The weight formats (the format header). -----------------------------------------------
@@ -256,6 +259,13 @@ typedef struct frt_attention_args {
                             * head_dim, ld_head = head_dim; [kv_heads][max_len][head_dim] has
                             * ld_pos = head_dim, ld_head = max_len * head_dim */
 } frt_attention_args;
+
+/* FRT_OP_CAPPED_ATTENTION: as FRT_OP_ATTENTION with each score s (already times scale) replaced by
+ * softcap * tanh(s / softcap) before the softmax; softcap > 0. */
+typedef struct frt_capped_attention_args {
+  frt_attention_args attention;
+  float softcap;
+} frt_capped_attention_args;
 
 /* y = x W^T (+ bias) with the host's own row-major weight W [n][k] (fp32 or bf16), x fp32. */
 typedef struct frt_dense_args {
