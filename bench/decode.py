@@ -231,6 +231,23 @@ def smollm2_main(args) -> int:
 FAMILY_SCHEMES = {"loop_w8": "w8a16_decode", "loop_w4a8": "w4a8_decode"}
 
 
+def batch_arm(loop, prompts: list[list[int]], new: int):
+    """decode_loop over a batch: each sequence prefilled on its own window, then `new - 1` batch
+    steps of one row per sequence (every weight read once per step for all of them). Returns
+    (prefill seconds, decode seconds, the first sequence's tokens, no brackets): aggregate
+    tokens per second is len(prompts) * (new - 1) / decode seconds."""
+    t0 = time.perf_counter()
+    last = [loop.program.prefill(p, 0, b) for b, p in enumerate(prompts)]
+    prefill = time.perf_counter() - t0
+    seqs = list(range(len(prompts)))
+    first = [last[0]]
+    t0 = time.perf_counter()
+    for i in range(new - 1):
+        last = loop.program.step_batch(last, seqs, [len(p) + i for p in prompts])
+        first.append(last[0])
+    return prefill, time.perf_counter() - t0, first, []
+
+
 def family_run(name: str, args) -> dict:
     """One family of bench/families.py: the host's own forward with its cache (what greedy
     generate does) and the loop over w8a16 and w4a8 seats, alternated round by round; prefill
@@ -243,18 +260,28 @@ def family_run(name: str, args) -> dict:
     prompt_len, new = args.prompt, args.new
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len),
                            generator=torch.Generator().manual_seed(1))
-    loops = {}
+    batches = [b for b in args.batch if b > 1]
+    loops, batch_loops = {}, {}
     for arm, scheme in FAMILY_SCHEMES.items():
         handle = S.auto_swaps(model, lambda: model(prompt[:, :1]), scheme=scheme).attach(model)
         loops[arm] = S.decode_loop(model, prompt_len + new)
+        if batches:
+            batch_loops[arm] = S.decode_loop(model, prompt_len + new, batch=max(batches))
         handle.detach()
+    # A batch's prompts: the benchmark prompt first (its tokens are the batch-1 arm's), then
+    # others of the same length.
+    extra = torch.randint(0, cfg.vocab_size, (max(batches, default=1), prompt_len),
+                          generator=torch.Generator().manual_seed(2))
+    batch_prompts = [prompt[0].tolist()] + extra[1:].tolist()
 
     def step_bytes(lp):
         return lambda pos: lp.weight_bytes + kv_bytes(cfg, pos, 4)
 
     arms = {"host": lambda: host_arm(model, prompt, new),
             **{arm: (lambda lp=lp: loop_arm(lp, prompt, new, step_bytes(lp)))
-               for arm, lp in loops.items()}}
+               for arm, lp in loops.items()},
+            **{f"{arm}_b{b}": (lambda lp=lp, b=b: batch_arm(lp, batch_prompts[:b], new))
+               for arm, lp in batch_loops.items() for b in batches}}
     samples: dict[str, list] = {n: [] for n in arms}
     for _ in range(args.rounds):
         for arm, fn in arms.items():
@@ -269,16 +296,25 @@ def family_run(name: str, args) -> dict:
           f"{'of floor':>10}{'tokens = host':>15}")
     rows = []
     for arm in arms:
-        pre = statistics.median(s[0] for s in samples[arm])
-        dec = statistics.median(s[1] for s in samples[arm]) / (new - 1)
+        rows_per_step = int(arm.rsplit("_b", 1)[1]) if "_b" in arm else 1
+        pre = statistics.median(s[0] for s in samples[arm]) / rows_per_step
+        dec = statistics.median(s[1] for s in samples[arm]) / (new - 1) / rows_per_step
         brackets = [b for s in samples[arm] for b in s[3]]
         same = sum(a == b for a, b in zip(samples[arm][0][2], host_tokens)) / new
-        row = {"arm": arm, "prefill_tok_s": prompt_len / pre,
+        base = arm.rsplit("_b", 1)[0]
+        nbytes = loops[base].weight_bytes if base in loops else host_weight_bytes(model)
+        row = {"arm": arm, "batch": rows_per_step, "prefill_tok_s": prompt_len / pre,
                "prefill_speedup_vs_host": host_prefill / pre, "decode_tok_s": 1 / dec,
                "decode_speedup_vs_host": host_decode / dec,
-               "weight_bytes_per_token": (loops[arm].weight_bytes if arm in loops
-                                          else host_weight_bytes(model)),
-               "greedy_tokens_same_as_host": same}
+               "weight_bytes_per_token": nbytes, "greedy_tokens_same_as_host": same}
+        if rows_per_step > 1:
+            # Aggregate tokens/s over the batch, against the same loop's batch-1 figure; the
+            # step's compute: a multiply-add per weight per row.
+            single = next(r for r in rows if r["arm"] == base)
+            row["aggregate_vs_batch1"] = row["decode_tok_s"] / single["decode_tok_s"]
+            row["weight_macs_per_step"] = rows_per_step * sum(
+                m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+            row["gmac_per_s"] = row["weight_macs_per_step"] / (dec * rows_per_step) / 1e9
         if brackets:
             row["floor"] = summarize(brackets)
             row["frac_of_floor"] = row["floor"]["frac_of_bandwidth"]
@@ -287,6 +323,22 @@ def family_run(name: str, args) -> dict:
         print(f"{arm:<11}{row['prefill_tok_s']:>14.1f}{row['prefill_speedup_vs_host']:>8.2f}x"
               f"{row['decode_tok_s']:>14.2f}{row['decode_speedup_vs_host']:>8.2f}x{fl}"
               f"{same:>15.0%}")
+    # The first step's logits of each loop against the host's: what a lossy form costs on these
+    # weights (greedy tokens part early where random weights leave logits nearly flat).
+    with torch.no_grad():
+        want = model(prompt).logits[0, -1].double()
+    for row in rows:
+        lp = loops.get(row["arm"])
+        if lp is not None:
+            lp.program.prefill(prompt[0].tolist(), 0)
+            got = torch.from_numpy(lp.program.logits()).double()
+            row["first_logits_cosine"] = float(torch.nn.functional.cosine_similarity(got, want, 0))
+            print(f"{row['arm']}: first-step logits cosine {row['first_logits_cosine']:.5f} "
+                  "against the host's")
+    for row in rows:
+        if row["batch"] > 1:
+            print(f"{row['arm']}: aggregate {row['aggregate_vs_batch1']:.2f}x its batch-1 decode, "
+                  f"{row['gmac_per_s']:.1f} GMAC/s of weight multiply-adds")
     return {"released": released, "layers": args.layers, "binding": binding, "rows": rows}
 
 
@@ -332,6 +384,8 @@ def main() -> int:
                              "olmo2, granite): bench/results/<tier>/decode_families.json")
     parser.add_argument("--prompt", type=int, default=PROMPT, help="--family: prompt tokens")
     parser.add_argument("--new", type=int, default=NEW, help="--family: new tokens")
+    parser.add_argument("--batch", type=lambda s: [int(b) for b in s.split(",")], default=[1],
+                        help="--family: batch sizes, e.g. 1,4,16 (aggregate tok/s per batch)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=FutureWarning)
     if args.model == "smollm2":

@@ -62,8 +62,10 @@ def _emit(streamer: Streamer, token: int) -> None:
 
 @dataclass
 class DecodeLoop:
-    """A built decode loop. generate() prefills and decodes in the core; generate_from() lets
-    the host prefill and decodes from its cache. Batch 1, greedy."""
+    """A built decode loop. generate() prefills and decodes in the core: one sequence, or a batch
+    of up to the sequences it was built for (decode_loop(..., batch=B)), every decode step
+    reading each weight once for all of them; generate_from() lets the host prefill one sequence
+    and decodes from its cache. Greedy."""
 
     model: nn.Module
     program: Any
@@ -86,7 +88,8 @@ class DecodeLoop:
 
     def _check(self, input_ids: torch.Tensor, new: int) -> list[int]:
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            _refuse(f"input_ids {tuple(input_ids.shape)}: the loop runs batch 1 ([1, prompt])")
+            _refuse(f"input_ids {tuple(input_ids.shape)}: one sequence ([1, prompt]) here; a "
+                    "batch goes through generate()")
         if new < 1 or input_ids.shape[1] < 1:
             raise ValueError("decode_loop: need a non-empty prompt and max_new_tokens >= 1")
         if input_ids.shape[1] + new > self.max_len:
@@ -122,13 +125,30 @@ class DecodeLoop:
         self.timing["decode_steps"] = steps
         return torch.tensor([out], dtype=torch.long)
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+    def generate(self, input_ids: torch.Tensor | list[Any], max_new_tokens: int, *,
+                 attention_mask: torch.Tensor | None = None,
                  eos_token_id: int | list[int] | None = None,
-                 streamer: Streamer = None) -> torch.Tensor:
+                 streamer: Streamer = None) -> Any:
         """Prefill (in the core, blocks of 16 prompt rows) then greedy decode, like the host's
         greedy generate: stops after max_new_tokens or at a stop token (eos_token_id, default the
         generation config's). streamer: a callable taking each new token id, or a transformers
-        streamer (put/end). Returns [1, prompt + new]."""
+        streamer (put/end). Returns [1, prompt + new].
+
+        A batch: input_ids [B, T] with attention_mask (1 on each sequence's tokens, padding on
+        either side), or a list of B prompts of any lengths; each sequence has its own KV window,
+        length and stop. Returns [B, T + new] (each row as given, then its new tokens, padded
+        after its stop with the generation config's pad id) for a tensor, a list of
+        [prompt + new] tensors for a list."""
+        if isinstance(input_ids, (list, tuple)) or input_ids.shape[0] > 1:
+            return self._generate_batch(input_ids, max_new_tokens, attention_mask,
+                                        self._eos(eos_token_id), streamer)
+        if attention_mask is not None:
+            # One sequence with its mask (a tokenizer's output): its own tokens run, the row is
+            # returned as given with the new tokens after it.
+            kept = _batch_prompts(input_ids, attention_mask)[0]
+            out = self.generate(torch.tensor([kept], dtype=torch.long), max_new_tokens,
+                                eos_token_id=eos_token_id, streamer=streamer)
+            return torch.cat([input_ids.long(), out[:, len(kept):]], dim=1)
         tokens = self._check(input_ids, max_new_tokens)
         eos = self._eos(eos_token_id)
         _prompt(streamer, input_ids)
@@ -136,6 +156,54 @@ class DecodeLoop:
         nxt = self.program.prefill(tokens, 0)  # blocks of up to 16 rows, causal inside
         self.timing = {"prefill_s": time.perf_counter() - t0, "prefill_tokens": len(tokens)}
         return self._decode(tokens, nxt, max_new_tokens, eos, streamer)
+
+    def _generate_batch(self, input_ids: torch.Tensor | list[Any], new: int,
+                        mask: torch.Tensor | None, eos: set[int], streamer: Streamer) -> Any:
+        """Each sequence prefilled on its own window, then batch steps over the live ones."""
+        if streamer is not None:
+            raise ValueError("decode_loop: a streamer takes one sequence; a batch returns them")
+        prompts = _batch_prompts(input_ids, mask)
+        if not prompts:
+            raise ValueError("decode_loop: an empty batch")
+        batch = self.program.config.sequences
+        if len(prompts) > batch:
+            _refuse(f"a batch of {len(prompts)} sequences; this loop holds {batch} "
+                    + (f"(decode_loop(model, max_len, batch={len(prompts)}))"
+                       if len(prompts) <= _MAX_BATCH else
+                       f"and a loop holds at most {_MAX_BATCH}"))
+        if new < 1 or any(len(p) == 0 for p in prompts):
+            raise ValueError("decode_loop: need non-empty prompts and max_new_tokens >= 1")
+        longest = max(len(p) for p in prompts)
+        if longest + new > self.max_len:
+            raise ValueError(f"decode_loop: prompt {longest} + {new} new tokens exceed the "
+                             f"static window of {self.max_len}")
+        t0 = time.perf_counter()
+        outs = [p + [self.program.prefill(p, 0, b)] for b, p in enumerate(prompts)]
+        self.timing = {"prefill_s": time.perf_counter() - t0,
+                       "prefill_tokens": sum(len(p) for p in prompts)}
+        t0 = time.perf_counter()
+        steps = tokens = 0
+        while True:
+            live = [b for b, out in enumerate(outs)
+                    if len(out) - len(prompts[b]) < new and out[-1] not in eos]
+            if not live:
+                break
+            nxt = self.program.step_batch([outs[b][-1] for b in live], live,
+                                          [len(outs[b]) - 1 for b in live])
+            for b, token in zip(live, nxt, strict=True):
+                outs[b].append(token)
+            steps += 1
+            tokens += len(live)
+        self.timing.update(decode_s=time.perf_counter() - t0, decode_steps=steps,
+                           decode_tokens=tokens)
+        if isinstance(input_ids, (list, tuple)):
+            return [torch.tensor(out, dtype=torch.long) for out in outs]
+        pad = getattr(getattr(self.model, "generation_config", None), "pad_token_id", None)
+        pad = pad if pad is not None else (min(eos) if eos else 0)
+        width = max(len(out) - len(p) for out, p in zip(outs, prompts, strict=True))
+        rows = [input_ids[b].tolist() + out[len(prompts[b]):] for b, out in enumerate(outs)]
+        return torch.tensor([r + [pad] * (input_ids.shape[1] + width - len(r)) for r in rows],
+                            dtype=torch.long)
 
     def generate_from(self, input_ids: torch.Tensor, max_new_tokens: int, *,
                       eos_token_id: int | list[int] | None = None,
@@ -175,9 +243,12 @@ class DecodeLoop:
             out.append(self.program.logits().copy())
         return out
 
-    def score(self, ids: torch.Tensor) -> tuple[list[float], list[int]]:
+    def score(self, ids: torch.Tensor | list[Any]) -> Any:
         """Teacher-forced through the loop: for each position t < len-1, the negative log-
-        likelihood of ids[t+1] and the loop's argmax (perplexity = exp(mean nll))."""
+        likelihood of ids[t+1] and the loop's argmax (perplexity = exp(mean nll)). A list of
+        sequences: one (nll, argmax) pair per sequence."""
+        if isinstance(ids, (list, tuple)):
+            return [self.score(torch.as_tensor(s, dtype=torch.long).reshape(1, -1)) for s in ids]
         tokens = self._check(ids, 1)
         nll, top = [], []
         for pos, tok in enumerate(tokens[:-1]):
@@ -191,12 +262,38 @@ class DecodeLoop:
         return self.program.weight_bytes
 
 
-def plan_decode(model: nn.Module, max_len: int, binding: str = "") -> _core.DecodePlan:
+_MAX_BATCH = 16  # the kernels' row band: a batch step is one block of rows
+
+
+def _batch_prompts(input_ids: torch.Tensor | list[Any], mask: torch.Tensor | None
+                   ) -> list[list[int]]:
+    """Each sequence's own tokens: a list's prompts, or each row of [B, T] where its mask is 1."""
+    if isinstance(input_ids, (list, tuple)):
+        return [torch.as_tensor(p).reshape(-1).tolist() for p in input_ids]
+    if input_ids.dim() != 2:
+        raise ValueError(f"decode_loop: input_ids {tuple(input_ids.shape)}: expected [B, T]")
+    if mask is None:
+        return input_ids.tolist()
+    if mask.shape != input_ids.shape:
+        raise ValueError(f"decode_loop: attention_mask {tuple(mask.shape)} is not input_ids' "
+                         f"{tuple(input_ids.shape)}")
+    prompts = []
+    for row, keep in zip(input_ids, mask.bool(), strict=True):
+        idx = keep.nonzero().flatten()
+        if len(idx) and int(idx[-1] - idx[0]) + 1 != len(idx):
+            raise ValueError("decode_loop: attention_mask with a gap inside a sequence")
+        prompts.append(row[keep].tolist())
+    return prompts
+
+
+def plan_decode(model: nn.Module, max_len: int, binding: str = "",
+                batch: int = 1) -> _core.DecodePlan:
     """The core's decode plan for `model` (print it with explain()); builds nothing. Without a
-    binding the core chooses the one that describes the host."""
+    binding the core chooses the one that describes the host; `batch`: the sequences it holds
+    a KV window for."""
     graph, _ = describe_tree(model)
     describe_routing(model, graph)  # banks' and routers' forms, measured on calls of their own
-    return _core.plan_decode(graph, catalog.shipped(), binding, max_len)
+    return _core.plan_decode(graph, catalog.shipped(), binding, max_len, batch)
 
 
 def _standing(model: nn.Module, path: str) -> tuple[Any, Any]:
@@ -223,19 +320,20 @@ def _standing(model: nn.Module, path: str) -> tuple[Any, Any]:
             bias.detach() if isinstance(bias, torch.Tensor) else None)
 
 
-def decode_loop(model: nn.Module, max_len: int) -> DecodeLoop:
-    """Builds the loop over `model` as it stands (host weights, or seated impls where attached).
-    Raises Refused naming what it cannot cover; the host is never modified."""
+def decode_loop(model: nn.Module, max_len: int, batch: int = 1) -> DecodeLoop:
+    """Builds the loop over `model` as it stands (host weights, or seated impls where attached),
+    holding a KV window of max_len for each of `batch` sequences (1..16). Raises Refused naming
+    what it cannot cover; the host is never modified."""
     probe = catalog.shipped().decode_self_check.probe_tokens
     if max_len < probe:
         raise ValueError(f"decode_loop: max_len {max_len} < {probe} (the self-check's probe)")
-    plan = plan_decode(model, max_len)
+    plan = plan_decode(model, max_len, batch=batch)
     if not plan.ok:
         _refuse(plan.refused[0][1])
     tensors = _core.DecodeTensors(plan)  # Note [Decode tensors] in bind_decode.cpp
     for path in tensors.paths():
         tensors.put(path, *_standing(model, path))
-    program = _core.make_decode_program(plan, tensors)
+    program = _core.make_decode_program(tensors)
     loop = DecodeLoop(model, program, max_len, plan.seated, [tensors], plan=plan)
     _self_check(loop, plan.config.vocab)
     return loop

@@ -97,8 +97,9 @@ def plan_of_decode(plan: Any, handle: AttachHandle | None) -> dict[str, Any]:
         "binding": plan.binding,
         "config": {**{k: getattr(c, k) for k in (
             "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
-            "max_len", "eps", "norm_plus_one", "rotary_dim", "embed_scale", "residual_scale",
-            "attention_scale", "attention_softcap", "logits_divisor", "final_softcap")},
+            "max_len", "sequences", "eps", "norm_plus_one", "rotary_dim", "embed_scale",
+            "residual_scale", "attention_scale", "attention_softcap", "logits_divisor",
+            "final_softcap")},
             "layer": [{"window": lc.window, "rotary": lc.rotary,
                        "qk_norm": plain(lc.qk_norm)} for lc in c.layer]},
         "embed": plan.embed, "head": plan.head, "stack": dict(plan.stack),

@@ -103,6 +103,7 @@ class DecodeTensors {
   }
 
   const std::vector<std::string>& paths() const { return paths_; }
+  const DecodePlan& plan() const { return plan_; }
 
   ModelWeights weights() const {
     built_ = true;
@@ -124,11 +125,11 @@ class DecodeTensors {
             std::pair{"attn_out_norm", &L.attn_out_norm}, std::pair{"ffn_in_norm", &L.ffn_in_norm},
             std::pair{"ffn_out_norm", &L.ffn_out_norm}})
         *norm = vector_of(slot(name).weight, cfg.hidden, where + name);
-      const bool whole = cfg.layer.at(i).qk_norm == QkNorm::whole;
-      L.q_norm = vector_of(slot("q_norm").weight, whole ? cfg.heads * cfg.head_dim : cfg.head_dim,
+      const QkNorm qk = cfg.layer.at(i).qk_norm;
+      L.q_norm = vector_of(slot("q_norm").weight, qk_norm_width(qk, cfg.heads, cfg.head_dim),
                            where + "q norm");
-      L.k_norm = vector_of(slot("k_norm").weight,
-                           whole ? cfg.kv_heads * cfg.head_dim : cfg.head_dim, where + "k norm");
+      L.k_norm = vector_of(slot("k_norm").weight, qk_norm_width(qk, cfg.kv_heads, cfg.head_dim),
+                           where + "k norm");
       const bool fused = P.slots.count("qkv") > 0;
       for (auto [name, proj] : {std::pair{"q", &L.q}, std::pair{"k", &L.k}, std::pair{"v", &L.v},
                                 std::pair{"qkv", &L.qkv}, std::pair{"o", &L.o}}) {
@@ -209,25 +210,26 @@ void bind_decode(nb::module_& m) {
       .def_ro("qk_norm", &DecodeLayerConfig::qk_norm);
   nb::class_<DecodeConfig>(m, "DecodeConfig")
       .def(nb::init<>())
-      .def_rw("layers", &DecodeConfig::layers)
-      .def_rw("hidden", &DecodeConfig::hidden)
-      .def_rw("heads", &DecodeConfig::heads)
-      .def_rw("kv_heads", &DecodeConfig::kv_heads)
-      .def_rw("head_dim", &DecodeConfig::head_dim)
-      .def_rw("intermediate", &DecodeConfig::intermediate)
-      .def_rw("vocab", &DecodeConfig::vocab)
-      .def_rw("max_len", &DecodeConfig::max_len)
-      .def_rw("eps", &DecodeConfig::eps)
-      .def_rw("norm_plus_one", &DecodeConfig::norm_plus_one)
-      .def_rw("rotary_dim", &DecodeConfig::rotary_dim)
-      .def_rw("rotaries", &DecodeConfig::rotaries)
-      .def_rw("layer", &DecodeConfig::layer)
-      .def_rw("embed_scale", &DecodeConfig::embed_scale)
-      .def_rw("residual_scale", &DecodeConfig::residual_scale)
-      .def_rw("attention_scale", &DecodeConfig::attention_scale)
-      .def_rw("attention_softcap", &DecodeConfig::attention_softcap)
-      .def_rw("logits_divisor", &DecodeConfig::logits_divisor)
-      .def_rw("final_softcap", &DecodeConfig::final_softcap);
+      .def_ro("layers", &DecodeConfig::layers)
+      .def_ro("hidden", &DecodeConfig::hidden)
+      .def_ro("heads", &DecodeConfig::heads)
+      .def_ro("kv_heads", &DecodeConfig::kv_heads)
+      .def_ro("head_dim", &DecodeConfig::head_dim)
+      .def_ro("intermediate", &DecodeConfig::intermediate)
+      .def_ro("vocab", &DecodeConfig::vocab)
+      .def_ro("max_len", &DecodeConfig::max_len)
+      .def_ro("sequences", &DecodeConfig::sequences)
+      .def_ro("eps", &DecodeConfig::eps)
+      .def_ro("norm_plus_one", &DecodeConfig::norm_plus_one)
+      .def_ro("rotary_dim", &DecodeConfig::rotary_dim)
+      .def_ro("rotaries", &DecodeConfig::rotaries)
+      .def_ro("layer", &DecodeConfig::layer)
+      .def_ro("embed_scale", &DecodeConfig::embed_scale)
+      .def_ro("residual_scale", &DecodeConfig::residual_scale)
+      .def_ro("attention_scale", &DecodeConfig::attention_scale)
+      .def_ro("attention_softcap", &DecodeConfig::attention_softcap)
+      .def_ro("logits_divisor", &DecodeConfig::logits_divisor)
+      .def_ro("final_softcap", &DecodeConfig::final_softcap);
 
   nb::class_<DecodeMoePlan>(m, "DecodeMoePlan")
       .def_ro("experts", &DecodeMoePlan::experts)
@@ -262,24 +264,41 @@ void bind_decode(nb::module_& m) {
       .def_ro("assumed", &DecodePlan::assumed)
       .def_prop_ro("ok", &DecodePlan::ok);
   m.def("plan_decode", &plan_decode, nb::arg("graph"), nb::arg("catalog"), nb::arg("binding"),
-        nb::arg("max_len"));  // binding "": the core chooses (Note [Choosing a binding])
+        nb::arg("max_len"),
+        nb::arg("sequences") = 1);  // binding "": the core chooses (Note [Choosing a binding])
   m.def("explain_decode", nb::overload_cast<const DecodePlan&, bool>(&explain), nb::arg("plan"),
         nb::arg("verbose") = false);
 
   nb::class_<DecodeProgram>(m, "DecodeProgram")
-      .def("step", &DecodeProgram::step, nb::arg("token"), nb::arg("pos"),
+      .def("step", &DecodeProgram::step, nb::arg("token"), nb::arg("pos"), nb::arg("seq") = 0,
            nb::call_guard<nb::gil_scoped_release>())
       .def(
           "prefill",
-          [](DecodeProgram& p, const std::vector<int64_t>& tokens, int64_t pos0) {
+          [](DecodeProgram& p, const std::vector<int64_t>& tokens, int64_t pos0, int64_t seq) {
             if (tokens.empty()) throw InvalidArgument("decode_loop: an empty prompt");
             nb::gil_scoped_release release;
-            return p.prefill(tokens.data(), static_cast<int64_t>(tokens.size()), pos0);
+            return p.prefill(tokens.data(), static_cast<int64_t>(tokens.size()), pos0, seq);
           },
-          nb::arg("tokens"), nb::arg("pos0") = 0)
+          nb::arg("tokens"), nb::arg("pos0") = 0, nb::arg("seq") = 0)
+      // One token of each of several sequences: [(token, seq, pos)] rows -> each row's argmax.
+      .def(
+          "step_batch",
+          [](DecodeProgram& p, const std::vector<int64_t>& tokens, const std::vector<int64_t>& seqs,
+             const std::vector<int64_t>& positions) {
+            if (tokens.size() != seqs.size() || tokens.size() != positions.size())
+              throw InvalidArgument(
+                  "decode_loop: step_batch takes one sequence and position per token");
+            std::vector<int64_t> next(tokens.size());
+            nb::gil_scoped_release release;
+            p.step_batch(tokens.data(), seqs.data(), positions.data(),
+                         static_cast<int64_t>(tokens.size()), next.data());
+            return next;
+          },
+          nb::arg("tokens"), nb::arg("seqs"), nb::arg("positions"))
       .def(
           "load_cache",
-          [](DecodeProgram& p, int64_t layer, nb::handle k, nb::handle v, int64_t first) {
+          [](DecodeProgram& p, int64_t layer, nb::handle k, nb::handle v, int64_t first,
+             int64_t seq) {
             const TensorView kv = view_of(k, "k cache"), vv = view_of(v, "v cache");
             const DecodeConfig& c = p.config();
             for (const TensorView* t : {&kv, &vv})
@@ -292,13 +311,13 @@ void bind_decode(nb::module_& m) {
               throw Refused("decode_loop: cache keys hold " + std::to_string(kv.shape[0]) +
                             " positions and values " + std::to_string(vv.shape[0]));
             p.load_cache(layer, kv.shape[0], static_cast<const float*>(kv.data),
-                         static_cast<const float*>(vv.data), first);
+                         static_cast<const float*>(vv.data), first, seq);
           },
-          nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("first") = 0)
+          nb::arg("layer"), nb::arg("k"), nb::arg("v"), nb::arg("first") = 0, nb::arg("seq") = 0)
       // Positions [0, n) of a layer's cache as two [n, kv_heads, head_dim] fp32 arrays (copies).
       .def(
           "read_cache",
-          [](const DecodeProgram& p, int64_t layer, int64_t n) {
+          [](const DecodeProgram& p, int64_t layer, int64_t n, int64_t seq) {
             const DecodeConfig& c = p.config();
             if (layer < 0 || layer >= c.layers || n < 0 || n > c.max_len)  // before allocating
               throw InvalidArgument("decode_loop: cache of layer " + std::to_string(layer) +
@@ -309,7 +328,7 @@ void bind_decode(nb::module_& m) {
                 static_cast<size_t>(n * c.kv_heads * c.head_dim);  // n checked above
             auto k = std::make_unique<std::vector<float>>(count);
             auto v = std::make_unique<std::vector<float>>(count);
-            p.read_cache(layer, n, k->data(), v->data());  // throws before anyone owns them
+            p.read_cache(layer, n, k->data(), v->data(), seq);  // throws before anyone owns them
             const auto array = [&](std::unique_ptr<std::vector<float>> owned) {
               std::vector<float>* data = owned.release();
               nb::capsule owner(
@@ -322,15 +341,19 @@ void bind_decode(nb::module_& m) {
             };
             return std::make_pair(array(std::move(k)), array(std::move(v)));
           },
-          nb::arg("layer"), nb::arg("n"))
-      // The last step's logits (a copy, [vocab] fp32): for scoring, not the hot path.
-      .def("logits",
-           [](const DecodeProgram& p) {
-             auto* data = new std::vector<float>(p.logits());
-             nb::capsule owner(
-                 data, [](void* v) noexcept { delete static_cast<std::vector<float>*>(v); });
-             return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), {data->size()}, owner);
-           })
+          nb::arg("layer"), nb::arg("n"), nb::arg("seq") = 0)
+      // The last call's logits (a copy, [vocab] fp32; a batch step's row `row`): for scoring,
+      // not the hot path.
+      .def(
+          "logits",
+          [](const DecodeProgram& p, int64_t row) {
+            const std::span<const float> l = p.logits(row);
+            auto* data = new std::vector<float>(l.begin(), l.end());
+            nb::capsule owner(data,
+                              [](void* v) noexcept { delete static_cast<std::vector<float>*>(v); });
+            return nb::ndarray<nb::numpy, float, nb::ndim<1>>(data->data(), {data->size()}, owner);
+          },
+          nb::arg("row") = 0)
       .def_prop_ro("weight_bytes", &DecodeProgram::weight_bytes)
       .def_prop_ro("config", &DecodeProgram::config);
 
@@ -344,7 +367,10 @@ void bind_decode(nb::module_& m) {
   // must outlive it (the door keeps both on its DecodeLoop).
   m.def(
       "make_decode_program",
-      [](const DecodePlan& plan, const DecodeTensors& tensors) {
+      // The program is built from the plan the tensors were resolved against: one plan for
+      // both, so no configuration can differ from the tensors under it.
+      [](const DecodeTensors& tensors) {
+        const DecodePlan& plan = tensors.plan();
         if (!plan.ok())
           throw Refused("decode_loop: the plan is refused: " + plan.refused.front().second);
         ModelWeights w = tensors.weights();
@@ -354,7 +380,7 @@ void bind_decode(nb::module_& m) {
         const frt_kernel_table* ffn = hub.resolve(plan.ffn_package).table;
         return std::make_unique<DecodeProgram>(plan.config, std::move(w), decode, linear, ffn);
       },
-      nb::arg("plan"), nb::arg("tensors"), nb::keep_alive<0, 2>());
+      nb::arg("tensors"), nb::keep_alive<0, 1>());
 }
 
 }  // namespace frt::py

@@ -46,7 +46,6 @@ void bind_planner(nb::module_& m) {
       .def_rw("intermediate", &HostConfig::intermediate)
       .def_rw("rope", &HostConfig::rope)
       .def_rw("rope_name", &HostConfig::rope_name)
-      .def_rw("partial_rotary_factor", &HostConfig::partial_rotary_factor)
       .def_rw("sliding_window", &HostConfig::sliding_window)
       .def_rw("layer_types", &HostConfig::layer_types)
       .def_rw("rope_layers", &HostConfig::rope_layers)
@@ -56,7 +55,8 @@ void bind_planner(nb::module_& m) {
       .def_rw("logits_scaling", &HostConfig::logits_scaling)
       .def_rw("query_pre_attn_scalar", &HostConfig::query_pre_attn_scalar)
       .def_rw("attn_logit_softcapping", &HostConfig::attn_logit_softcapping)
-      .def_rw("final_logit_softcapping", &HostConfig::final_logit_softcapping);
+      .def_rw("final_logit_softcapping", &HostConfig::final_logit_softcapping)
+      .def_rw("clip_qkv", &HostConfig::clip_qkv);
 
   nb::class_<RouterFacts>(m, "RouterFacts")
       .def(nb::init<>())

@@ -82,7 +82,8 @@ def test_the_loop_runs_what_is_attached(scheme, floor, seated):
 def test_refusals_leave_the_host_untouched():
     model = hosts.qwen3(1)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    with pytest.raises(S.Refused, match="batch 1"):
+    with pytest.raises(S.Refused, match=r"a batch of 2 sequences; this loop holds 1 \("
+                       r"decode_loop\(model, max_len, batch=2\)\)"):
         S.decode_loop(model, max_len=32).generate(torch.zeros(2, 3, dtype=torch.long), 2)
     with pytest.raises(ValueError, match="static window of 16"):
         S.decode_loop(model, max_len=16).generate(hosts.ids(10), 8)
@@ -132,7 +133,8 @@ def test_the_host_graph_carries_typed_facts():
     c = graph.config
     assert (c.heads, c.kv_heads, c.head_dim, c.intermediate) == (4, 2, 64, 768)
     assert c.dtype == S._core.DType.f32 and c.rope == S._core.RopeKind.default
-    assert c.rope_name == "default" and c.sliding_window == 0 and c.partial_rotary_factor == 1.0
+    assert c.rope_name == "default" and c.sliding_window == 0
+    assert c.layer_types == ["full_attention"]
     mods = {m.path: m for m in graph.modules}
     norm = mods["model.layers.0.input_layernorm"].norm
     assert norm.form == S._core.NormForm.rms and norm.eps == pytest.approx(1e-6)
@@ -178,7 +180,7 @@ def test_the_tensors_a_program_reads_cannot_be_replaced_under_it():
     with pytest.raises(ValueError, match="'model.nowhere' is not a module the decode plan names"):
         fresh.put("model.nowhere", None, None)
     with pytest.raises(ValueError, match="nothing was put for"):
-        S._core.make_decode_program(loop.plan, fresh)
+        S._core.make_decode_program(fresh)
     with pytest.raises(ValueError, match="does not fit the window of 32"):
         loop.program.read_cache(0, 33)
 

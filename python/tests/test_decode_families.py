@@ -172,3 +172,21 @@ def test_a_norm_form_no_binding_takes_is_refused_by_its_measured_form():
     site, why = plan.refused[0]
     assert site == "model.layers.0.input_layernorm"
     assert "computes the norm form 'other' (measured); binding llama_decode takes rms" in why
+
+
+def test_forms_the_configuration_declares_and_the_loop_does_not_compute_are_refused():
+    # OLMoE clamps q, k and v where its configuration sets clip_qkv (released configs do not).
+    import moe_hosts
+
+    olmoe = moe_hosts.olmoe()
+    olmoe.config.clip_qkv = 8.0
+    with pytest.raises(S.Refused, match=r"clamps q, k and v to \+-8 \(clip_qkv\)"):
+        S.decode_loop(olmoe, max_len=32)
+    # Each layer type's rotary must be one the binding takes, not only the first one named.
+    gemma = decoder_hosts.gemma3()
+    gemma.config.rope_parameters = {
+        "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+        "full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0}}
+    plan = S.decode.plan_decode(gemma, 32)
+    assert plan.fits and not plan.ok
+    assert plan.refused[0][1] == "rotary form 'linear+yarn' (supported: default, linear)"

@@ -16,6 +16,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,11 @@ struct DecodeRotary {
 // projection at once (OLMo 2).
 enum class QkNorm : int32_t { none, per_head, whole };
 
+// The width a q or k norm normalises over: a head's, or the whole projection of `heads` heads.
+inline int64_t qk_norm_width(QkNorm form, int64_t heads, int64_t head_dim) {
+  return form == QkNorm::whole ? heads * head_dim : head_dim;
+}
+
 struct DecodeLayerConfig {
   int64_t window = 0;  // > 0: attends to the last `window` positions (sliding); 0: all of them
   int32_t rotary = 0;  // index into DecodeConfig::rotaries; -1: this layer has no rotary (NoPE)
@@ -42,6 +48,9 @@ struct DecodeLayerConfig {
 struct DecodeConfig {
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   int64_t vocab = 0, max_len = 0;
+  // Sequences the program holds a KV window of max_len for (1..FRT_MAX_ROWS): a batch step runs
+  // one row of each at once (Note [A batch of sequences] in program.cpp).
+  int64_t sequences = 1;
   float eps = 1e-6f;
   bool norm_plus_one = false;  // every norm computes x·(1+w)/rms(x) (Gemma), else x·w/rms(x)
   int64_t rotary_dim = 0;      // the leading dims of a head that rotate (halves of them pair)
@@ -124,27 +133,39 @@ class DecodeProgram {
   DecodeProgram(DecodeConfig config, ModelWeights weights, const frt_kernel_table& decode,
                 const frt_kernel_table* linear, const frt_kernel_table* ffn);
 
-  // One token at position pos (0 <= pos < max_len): writes its K/V, returns the logits' argmax.
-  int64_t step(int64_t token, int64_t pos);
-  // A prompt of `count` tokens at positions pos0.. run in blocks of up to kBlock rows (each
-  // weight read once per block, causal attention inside it); the logits and the returned argmax
+  // One token of sequence `seq` at position pos (0 <= pos < max_len): writes its K/V, returns
+  // the logits' argmax.
+  int64_t step(int64_t token, int64_t pos, int64_t seq = 0);
+  // One token of each of m distinct sequences (m <= sequences), row r at positions[r] of
+  // sequence seqs[r]: every weight read once for the m rows; next[r] is row r's argmax and
+  // logits(r) its logits.
+  void step_batch(const int64_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t m,
+                  int64_t* next);
+  // A prompt of `count` tokens of sequence `seq` at positions pos0.. run in blocks of up to
+  // kBlock rows (each weight read once per block, causal attention inside it); the logits and
+  // the returned argmax
   // are the last token's.
-  int64_t prefill(const int64_t* tokens, int64_t count, int64_t pos0);
+  int64_t prefill(const int64_t* tokens, int64_t count, int64_t pos0, int64_t seq = 0);
   static constexpr int64_t kBlock = FRT_MAX_ROWS;
   // Host K/V for positions [0, n) of `layer`, each [n][kv_heads][head_dim] contiguous fp32.
   // A host whose sliding layers cache only their window hands positions [first, first + n).
-  void load_cache(int64_t layer, int64_t n, const float* k, const float* v, int64_t first = 0);
+  void load_cache(int64_t layer, int64_t n, const float* k, const float* v, int64_t first = 0,
+                  int64_t seq = 0);
   // The same layout out: what the program wrote for positions [0, n) of `layer` (the self-check
   // holds its keys, rotated, against the host's).
-  void read_cache(int64_t layer, int64_t n, float* k, float* v) const;
-  const std::vector<float>& logits() const { return logits_; }
+  void read_cache(int64_t layer, int64_t n, float* k, float* v, int64_t seq = 0) const;
+  // The last call's logits: a prefill's or step's in row 0, a batch step's row r.
+  std::span<const float> logits(int64_t row = 0) const;
   const DecodeConfig& config() const { return cfg_; }
   // Weight bytes one step reads (packed where seated): the floor's numerator.
   int64_t weight_bytes() const;
 
  private:
-  // Rows [0, m) of a block at positions pos0..pos0+m-1; logits for the last row.
-  int64_t run_block(const int64_t* tokens, int64_t m, int64_t pos0);
+  // Rows [0, m): row r is token tokens[r] of sequence seqs[r] at position positions[r]. Logits
+  // for every row (into logits rows 0..m-1, argmaxes into next) or, for a prompt block, the last
+  // row's alone (row 0); returns the last row's argmax.
+  int64_t run_rows(const int64_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t m,
+                   int64_t* next);
   void project(const ProjWeights& p, const float* x, float* y, int64_t m);
   void project_group(std::initializer_list<std::pair<const ProjWeights*, float*>> outs,
                      const float* x, int64_t m);
@@ -169,6 +190,7 @@ class DecodeProgram {
   const frt_kernel_table* ffn_;
   // Preallocated once for a block of kBlock rows (row-major [row][width]): no allocation per step.
   std::vector<float> h_, xn_, q_, k_, v_, attn_, o_, gate_, up_, mlp_out_, scores_, logits_;
+  int64_t logits_rows_ = 0;  // rows of logits_ the last call wrote
   // Routed layers: the router's logits [row][experts], the choice [row][top_k], the rows one
   // expert takes (gathered), its output, the shared expert's output and gate.
   std::vector<float> router_, route_w_, xg_, yg_, shared_out_, shared_g_;
@@ -181,8 +203,8 @@ class DecodeProgram {
     void operator()(float* p) const;
   };
   std::unique_ptr<float[], FreeCache> cache_;
-  float* cache_at(int64_t layer, int64_t kv, int64_t head) const;
-  void for_cache_rows(int64_t layer, int64_t first, int64_t n,
+  float* cache_at(int64_t seq, int64_t layer, int64_t kv, int64_t head) const;
+  void for_cache_rows(int64_t seq, int64_t layer, int64_t first, int64_t n,
                       const std::function<void(float*, float*, int64_t)>& copy) const;
 };
 

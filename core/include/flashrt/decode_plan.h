@@ -89,8 +89,9 @@ struct DecodePlan {
 // Reads the host's declared configuration (HostGraph::config), each norm's measured form and
 // epsilon, what a seated module runs, and the rotary module's own frequencies and scale.
 // An empty `binding` chooses one (Note [Choosing a binding] in plan_decode.cpp).
+// `sequences`: the KV windows the program holds (a batch of up to FRT_MAX_ROWS sequences).
 DecodePlan plan_decode(const HostGraph& graph, const Catalog& catalog, const std::string& binding,
-                       int64_t max_len);
+                       int64_t max_len, int64_t sequences = 1);
 
 // Grouped by index like a Plan's explain() unless verbose.
 std::string explain(const DecodePlan& plan, bool verbose = false);

@@ -78,9 +78,8 @@ struct HostConfig {
   DType dtype = DType::f32;                                         // the first parameter's
   int64_t heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;  // 0: not declared
   RopeKind rope = RopeKind::plain;
-  std::string rope_name = "default";   // as declared (a kind outside the table is `other`)
-  double partial_rotary_factor = 1.0;  // the share of each head the rotary rotates
-  int64_t sliding_window = 0;          // 0: no sliding window applies
+  std::string rope_name = "default";  // as declared (a kind outside the table is `other`)
+  int64_t sliding_window = 0;         // 0: no sliding window applies
   // Each layer's attention as declared ("full_attention", "sliding_attention", ...); empty when
   // the configuration declares none.
   std::vector<std::string> layer_types;
@@ -90,6 +89,7 @@ struct HostConfig {
   double embedding_multiplier = 0, residual_multiplier = 0, attention_multiplier = 0;
   double logits_scaling = 0, query_pre_attn_scalar = 0;
   double attn_logit_softcapping = 0, final_logit_softcapping = 0;
+  double clip_qkv = 0;  // q, k and v clamped to +-clip_qkv (OLMo, OLMoE); 0: not clamped
 };
 
 struct HostModule {

@@ -61,6 +61,14 @@ class Planner {
                               "' where the stack's other norms compute '" + name_of(form_) +
                               "'; the loop applies one form");
     }
+    if (eps_ == 0) {
+      eps_ = m->norm.eps;
+    } else if (m->norm.eps != eps_) {
+      std::ostringstream why;
+      why << path << " has epsilon " << m->norm.eps << " where the stack's other norms have "
+          << eps_ << "; the loop applies one";
+      return refuse(path, why.str());
+    }
     if (eps != nullptr) *eps = static_cast<float>(m->norm.eps);
     return true;
   }
@@ -142,6 +150,7 @@ class Planner {
   const BindingSpec& b_;
   DecodePlan& p_;
   NormForm form_ = NormForm::unknown;
+  double eps_ = 0;
 };
 
 // Note [Routed layers]: a layer is routed when the host holds the binding's `experts` slot there,
@@ -463,6 +472,12 @@ DecodePlan plan_with(const HostGraph& g, const BindingSpec& b, int64_t max_len) 
     return refuse(p.embed, std::string("host dtype ") + name_of(host.dtype) +
                                ": the loop computes in fp32 and would not reproduce the host's "
                                "arithmetic");
+  if (host.clip_qkv > 0) {
+    std::ostringstream why;
+    why << "the configuration clamps q, k and v to +-" << host.clip_qkv
+        << " (clip_qkv); the loop does not clamp";
+    return refuse("", why.str());
+  }
   if (!covers(b.rope_kinds, host.rope))
     return refuse(
         "", "rotary form '" + host.rope_name + "' (supported: " + names_of(b.rope_kinds) + ")");
@@ -503,7 +518,7 @@ DecodePlan plan_with(const HostGraph& g, const BindingSpec& b, int64_t max_len) 
   const HostModule* rotary = g.find(p.stack.at("rotary"));
   const RotaryFacts& rf = rotary->rotary;
   std::vector<std::string> table_types;  // "" for the module's single table
-  if (!rf.inv_freq.empty()) {
+  if (!rf.inv_freq.empty() && rf.inv_freq_of.empty()) {
     c.rotaries.push_back({rf.inv_freq, static_cast<float>(rf.attention_scaling)});
     table_types.push_back("");
   }
@@ -615,12 +630,31 @@ DecodePlan plan_with(const HostGraph& g, const BindingSpec& b, int64_t max_len) 
 // Bindings are exclusive by construction: each claims every weight of a layer, so two families'
 // bindings cannot both fit one host.
 DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::string& binding,
-                       int64_t max_len) {
-  if (!binding.empty()) return plan_with(g, catalog.binding(binding), max_len);
+                       int64_t max_len, int64_t sequences) {
+  if (max_len < 1) {
+    DecodePlan p;
+    p.binding = binding;
+    p.refused.emplace_back("", "a static window of " + std::to_string(max_len) + " positions");
+    return p;
+  }
+  if (sequences < 1 || sequences > FRT_MAX_ROWS) {
+    DecodePlan p;
+    p.binding = binding;
+    p.refused.emplace_back("", "a batch of " + std::to_string(sequences) +
+                                   " sequences; the loop runs 1.." + std::to_string(FRT_MAX_ROWS) +
+                                   " (the kernels' row band)");
+    return p;
+  }
+  if (!binding.empty()) {
+    DecodePlan p = plan_with(g, catalog.binding(binding), max_len);
+    p.config.sequences = sequences;
+    return p;
+  }
   std::optional<DecodePlan> fitting;
   std::string why;
   for (const auto& [name, spec] : catalog.bindings()) {
     DecodePlan p = plan_with(g, spec, max_len);
+    p.config.sequences = sequences;
     if (p.ok()) return p;
     if (p.fits && !fitting)
       fitting = std::move(p);
@@ -700,8 +734,9 @@ std::string explain(const DecodePlan& p, bool verbose) {
   const DecodeConfig& c = p.config;
   s << "flashrt decode plan: binding " << (p.binding.empty() ? "(none)" : p.binding) << ", "
     << c.layers << " layers, hidden " << c.hidden << ", heads " << c.heads << "/" << c.kv_heads
-    << " x " << c.head_dim << ", vocab " << c.vocab << ", window " << c.max_len << ", " << p.seated
-    << " seated, " << (p.ok() ? "buildable" : "refused") << "\n";
+    << " x " << c.head_dim << ", vocab " << c.vocab << ", window " << c.max_len
+    << (c.sequences > 1 ? " x " + std::to_string(c.sequences) + " sequences" : "") << ", "
+    << p.seated << " seated, " << (p.ok() ? "buildable" : "refused") << "\n";
   explain_program(s, p);
   // Grouped like a Plan's entries (Note [Explain groups]); a "" site is the host itself.
   std::vector<detail::ExplainEntry> routed, refused, assumed;

@@ -368,3 +368,26 @@ TEST(DecodePlanBinding, TheFormsItReadsAreCheckedAgainstTheHost) {
 
 }  // namespace
 }  // namespace frt
+
+namespace frt {
+namespace {
+
+TEST(DecodePlanBinding, NormsOfDifferentEpsilonsAreRefused) {
+  HostGraph g = with_norms({}, {}, NormForm::rms);
+  for (HostModule& m : g.modules)
+    if (m.path == "model.layers.1.post_attention_layernorm") m.norm.eps = 1e-5;
+  const DecodePlan p = chosen(g);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.refused[0].second,
+            "model.layers.1.post_attention_layernorm has epsilon 1e-05 where the stack's other "
+            "norms have 1e-06; the loop applies one");
+  const DecodePlan window = plan_decode(with_norms({}, {}, NormForm::rms), shipped(), "", 0);
+  EXPECT_EQ(window.refused[0].second, "a static window of 0 positions");
+  const DecodePlan batch = plan_decode(with_norms({}, {}, NormForm::rms), shipped(), "", 32, 17);
+  EXPECT_EQ(batch.refused[0].second,
+            "a batch of 17 sequences; the loop runs 1..16 (the kernels' "
+            "row band)");
+}
+
+}  // namespace
+}  // namespace frt

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 
@@ -62,6 +63,15 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
                                             "' has no softcapped attention (kernel ABI 4.2)");
   }
   check(c.layers == static_cast<int64_t>(w_.layers.size()) && c.layers > 0, "layer count");
+  check(c.hidden > 0 && c.heads > 0 && c.kv_heads > 0 && c.head_dim > 0 && c.vocab > 0 &&
+            c.max_len > 0 && c.intermediate >= 0,
+        "sizes must be positive (hidden " + std::to_string(c.hidden) + ", heads " +
+            std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " x " +
+            std::to_string(c.head_dim) + ", vocab " + std::to_string(c.vocab) + ", window " +
+            std::to_string(c.max_len) + ")");
+  check(c.sequences >= 1 && c.sequences <= kBlock, std::to_string(c.sequences) +
+                                                       " sequences (a batch step runs 1.." +
+                                                       std::to_string(kBlock) + " rows)");
   check(static_cast<int64_t>(c.layer.size()) == c.layers, "a layer configuration per layer");
   check(c.heads % c.kv_heads == 0, "heads " + std::to_string(c.heads) +
                                        " not a multiple of kv heads " + std::to_string(c.kv_heads));
@@ -122,9 +132,8 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
           at + "q/k norm weights");
     for (const float** norm : {&L.attn_in_norm, &L.attn_out_norm, &L.ffn_in_norm, &L.ffn_out_norm})
       *norm = norm_weight(*norm, c.hidden);
-    const int64_t qk_width = lc.qk_norm == QkNorm::whole ? qd : c.head_dim;
-    L.q_norm = norm_weight(L.q_norm, qk_width);
-    L.k_norm = norm_weight(L.k_norm, lc.qk_norm == QkNorm::whole ? kvd : c.head_dim);
+    L.q_norm = norm_weight(L.q_norm, qk_norm_width(lc.qk_norm, c.heads, c.head_dim));
+    L.k_norm = norm_weight(L.k_norm, qk_norm_width(lc.qk_norm, c.kv_heads, c.head_dim));
     if (L.qkv.present()) {
       proj(L.qkv, qd + 2 * kvd, c.hidden, at + "qkv");
       fused_qkv = true;
@@ -199,11 +208,16 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
     shared_g_.resize(B);
   }
   scores_.resize(c.heads * c.max_len);
-  logits_.resize(c.vocab);
+  logits_.resize(c.sequences * c.vocab);
   cos_.resize(c.rotaries.size() * B * c.rotary_dim / 2);
   sin_.resize(c.rotaries.size() * B * c.rotary_dim / 2);
-  cache_.reset(static_cast<float*>(
-      alloc_weight_memory(c.layers * 2 * kvd * c.max_len * static_cast<int64_t>(sizeof(float)))));
+  // Every factor is positive and bounded by what was allocated above but the window: the product
+  // is checked before it is asked for.
+  int64_t cache_bytes = c.sequences * c.layers * 2 * kvd * static_cast<int64_t>(sizeof(float));
+  check(c.max_len <= INT64_MAX / cache_bytes,
+        "a KV cache of " + std::to_string(c.max_len) + " positions overflows");
+  cache_bytes *= c.max_len;
+  cache_.reset(static_cast<float*>(alloc_weight_memory(cache_bytes)));
 }
 
 // Note [Norms of the form x·(1+w)]: Gemma's norms scale by 1 + w, which the host forms in fp32
@@ -236,9 +250,17 @@ void DecodeProgram::residual(float* h, const float* y, int64_t n) const {
 // weights' allocator (huge pages when it spans them).
 void DecodeProgram::FreeCache::operator()(float* p) const { std::free(p); }
 
-float* DecodeProgram::cache_at(int64_t layer, int64_t kv, int64_t head) const {
+float* DecodeProgram::cache_at(int64_t seq, int64_t layer, int64_t kv, int64_t head) const {
   const DecodeConfig& c = cfg_;
-  return cache_.get() + ((layer * 2 + kv) * c.kv_heads + head) * c.max_len * c.head_dim;
+  return cache_.get() +
+         (((seq * c.layers + layer) * 2 + kv) * c.kv_heads + head) * c.max_len * c.head_dim;
+}
+
+std::span<const float> DecodeProgram::logits(int64_t row) const {
+  if (row < 0 || row >= logits_rows_)
+    throw InvalidArgument("decode_loop: logits row " + std::to_string(row) + "; the last call " +
+                          "wrote " + std::to_string(logits_rows_));
+  return {logits_.data() + row * cfg_.vocab, static_cast<size_t>(cfg_.vocab)};
 }
 
 void DecodeProgram::project(const ProjWeights& p, const float* x, float* y, int64_t m) {
@@ -443,23 +465,70 @@ void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t wi
   parallel(rmsnorm_, a, "rmsnorm", rows * width);
 }
 
-int64_t DecodeProgram::step(int64_t token, int64_t pos) { return prefill(&token, 1, pos); }
+int64_t DecodeProgram::step(int64_t token, int64_t pos, int64_t seq) {
+  return prefill(&token, 1, pos, seq);
+}
 
-int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos0) {
+namespace {
+
+void check_token(int64_t token, int64_t vocab) {
+  if (token < 0 || token >= vocab)
+    throw InvalidArgument("decode_loop: token " + std::to_string(token) +
+                          " outside the vocabulary");
+}
+
+}  // namespace
+
+int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos0, int64_t seq) {
   const DecodeConfig& c = cfg_;
   if (count < 1) throw InvalidArgument("decode_loop: an empty prompt");
+  if (seq < 0 || seq >= c.sequences)
+    throw InvalidArgument("decode_loop: sequence " + std::to_string(seq) + " of " +
+                          std::to_string(c.sequences));
   if (pos0 < 0 || pos0 + count > c.max_len)
     throw InvalidArgument("decode_loop: positions " + std::to_string(pos0) + ".." +
                           std::to_string(pos0 + count - 1) + " outside the static window of " +
                           std::to_string(c.max_len));
-  for (int64_t i = 0; i < count; ++i)
-    if (tokens[i] < 0 || tokens[i] >= w_.embed.shape[0])
-      throw InvalidArgument("decode_loop: token " + std::to_string(tokens[i]) +
-                            " outside the vocabulary");
-  int64_t best = 0;
-  for (int64_t done = 0; done < count; done += kBlock)
-    best = run_block(tokens + done, std::min(kBlock, count - done), pos0 + done);
+  for (int64_t i = 0; i < count; ++i) check_token(tokens[i], w_.embed.shape[0]);
+  int64_t best = 0, seqs[kBlock], positions[kBlock];
+  for (int64_t done = 0; done < count; done += kBlock) {
+    const int64_t m = std::min(kBlock, count - done);
+    for (int64_t r = 0; r < m; ++r) {
+      seqs[r] = seq;
+      positions[r] = pos0 + done + r;
+    }
+    best = run_rows(tokens + done, seqs, positions, m, nullptr);
+  }
   return best;
+}
+
+// Note [A batch of sequences]: the program holds a KV window per sequence, and a batch step runs
+// one row of each live sequence as one block: every projection reads its weights once for the m
+// rows (the kernels take up to 16), while rotary, the cache write and attention go row by row,
+// each row against its own sequence's cache up to its own position. A row's arithmetic is the
+// same as alone except where a kernel's per-row result depends on how many rows it runs with.
+void DecodeProgram::step_batch(const int64_t* tokens, const int64_t* seqs, const int64_t* positions,
+                               int64_t m, int64_t* next) {
+  const DecodeConfig& c = cfg_;
+  if (m < 1 || m > c.sequences)
+    throw InvalidArgument("decode_loop: a batch step of " + std::to_string(m) +
+                          " rows; the loop "
+                          "holds " +
+                          std::to_string(c.sequences) + " sequences");
+  for (int64_t r = 0; r < m; ++r) {
+    check_token(tokens[r], w_.embed.shape[0]);
+    if (seqs[r] < 0 || seqs[r] >= c.sequences)
+      throw InvalidArgument("decode_loop: sequence " + std::to_string(seqs[r]) + " of " +
+                            std::to_string(c.sequences));
+    for (int64_t j = 0; j < r; ++j)
+      if (seqs[j] == seqs[r])
+        throw InvalidArgument("decode_loop: sequence " + std::to_string(seqs[r]) +
+                              " twice in one batch step");
+    if (positions[r] < 0 || positions[r] >= c.max_len)
+      throw InvalidArgument("decode_loop: position " + std::to_string(positions[r]) +
+                            " outside the static window of " + std::to_string(c.max_len));
+  }
+  run_rows(tokens, seqs, positions, m, next);
 }
 
 void DecodeProgram::rotate(float* x, int64_t heads, const float* cos, const float* sin) {
@@ -477,7 +546,8 @@ void DecodeProgram::rotate(float* x, int64_t heads, const float* cos, const floa
   }
 }
 
-int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0) {
+int64_t DecodeProgram::run_rows(const int64_t* tokens, const int64_t* seqs,
+                                const int64_t* positions, int64_t m, int64_t* next) {
   const DecodeConfig& c = cfg_;
   const int64_t H = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
   const int64_t half = c.rotary_dim / 2, B = kBlock;
@@ -492,7 +562,7 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
     for (size_t t = 0; t < c.rotaries.size(); ++t) {
       const DecodeRotary& rot = c.rotaries[t];
       for (int64_t i = 0; i < half; ++i) {
-        const float f = static_cast<float>(pos0 + r) * rot.inv_freq[i];
+        const float f = static_cast<float>(positions[r]) * rot.inv_freq[i];
         cos_[(t * B + r) * half + i] = std::cos(f) * rot.attention_scaling;
         sin_[(t * B + r) * half + i] = std::sin(f) * rot.attention_scaling;
       }
@@ -529,10 +599,10 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
       norm_rows(L.q_norm, q_.data(), m, qd);
       norm_rows(L.k_norm, k_.data(), m, kvd);
     }
-    // Row by row: each row's own rotation, its K/V into the cache, then attention over every
-    // position up to its own (causal inside the block), or its window's.
+    // Row by row: each row's own rotation, its K/V into its sequence's cache, then attention
+    // over every position up to its own (causal inside a prompt block), or its window's.
     for (int64_t r = 0; r < m; ++r) {
-      const int64_t pos = pos0 + r;
+      const int64_t pos = positions[r], seq = seqs[r];
       if (lc.rotary >= 0) {
         const int64_t at = (lc.rotary * B + r) * half;
         rotate(q_.data() + r * qd, c.heads, cos_.data() + at, sin_.data() + at);
@@ -540,14 +610,14 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
       }
       for (int64_t j = 0; j < c.kv_heads; ++j) {
         const int64_t at = r * kvd + j * c.head_dim;
-        std::memcpy(cache_at(l, 0, j) + pos * c.head_dim, k_.data() + at,
+        std::memcpy(cache_at(seq, l, 0, j) + pos * c.head_dim, k_.data() + at,
                     c.head_dim * sizeof(float));
-        std::memcpy(cache_at(l, 1, j) + pos * c.head_dim, v_.data() + at,
+        std::memcpy(cache_at(seq, l, 1, j) + pos * c.head_dim, v_.data() + at,
                     c.head_dim * sizeof(float));
       }
     }
     for (int64_t r = 0; r < m; ++r) {
-      const int64_t pos = pos0 + r;
+      const int64_t pos = positions[r], seq = seqs[r];
       // A sliding layer attends to the last `window` positions, its own included.
       const int64_t first = lc.window > 0 ? std::max<int64_t>(0, pos - lc.window + 1) : 0;
       frt_attention_args at{c.heads,
@@ -555,8 +625,8 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
                             c.head_dim,
                             pos + 1 - first,
                             q_.data() + r * qd,
-                            cache_at(l, 0, 0) + first * c.head_dim,
-                            cache_at(l, 1, 0) + first * c.head_dim,
+                            cache_at(seq, l, 0, 0) + first * c.head_dim,
+                            cache_at(seq, l, 1, 0) + first * c.head_dim,
                             scale,
                             attn_.data() + r * qd,
                             scores_.data(),
@@ -581,48 +651,58 @@ int64_t DecodeProgram::run_block(const int64_t* tokens, int64_t m, int64_t pos0)
     if (L.ffn_out_norm != nullptr) norm_rows(L.ffn_out_norm, mlp_out_.data(), m, H);
     residual(h_.data(), mlp_out_.data(), m * H);
   }
-  float* last = h_.data() + (m - 1) * H;
-  norm_rows(w_.final_norm, last, 1, H);
-  project(w_.head, last, logits_.data(), 1);
-  // As the host orders them: divided by the family's scale, then softcapped (tanh(l / c) * c).
-  if (c.logits_divisor != 1.0f)
-    for (float& v : logits_) v /= c.logits_divisor;
-  if (c.final_softcap > 0)
-    for (float& v : logits_) v = std::tanh(v / c.final_softcap) * c.final_softcap;
+  // The head over every row of a batch step, over the last row of a prompt block.
+  const int64_t rows = next != nullptr ? m : 1;
+  float* first = h_.data() + (m - rows) * H;
+  norm_rows(w_.final_norm, first, rows, H);
+  project(w_.head, first, logits_.data(), rows);
+  logits_rows_ = rows;
   int64_t best = 0;
-  for (int64_t i = 1; i < c.vocab; ++i)
-    if (logits_[i] > logits_[best]) best = i;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* lg = logits_.data() + r * c.vocab;
+    // As the host orders them: divided by the family's scale, then softcapped (c·tanh(l / c)).
+    if (c.logits_divisor != 1.0f)
+      for (int64_t i = 0; i < c.vocab; ++i) lg[i] /= c.logits_divisor;
+    if (c.final_softcap > 0)
+      for (int64_t i = 0; i < c.vocab; ++i)
+        lg[i] = std::tanh(lg[i] / c.final_softcap) * c.final_softcap;
+    best = 0;
+    for (int64_t i = 1; i < c.vocab; ++i)
+      if (lg[i] > lg[best]) best = i;
+    if (next != nullptr) next[r] = best;
+  }
   return best;
 }
 
 // Positions [0, n) of a layer's cache against the door's layout [n][kv_heads][head_dim]: `copy`
 // gets each row's cache K and V and the row's offset in the door's buffers.
-void DecodeProgram::for_cache_rows(int64_t layer, int64_t first, int64_t n,
+void DecodeProgram::for_cache_rows(int64_t seq, int64_t layer, int64_t first, int64_t n,
                                    const std::function<void(float*, float*, int64_t)>& copy) const {
-  if (layer < 0 || layer >= cfg_.layers || n < 0 || first < 0 || first + n > cfg_.max_len)
-    throw InvalidArgument("decode_loop: cache of layer " + std::to_string(layer) +
-                          " at positions " + std::to_string(first) + ".." +
+  if (seq < 0 || seq >= cfg_.sequences || layer < 0 || layer >= cfg_.layers || n < 0 || first < 0 ||
+      first + n > cfg_.max_len)
+    throw InvalidArgument("decode_loop: cache of sequence " + std::to_string(seq) + ", layer " +
+                          std::to_string(layer) + " at positions " + std::to_string(first) + ".." +
                           std::to_string(first + n) + " does not fit the window of " +
                           std::to_string(cfg_.max_len));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < cfg_.kv_heads; ++j)
-      copy(cache_at(layer, 0, j) + (first + t) * cfg_.head_dim,
-           cache_at(layer, 1, j) + (first + t) * cfg_.head_dim,
+      copy(cache_at(seq, layer, 0, j) + (first + t) * cfg_.head_dim,
+           cache_at(seq, layer, 1, j) + (first + t) * cfg_.head_dim,
            (t * cfg_.kv_heads + j) * cfg_.head_dim);
 }
 
 void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const float* v,
-                               int64_t first) {
+                               int64_t first, int64_t seq) {
   const size_t row = cfg_.head_dim * sizeof(float);
-  for_cache_rows(layer, first, n, [&](float* ck, float* cv, int64_t at) {
+  for_cache_rows(seq, layer, first, n, [&](float* ck, float* cv, int64_t at) {
     std::memcpy(ck, k + at, row);
     std::memcpy(cv, v + at, row);
   });
 }
 
-void DecodeProgram::read_cache(int64_t layer, int64_t n, float* k, float* v) const {
+void DecodeProgram::read_cache(int64_t layer, int64_t n, float* k, float* v, int64_t seq) const {
   const size_t row = cfg_.head_dim * sizeof(float);
-  for_cache_rows(layer, 0, n, [&](float* ck, float* cv, int64_t at) {
+  for_cache_rows(seq, layer, 0, n, [&](float* ck, float* cv, int64_t at) {
     std::memcpy(k + at, ck, row);
     std::memcpy(v + at, cv, row);
   });

@@ -26,13 +26,16 @@ def _path_of(model: nn.Module, target: nn.Module | None) -> str:
 
 def _rope_name(config: object) -> str:
     """The declared rotary form; where the configuration declares one per layer type (Gemma 3),
-    the first that is not "default"."""
+    the scaled kind among them ("default" when none is scaled)."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
     if not params:
         return "default"
     if all(isinstance(v, dict) for v in params.values()):
-        names = sorted({str(v.get("rope_type", v.get("type", "default"))) for v in params.values()})
-        return next((n for n in names if n != "default"), "default")
+        # Every scaled kind must be one the program computes: several read as one name that is
+        # none of them ("linear+longrope"), so the plan refuses it.
+        names = sorted({str(v.get("rope_type", v.get("type", "default"))) for v in params.values()}
+                       - {"default"})
+        return "+".join(names) if names else "default"
     return str(params.get("rope_type", params.get("type", "default")))
 
 
@@ -58,12 +61,6 @@ def config_facts(model: nn.Module) -> _core.HostConfig:
             setattr(facts, key, value)
     facts.rope_name = _rope_name(cfg)
     facts.rope = _core.RopeKind.__members__.get(facts.rope_name, _core.RopeKind.other)
-    params = getattr(cfg, "rope_parameters", None) or {}
-    partial = getattr(cfg, "partial_rotary_factor", None)
-    if partial is None and isinstance(params, dict):
-        partial = params.get("partial_rotary_factor")
-    if isinstance(partial, (int, float)):
-        facts.partial_rotary_factor = float(partial)
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None) or []
     if all(isinstance(t, str) for t in types):
@@ -79,7 +76,7 @@ def config_facts(model: nn.Module) -> _core.HostConfig:
         facts.rope_layers = [int(v) for v in no_rope]
     for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
                 "logits_scaling", "query_pre_attn_scalar", "attn_logit_softcapping",
-                "final_logit_softcapping"):
+                "final_logit_softcapping", "clip_qkv"):
         setattr(facts, key, _positive(getattr(cfg, key, None)))
     return facts
 
