@@ -47,6 +47,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("rope", &HostConfig::rope)
       .def_rw("rope_name", &HostConfig::rope_name)
       .def_rw("sliding_window", &HostConfig::sliding_window)
+      .def_rw("rope_original_max", &HostConfig::rope_original_max)
       .def_rw("layer_types", &HostConfig::layer_types)
       .def_rw("rope_layers", &HostConfig::rope_layers)
       .def_rw("embedding_multiplier", &HostConfig::embedding_multiplier)

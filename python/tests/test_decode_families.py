@@ -190,3 +190,34 @@ def test_forms_the_configuration_declares_and_the_loop_does_not_compute_are_refu
     plan = S.decode.plan_decode(gemma, 32)
     assert plan.fits and not plan.ok
     assert plan.refused[0][1] == "rotary form 'linear+yarn' (supported: default, linear)"
+
+
+def test_fixed_rotary_tables_are_followed_and_longrope_within_its_short_range():
+    """YaRN's table is fixed: the loop takes the module's (frequencies and cos/sin scale).
+    LongRoPE's module holds its short factors until a position passes the pretraining length,
+    so a window within it is computed and a longer one refused with the length named."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(27)
+    yarn = LlamaForCausalLM(LlamaConfig(
+        vocab_size=hosts.VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=256,
+        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                         "original_max_position_embeddings": 64})).eval()
+    loop = S.decode_loop(yarn, max_len=48)
+    assert loop.plan.config.rotaries[0].attention_scaling > 1.0  # yarn's mscale, the module's
+    _same_tokens(yarn, loop, hosts.ids(8, seed=3), 32)
+    half = 128 // 4 // 2
+    torch.manual_seed(28)
+    longrope = Phi3ForCausalLM(Phi3Config(**decoder_hosts._common(
+        hidden_size=128, num_attention_heads=4, num_key_value_heads=4,
+        max_position_embeddings=256, original_max_position_embeddings=64,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                         "short_factor": [1.0 + 0.1 * i for i in range(half)],
+                         "long_factor": [2.0 + 0.5 * i for i in range(half)],
+                         "original_max_position_embeddings": 64}))).eval()
+    loop = S.decode_loop(longrope, max_len=64)
+    _same_tokens(longrope, loop, hosts.ids(8, seed=4), 40)
+    with pytest.raises(S.Refused, match="longrope switches to its long factors past 64 "
+                                        "positions"):
+        S.decode_loop(longrope, max_len=65)

@@ -80,6 +80,8 @@ struct HostConfig {
   RopeKind rope = RopeKind::plain;
   std::string rope_name = "default";  // as declared (a kind outside the table is `other`)
   int64_t sliding_window = 0;         // 0: no sliding window applies
+  // LongRoPE's pretraining length: past it the host switches to its long factors (0: none).
+  int64_t rope_original_max = 0;
   // Each layer's attention as declared ("full_attention", "sliding_attention", ...); empty when
   // the configuration declares none.
   std::vector<std::string> layer_types;

@@ -740,10 +740,11 @@ TEST_F(CatalogFiles, ABindingIsHeldToWhatTheDecodeProgramComputes) {
   const Catalog shipped = Catalog::load(kCatalogDir);
   const BindingSpec& llama = shipped.binding("llama_decode");
   EXPECT_EQ(llama.norm_forms, (std::vector<NormForm>{NormForm::rms, NormForm::rms_one_plus}));
-  EXPECT_EQ(llama.rope_kinds,
-            (std::vector<RopeKind>{RopeKind::plain, RopeKind::linear, RopeKind::llama3}));
+  EXPECT_EQ(llama.rope_kinds, (std::vector<RopeKind>{RopeKind::plain, RopeKind::linear,
+                                                     RopeKind::llama3, RopeKind::yarn}));
   write("bindings/llama_decode.yaml",
-        replaced(binding, "rope_type: [default, linear, llama3]", "rope_type: [default, sliding]"));
+        replaced(binding, "rope_type: [default, linear, llama3, yarn]",
+                 "rope_type: [default, sliding]"));
   expect_error_in("bindings/llama_decode.yaml", "attributes.rope_type[1]",
                   "unknown rotary form 'sliding'");
   write("bindings/llama_decode.yaml",

@@ -481,6 +481,16 @@ DecodePlan plan_with(const HostGraph& g, const BindingSpec& b, int64_t max_len) 
   if (!covers(b.rope_kinds, host.rope))
     return refuse(
         "", "rotary form '" + host.rope_name + "' (supported: " + names_of(b.rope_kinds) + ")");
+  // Note [Rotary tables]: the loop rotates by the module's own table, fixed at plan time. YaRN's
+  // and the scaled forms' tables are fixed; LongRoPE's module holds its short factors and
+  // switches to its long ones once a position passes the pretraining length, so a window within
+  // that length is a fixed table and a longer one is not.
+  if (host.rope == RopeKind::longrope &&
+      !(host.rope_original_max > 0 && max_len <= host.rope_original_max))
+    return refuse("", "longrope switches to its long factors past " +
+                          std::to_string(host.rope_original_max) +
+                          " positions; the loop's table is fixed (a window of at most " +
+                          std::to_string(host.rope_original_max) + " takes the short one)");
   c.hidden = embed->out_features;
   c.vocab = head->out_features;
   c.heads = host.heads;

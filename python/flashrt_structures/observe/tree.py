@@ -61,6 +61,11 @@ def config_facts(model: nn.Module) -> _core.HostConfig:
             setattr(facts, key, value)
     facts.rope_name = _rope_name(cfg)
     facts.rope = _core.RopeKind.__members__.get(facts.rope_name, _core.RopeKind.other)
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    original = rope.get("original_max_position_embeddings",
+                        getattr(cfg, "original_max_position_embeddings", None))
+    if isinstance(original, int) and original > 0:
+        facts.rope_original_max = original
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None) or []
     if all(isinstance(t, str) for t in types):
