@@ -248,6 +248,31 @@ def batch_arm(loop, prompts: list[list[int]], new: int):
     return prefill, time.perf_counter() - t0, first, []
 
 
+def llama_family(name: str, model, n_ctx: int, args) -> tuple[dict, str]:
+    """llama.cpp on the family's weights at Q8_0 and Q4_0 (the head Q8_0), where
+    bench/gguf_export.py writes the family: {arm: (Llama, file bytes)} and what was measured."""
+    try:
+        import tempfile
+
+        import llama_cpp
+
+        from gguf_export import export_gemma3, export_granite
+    except ImportError as e:
+        return {}, f"not measured: {e}"
+    exporters = {"granite": export_granite, "gemma3": export_gemma3}
+    if name not in exporters:
+        return {}, f"not measured: bench/gguf_export.py writes no {name} file"
+    folder = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
+    llms = {}
+    for quant in ("Q8_0", "Q4_0"):
+        path = exporters[name](model, folder / f"{name}-{quant}.gguf", quant)
+        llms[f"llama.cpp_{quant}"] = (llama_cpp.Llama(
+            model_path=str(path), n_ctx=n_ctx, n_batch=args.prompt, n_threads=os.cpu_count(),
+            logits_all=False, verbose=False), path.stat().st_size)
+    return llms, (f"llama-cpp-python {llama_cpp.__version__} on the same weights (Q8_0, Q4_0 "
+                  "with a Q8_0 head); " + llama_isa(llama_cpp))
+
+
 def family_run(name: str, args) -> dict:
     """One family of bench/families.py: the host's own forward with its cache (what greedy
     generate does) and the loop over w8a16 and w4a8 seats, alternated round by round; prefill
@@ -260,6 +285,8 @@ def family_run(name: str, args) -> dict:
     prompt_len, new = args.prompt, args.new
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len),
                            generator=torch.Generator().manual_seed(1))
+    # llama.cpp on the same weights where bench/gguf_export.py writes the family.
+    llms, peer = llama_family(name, model, prompt_len + new, args)
     batches = [b for b in args.batch if b > 1]
     loops, batch_loops = {}, {}
     for arm, scheme in FAMILY_SCHEMES.items():
@@ -281,7 +308,10 @@ def family_run(name: str, args) -> dict:
             **{arm: (lambda lp=lp: loop_arm(lp, prompt, new, step_bytes(lp)))
                for arm, lp in loops.items()},
             **{f"{arm}_b{b}": (lambda lp=lp, b=b: batch_arm(lp, batch_prompts[:b], new))
-               for arm, lp in batch_loops.items() for b in batches}}
+               for arm, lp in batch_loops.items() for b in batches},
+            **{arm: (lambda llm=llm, size=size: llama_arm(
+                llm, prompt, new, lambda pos: size + kv_bytes(cfg, pos, 2)))
+               for arm, (llm, size) in llms.items()}}
     samples: dict[str, list] = {n: [] for n in arms}
     for _ in range(args.rounds):
         for arm, fn in arms.items():
@@ -302,7 +332,8 @@ def family_run(name: str, args) -> dict:
         brackets = [b for s in samples[arm] for b in s[3]]
         same = sum(a == b for a, b in zip(samples[arm][0][2], host_tokens)) / new
         base = arm.rsplit("_b", 1)[0]
-        nbytes = loops[base].weight_bytes if base in loops else host_weight_bytes(model)
+        nbytes = (loops[base].weight_bytes if base in loops else llms[arm][1] if arm in llms
+                  else host_weight_bytes(model))
         row = {"arm": arm, "batch": rows_per_step, "prefill_tok_s": prompt_len / pre,
                "prefill_speedup_vs_host": host_prefill / pre, "decode_tok_s": 1 / dec,
                "decode_speedup_vs_host": host_decode / dec,
@@ -339,12 +370,22 @@ def family_run(name: str, args) -> dict:
         if row["batch"] > 1:
             print(f"{row['arm']}: aggregate {row['aggregate_vs_batch1']:.2f}x its batch-1 decode, "
                   f"{row['gmac_per_s']:.1f} GMAC/s of weight multiply-adds")
-    return {"released": released, "layers": args.layers, "binding": binding, "rows": rows}
+    for loop_arm_name, peer_arm in (("loop_w8", "llama.cpp_Q8_0"), ("loop_w4a8", "llama.cpp_Q4_0")):
+        mine = next((r for r in rows if r["arm"] == loop_arm_name), None)
+        theirs = next((r for r in rows if r["arm"] == peer_arm), None)
+        if mine and theirs:
+            mine[f"decode_vs_{peer_arm}"] = mine["decode_tok_s"] / theirs["decode_tok_s"]
+            mine[f"prefill_vs_{peer_arm}"] = mine["prefill_tok_s"] / theirs["prefill_tok_s"]
+            print(f"{loop_arm_name}: decode {mine[f'decode_vs_{peer_arm}']:.2f}x {peer_arm}, "
+                  f"prefill {mine[f'prefill_vs_{peer_arm}']:.2f}x")
+    return {"released": released, "layers": args.layers, "binding": binding, "rows": rows,
+            "llama_cpp": peer}
 
 
 def family_main(args) -> int:
-    """Every family asked for, one after another (bench/results/<tier>/decode_families.json).
-    llama.cpp is not an arm here: bench/gguf_export.py writes the Qwen3 families only."""
+    """Every family asked for, one after another (bench/results/<tier>/decode_families.json);
+    llama.cpp on the same weights for the families bench/gguf_export.py writes (Granite,
+    Gemma 3)."""
     from families import FAMILIES
 
     names = list(FAMILIES) if args.family == "all" else args.family.split(",")

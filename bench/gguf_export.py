@@ -1,5 +1,6 @@
-"""Writes a Qwen3-shaped or Qwen3-MoE-shaped transformers model as a GGUF file llama.cpp loads
-(for the decode and MoE benchmarks' llama.cpp peer), with the `gguf` package: the same weights,
+"""Writes a Qwen3-shaped, Qwen3-MoE-shaped, Granite or Gemma 3 transformers model as a GGUF file
+llama.cpp loads (for the decode and MoE benchmarks' llama.cpp peer), with the `gguf` package: the
+same weights,
 quantized to Q8_0 or Q4_0 by gguf's own quantizers (norms and routers stay F32; the
 embedding/head stays Q8_0 in both, as the w4a16 schemes keep their head at int8). A bank of
 routed experts is written as llama.cpp's converter writes it: ffn_gate_exps and ffn_up_exps
@@ -34,9 +35,11 @@ def _header(w: gguf.GGUFWriter, cfg, weights: str) -> None:
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     params = getattr(cfg, "rope_parameters", None) or {}
+    params = params.get("full_attention", params)  # one per layer type: the global layers'
     w.add_rope_freq_base(float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if weights == "Q8_0"
@@ -112,4 +115,77 @@ def export_qwen3_moe(model, path: Path, weights: str) -> Path:
         _tensor(w, f"blk.{i}.ffn_gate_exps.weight", experts.gate_up_proj[:, :f], qtype)
         _tensor(w, f"blk.{i}.ffn_up_exps.weight", experts.gate_up_proj[:, f:], qtype)
         _tensor(w, f"blk.{i}.ffn_down_exps.weight", experts.down_proj, qtype)
+    return _finish(w, path)
+
+
+def _rows_paired(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """q or k rows reordered for llama.cpp's rotary of adjacent pairs (its `llama` graphs): each
+    head's halves interleaved, as llama.cpp's converter permutes them, so the same rotation
+    results from the host's rotate-half."""
+    rows, cols = weight.shape
+    return (weight.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2)
+            .reshape(rows, cols))
+
+
+def export_granite(model, path: Path, weights: str) -> Path:
+    """A Granite host as llama.cpp's `granite` architecture: Llama's tensors (q and k rows paired
+    for its rotary) and the four multipliers as its embedding, residual, attention and logit
+    scales; weights as export_qwen3."""
+    cfg = model.config
+    qtype = getattr(gguf.GGMLQuantizationType, weights)
+    q8, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
+    w = gguf.GGUFWriter(str(path), "granite")
+    _header(w, cfg, weights)
+    w.add_embedding_scale(cfg.embedding_multiplier)
+    w.add_residual_scale(cfg.residual_multiplier)
+    w.add_attention_scale(cfg.attention_multiplier)
+    w.add_logit_scale(cfg.logits_scaling)
+    inner = model.model
+    _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
+    _tensor(w, "output_norm.weight", inner.norm.weight, f32)
+    if not cfg.tie_word_embeddings:
+        _tensor(w, "output.weight", model.lm_head.weight, q8)
+    for i, layer in enumerate(inner.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        _tensor(w, f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight, f32)
+        _tensor(w, f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight, f32)
+        _tensor(w, f"blk.{i}.attn_q.weight",
+                _rows_paired(a.q_proj.weight.detach(), cfg.num_attention_heads), qtype)
+        _tensor(w, f"blk.{i}.attn_k.weight",
+                _rows_paired(a.k_proj.weight.detach(), cfg.num_key_value_heads), qtype)
+        for name, mod in (("attn_v", a.v_proj), ("attn_output", a.o_proj),
+                          ("ffn_gate", mlp.gate_proj), ("ffn_up", mlp.up_proj),
+                          ("ffn_down", mlp.down_proj)):
+            _tensor(w, f"blk.{i}.{name}.weight", mod.weight, qtype)
+    return _finish(w, path)
+
+
+def export_gemma3(model, path: Path, weights: str) -> Path:
+    """A Gemma 3 text host as llama.cpp's `gemma3`: norms written as 1 + w (its graph multiplies
+    by the stored weight, as llama.cpp's converter writes them), the four norms of a layer and
+    the per-head q/k norms, the sliding window; llama.cpp takes its five-local-to-one-global
+    pattern, the local base 10000 and the embedding's sqrt(hidden) from the architecture, which
+    bench/families.py's Gemma 3 host declares the same. Weights as export_qwen3."""
+    cfg = model.config
+    qtype = getattr(gguf.GGMLQuantizationType, weights)
+    q8, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    _header(w, cfg, weights)
+    w.add_sliding_window(cfg.sliding_window)
+    inner = model.model
+    plus_one = lambda t: t.detach().float() + 1.0  # noqa: E731
+    _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
+    _tensor(w, "output_norm.weight", plus_one(inner.norm.weight), f32)
+    for i, layer in enumerate(inner.layers):
+        a, mlp = layer.self_attn, layer.mlp
+        for name, norm in (("attn_norm", layer.input_layernorm),
+                           ("post_attention_norm", layer.post_attention_layernorm),
+                           ("ffn_norm", layer.pre_feedforward_layernorm),
+                           ("post_ffw_norm", layer.post_feedforward_layernorm),
+                           ("attn_q_norm", a.q_norm), ("attn_k_norm", a.k_norm)):
+            _tensor(w, f"blk.{i}.{name}.weight", plus_one(norm.weight), f32)
+        for name, mod in (("attn_q", a.q_proj), ("attn_k", a.k_proj), ("attn_v", a.v_proj),
+                          ("attn_output", a.o_proj), ("ffn_gate", mlp.gate_proj),
+                          ("ffn_up", mlp.up_proj), ("ffn_down", mlp.down_proj)):
+            _tensor(w, f"blk.{i}.{name}.weight", mod.weight, qtype)
     return _finish(w, path)
