@@ -159,3 +159,11 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def llama_logits(llm) -> torch.Tensor:
+    """The last evaluated position's logits (llama-cpp-python keeps no scores without
+    logits_all), as a view of llama.cpp's buffer."""
+    import numpy as np
+
+    return torch.from_numpy(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)))

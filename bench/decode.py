@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -42,7 +44,7 @@ import torch
 
 import flashrt_structures as S
 
-from _common import bracket, machine, probe, result_path, summarize, write_result
+from _common import bracket, llama_logits, machine, probe, result_path, summarize, write_result
 
 PROMPT, NEW = 128, 128
 
@@ -104,10 +106,8 @@ def loop_arm(loop, prompt, new, step_bytes):
 def llama_arm(llm, prompt, new, step_bytes):
     """llama.cpp through llama-cpp-python: prefill the prompt in one batch, then one token per
     eval, greedy (argmax of the last logits)."""
-    import numpy as np
-
-    def last_argmax() -> int:  # llama-cpp-python keeps no scores without logits_all
-        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))))
+    def last_argmax() -> int:
+        return int(llama_logits(llm).argmax())
 
     def step(tok: int, pos: int) -> int:
         llm.eval([tok])
@@ -248,12 +248,11 @@ def batch_arm(loop, prompts: list[list[int]], new: int):
     return prefill, time.perf_counter() - t0, first, []
 
 
-def llama_family(name: str, model, n_ctx: int, args) -> tuple[dict, str]:
+def llama_family(name: str, model, n_ctx: int, folder: Path, args) -> tuple[dict, str]:
     """llama.cpp on the family's weights at Q8_0 and Q4_0 (the head Q8_0), where
-    bench/gguf_export.py writes the family: {arm: (Llama, file bytes)} and what was measured."""
+    bench/gguf_export.py writes the family (files under `folder`): {arm: (Llama, file bytes)}
+    and what was measured."""
     try:
-        import tempfile
-
         import llama_cpp
 
         from gguf_export import export_gemma3, export_granite
@@ -262,7 +261,6 @@ def llama_family(name: str, model, n_ctx: int, args) -> tuple[dict, str]:
     exporters = {"granite": export_granite, "gemma3": export_gemma3}
     if name not in exporters:
         return {}, f"not measured: bench/gguf_export.py writes no {name} file"
-    folder = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
     llms = {}
     for quant in ("Q8_0", "Q4_0"):
         path = exporters[name](model, folder / f"{name}-{quant}.gguf", quant)
@@ -286,7 +284,8 @@ def family_run(name: str, args) -> dict:
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len),
                            generator=torch.Generator().manual_seed(1))
     # llama.cpp on the same weights where bench/gguf_export.py writes the family.
-    llms, peer = llama_family(name, model, prompt_len + new, args)
+    folder = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
+    llms, peer = llama_family(name, model, prompt_len + new, folder, args)
     batches = [b for b in args.batch if b > 1]
     loops, batch_loops = {}, {}
     for arm, scheme in FAMILY_SCHEMES.items():
@@ -322,8 +321,8 @@ def family_run(name: str, args) -> dict:
     binding = loops["loop_w8"].plan.binding
     print(f"\n{name}: {released} widths, {args.layers} layers, fp32 random weights, batch 1, "
           f"prompt {prompt_len}, new {new}; binding {binding}")
-    print(f"{'arm':<11}{'prefill tok/s':>14}{'vs host':>9}{'decode tok/s':>14}{'vs host':>9}"
-          f"{'of floor':>10}{'tokens = host':>15}")
+    print(f"{'arm':<15}{'prefill tok/s':>14}{'vs host':>9}{'decode tok/s':>14}{'vs host':>9}"
+          f"{'of floor':>10}{'tokens = host':>15}  (a batch arm: aggregate over its rows)")
     rows = []
     for arm in arms:
         rows_per_step = int(arm.rsplit("_b", 1)[1]) if "_b" in arm else 1
@@ -332,17 +331,24 @@ def family_run(name: str, args) -> dict:
         brackets = [b for s in samples[arm] for b in s[3]]
         same = sum(a == b for a, b in zip(samples[arm][0][2], host_tokens)) / new
         base = arm.rsplit("_b", 1)[0]
+        # The weights one step reads (the llama.cpp file's bytes, its placeholder vocabulary
+        # strings included, ~1%), shared by the rows of a batch step.
         nbytes = (loops[base].weight_bytes if base in loops else llms[arm][1] if arm in llms
                   else host_weight_bytes(model))
         row = {"arm": arm, "batch": rows_per_step, "prefill_tok_s": prompt_len / pre,
-               "prefill_speedup_vs_host": host_prefill / pre, "decode_tok_s": 1 / dec,
-               "decode_speedup_vs_host": host_decode / dec,
-               "weight_bytes_per_token": nbytes, "greedy_tokens_same_as_host": same}
-        if rows_per_step > 1:
-            # Aggregate tokens/s over the batch, against the same loop's batch-1 figure; the
-            # step's compute: a multiply-add per weight per row.
+               "prefill_speedup_vs_host": host_prefill / pre,
+               "weight_bytes_per_step": nbytes, "weight_bytes_per_token": nbytes / rows_per_step,
+               "greedy_tokens_same_as_host": same}
+        if rows_per_step == 1:
+            row["decode_tok_s"] = 1 / dec
+            row["decode_speedup_vs_host"] = host_decode / dec
+        else:
+            # Aggregate tokens/s over the batch (against the host's batch 1 and the same loop's
+            # batch 1); the step's compute: a multiply-add per weight per row.
             single = next(r for r in rows if r["arm"] == base)
-            row["aggregate_vs_batch1"] = row["decode_tok_s"] / single["decode_tok_s"]
+            row["aggregate_decode_tok_s"] = 1 / dec
+            row["aggregate_vs_host_batch1"] = host_decode / dec
+            row["aggregate_vs_batch1"] = row["aggregate_decode_tok_s"] / single["decode_tok_s"]
             row["weight_macs_per_step"] = rows_per_step * sum(
                 m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
             row["gmac_per_s"] = row["weight_macs_per_step"] / (dec * rows_per_step) / 1e9
@@ -351,21 +357,26 @@ def family_run(name: str, args) -> dict:
             row["frac_of_floor"] = row["floor"]["frac_of_bandwidth"]
         rows.append(row)
         fl = f"{row['frac_of_floor']:>10.0%}" if brackets else f"{'-':>10}"
-        print(f"{arm:<11}{row['prefill_tok_s']:>14.1f}{row['prefill_speedup_vs_host']:>8.2f}x"
-              f"{row['decode_tok_s']:>14.2f}{row['decode_speedup_vs_host']:>8.2f}x{fl}"
-              f"{same:>15.0%}")
+        print(f"{arm:<15}{row['prefill_tok_s']:>14.1f}{row['prefill_speedup_vs_host']:>8.2f}x"
+              f"{1 / dec:>14.2f}{host_decode / dec:>8.2f}x{fl}{same:>15.0%}")
     # The first step's logits of each loop against the host's: what a lossy form costs on these
     # weights (greedy tokens part early where random weights leave logits nearly flat).
     with torch.no_grad():
         want = model(prompt).logits[0, -1].double()
     for row in rows:
-        lp = loops.get(row["arm"])
+        lp, llm = loops.get(row["arm"]), llms.get(row["arm"], (None,))[0]
         if lp is not None:
             lp.program.prefill(prompt[0].tolist(), 0)
             got = torch.from_numpy(lp.program.logits()).double()
-            row["first_logits_cosine"] = float(torch.nn.functional.cosine_similarity(got, want, 0))
-            print(f"{row['arm']}: first-step logits cosine {row['first_logits_cosine']:.5f} "
-                  "against the host's")
+        elif llm is not None:
+            llm.reset()
+            llm.eval(prompt[0].tolist())
+            got = llama_logits(llm).double()
+        else:
+            continue
+        row["first_logits_cosine"] = float(torch.nn.functional.cosine_similarity(got, want, 0))
+        print(f"{row['arm']}: first-step logits cosine {row['first_logits_cosine']:.5f} "
+              "against the host's")
     for row in rows:
         if row["batch"] > 1:
             print(f"{row['arm']}: aggregate {row['aggregate_vs_batch1']:.2f}x its batch-1 decode, "
@@ -378,6 +389,7 @@ def family_run(name: str, args) -> dict:
             mine[f"prefill_vs_{peer_arm}"] = mine["prefill_tok_s"] / theirs["prefill_tok_s"]
             print(f"{loop_arm_name}: decode {mine[f'decode_vs_{peer_arm}']:.2f}x {peer_arm}, "
                   f"prefill {mine[f'prefill_vs_{peer_arm}']:.2f}x")
+    shutil.rmtree(folder, ignore_errors=True)
     return {"released": released, "layers": args.layers, "binding": binding, "rows": rows,
             "llama_cpp": peer}
 

@@ -176,6 +176,8 @@ def export_gemma3(model, path: Path, weights: str) -> Path:
     plus_one = lambda t: t.detach().float() + 1.0  # noqa: E731
     _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
     _tensor(w, "output_norm.weight", plus_one(inner.norm.weight), f32)
+    if not cfg.tie_word_embeddings:
+        _tensor(w, "output.weight", model.lm_head.weight, q8)
     for i, layer in enumerate(inner.layers):
         a, mlp = layer.self_attn, layer.mlp
         for name, norm in (("attn_norm", layer.input_layernorm),

@@ -37,7 +37,7 @@ import flashrt_structures as S
 from flashrt_structures import ops
 from flashrt_structures.seats import BankSeat
 
-from _common import Bracket, machine, probe, result_path, summarize, write_result
+from _common import Bracket, llama_logits, machine, probe, result_path, summarize, write_result
 from door import run_arm
 
 PROMPT, NEW = 64, 32
@@ -112,14 +112,6 @@ def run(arm: dict, model, prompt: torch.Tensor, new: int) -> dict:
     finally:
         if handle is not None:
             handle.detach()
-
-
-def llama_logits(llm) -> torch.Tensor:
-    """The last evaluated position's logits (llama-cpp-python keeps no scores without
-    logits_all), as a view of llama.cpp's buffer."""
-    import numpy as np
-
-    return torch.from_numpy(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)))
 
 
 def llama_arm(llm, prompt: torch.Tensor, new: int) -> dict:

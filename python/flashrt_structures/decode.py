@@ -97,17 +97,18 @@ class DecodeLoop:
                              f"the static window of {self.max_len}")
         return input_ids[0].tolist()
 
-    def _eos(self, eos_token_id: int | list[int] | None) -> set[int]:
-        """The stop tokens: the argument, else the host's generation config (one or several)."""
+    def _eos(self, eos_token_id: int | list[int] | None) -> list[int]:
+        """The stop tokens in the order given: the argument, else the host's generation config
+        (one or several)."""
         if eos_token_id is None:
             config = getattr(self.model, "generation_config", None)
             eos_token_id = getattr(config, "eos_token_id", None)
         if eos_token_id is None:
-            return set()
-        return {int(t) for t in (eos_token_id if isinstance(eos_token_id, (list, tuple))
-                                 else [eos_token_id])}
+            return []
+        ids = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+        return list(dict.fromkeys(int(t) for t in ids))
 
-    def _decode(self, tokens: list[int], first: int, new: int, eos: set[int],
+    def _decode(self, tokens: list[int], first: int, new: int, eos: list[int],
                 streamer: Streamer) -> torch.Tensor:
         """Greedy decode from `first` until max_new_tokens or a stop token (kept, as generate
         keeps it); each new token goes to the streamer as it comes."""
@@ -135,10 +136,16 @@ class DecodeLoop:
         streamer (put/end). Returns [1, prompt + new].
 
         A batch: input_ids [B, T] with attention_mask (1 on each sequence's tokens, padding on
-        either side), or a list of B prompts of any lengths; each sequence has its own KV window,
+        either side; without a mask every token of a row is its prompt, pads included), or a
+        list of B prompts of any lengths; each sequence has its own KV window,
         length and stop. Returns [B, T + new] (each row as given, then its new tokens, padded
         after its stop with the generation config's pad id) for a tensor, a list of
         [prompt + new] tensors for a list."""
+        if isinstance(input_ids, (list, tuple)) and attention_mask is not None:
+            raise ValueError("decode_loop: a list of prompts takes no attention_mask (each "
+                             "prompt is its own tokens)")
+        if not isinstance(input_ids, (list, tuple)):
+            _integer_ids(input_ids)
         if isinstance(input_ids, (list, tuple)) or input_ids.shape[0] > 1:
             return self._generate_batch(input_ids, max_new_tokens, attention_mask,
                                         self._eos(eos_token_id), streamer)
@@ -158,7 +165,7 @@ class DecodeLoop:
         return self._decode(tokens, nxt, max_new_tokens, eos, streamer)
 
     def _generate_batch(self, input_ids: torch.Tensor | list[Any], new: int,
-                        mask: torch.Tensor | None, eos: set[int], streamer: Streamer) -> Any:
+                        mask: torch.Tensor | None, eos: list[int], streamer: Streamer) -> Any:
         """Each sequence prefilled on its own window, then batch steps over the live ones."""
         if streamer is not None:
             raise ValueError("decode_loop: a streamer takes one sequence; a batch returns them")
@@ -199,7 +206,7 @@ class DecodeLoop:
         if isinstance(input_ids, (list, tuple)):
             return [torch.tensor(out, dtype=torch.long) for out in outs]
         pad = getattr(getattr(self.model, "generation_config", None), "pad_token_id", None)
-        pad = pad if pad is not None else (min(eos) if eos else 0)
+        pad = pad if pad is not None else (eos[0] if eos else 0)  # as generate pads
         width = max(len(out) - len(p) for out, p in zip(outs, prompts, strict=True))
         rows = [input_ids[b].tolist() + out[len(prompts[b]):] for b, out in enumerate(outs)]
         return torch.tensor([r + [pad] * (input_ids.shape[1] + width - len(r)) for r in rows],
@@ -265,11 +272,26 @@ class DecodeLoop:
 _MAX_BATCH = 16  # the kernels' row band: a batch step is one block of rows
 
 
+def _integer_ids(ids: torch.Tensor) -> None:
+    """Token ids are integers with at least one dimension; anything else is a clear error."""
+    if ids.dim() == 0 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"decode_loop: token ids {ids.dtype}{tuple(ids.shape)}: expected an "
+                         "integer tensor [T] or [B, T]")
+
+
 def _batch_prompts(input_ids: torch.Tensor | list[Any], mask: torch.Tensor | None
                    ) -> list[list[int]]:
     """Each sequence's own tokens: a list's prompts, or each row of [B, T] where its mask is 1."""
     if isinstance(input_ids, (list, tuple)):
-        return [torch.as_tensor(p).reshape(-1).tolist() for p in input_ids]
+        prompts = []
+        for p in input_ids:
+            t = torch.as_tensor(p)
+            _integer_ids(t)
+            if t.dim() > 1 and t.shape[0] != 1:
+                raise ValueError(f"decode_loop: a prompt of shape {tuple(t.shape)} in the list; "
+                                 "each is one sequence ([T] or [1, T])")
+            prompts.append(t.reshape(-1).tolist())
+        return prompts
     if input_ids.dim() != 2:
         raise ValueError(f"decode_loop: input_ids {tuple(input_ids.shape)}: expected [B, T]")
     if mask is None:

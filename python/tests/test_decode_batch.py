@@ -104,6 +104,17 @@ def test_batch_bounds_are_refused_before_anything_runs():
         loop.program.step_batch([1, 2], [1, 1], [0, 0])
     with pytest.raises(ValueError, match="sequence 2 of 2"):
         loop.program.prefill([1, 2], 0, 2)
+    # A position past what a sequence's cache holds would attend over nothing written.
+    with pytest.raises(ValueError, match="position 3 of sequence 1 leaves a gap"):
+        loop.program.prefill([1, 2], 3, 1)
+    with pytest.raises(ValueError, match="expected an integer tensor"):
+        loop.generate(torch.ones(2, 3), 4)
+    with pytest.raises(ValueError, match="expected an integer tensor"):
+        loop.generate(torch.tensor(5), 4)
+    with pytest.raises(ValueError, match="takes no attention_mask"):
+        loop.generate(_prompts(2, seed=1), 4, attention_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"a prompt of shape \(2, 3\) in the list"):
+        loop.generate([torch.ones(2, 3, dtype=torch.long)], 4)
     # score takes a list: one (nll, argmax) pair per sequence
     scores = loop.score([torch.arange(5), torch.arange(7)])
     assert [len(nll) for nll, _ in scores] == [4, 6]

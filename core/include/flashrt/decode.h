@@ -191,6 +191,10 @@ class DecodeProgram {
   // Preallocated once for a block of kBlock rows (row-major [row][width]): no allocation per step.
   std::vector<float> h_, xn_, q_, k_, v_, attn_, o_, gate_, up_, mlp_out_, scores_, logits_;
   int64_t logits_rows_ = 0;  // rows of logits_ the last call wrote
+  // Per sequence, the positions [0, written) its cache holds: a call may start at or before it,
+  // never past it (attention would read positions nothing wrote).
+  std::vector<int64_t> written_;
+  void check_written(int64_t seq, int64_t pos) const;
   // Routed layers: the router's logits [row][experts], the choice [row][top_k], the rows one
   // expert takes (gathered), its output, the shared expert's output and gate.
   std::vector<float> router_, route_w_, xg_, yg_, shared_out_, shared_g_;

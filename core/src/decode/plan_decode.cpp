@@ -485,8 +485,11 @@ DecodePlan plan_with(const HostGraph& g, const BindingSpec& b, int64_t max_len) 
   // and the scaled forms' tables are fixed; LongRoPE's module holds its short factors and
   // switches to its long ones once a position passes the pretraining length, so a window within
   // that length is a fixed table and a longer one is not.
-  if (host.rope == RopeKind::longrope &&
-      !(host.rope_original_max > 0 && max_len <= host.rope_original_max))
+  if (host.rope == RopeKind::longrope && host.rope_original_max <= 0)
+    return refuse("",
+                  "longrope without a declared original_max_position_embeddings: where it "
+                  "switches to its long factors is unknown");
+  if (host.rope == RopeKind::longrope && max_len > host.rope_original_max)
     return refuse("", "longrope switches to its long factors past " +
                           std::to_string(host.rope_original_max) +
                           " positions; the loop's table is fixed (a window of at most " +

@@ -209,6 +209,7 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   }
   scores_.resize(c.heads * c.max_len);
   logits_.resize(c.sequences * c.vocab);
+  written_.assign(c.sequences, 0);
   cos_.resize(c.rotaries.size() * B * c.rotary_dim / 2);
   sin_.resize(c.rotaries.size() * B * c.rotary_dim / 2);
   // Every factor is positive and bounded by what was allocated above but the window: the product
@@ -490,6 +491,7 @@ int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos
                           std::to_string(pos0 + count - 1) + " outside the static window of " +
                           std::to_string(c.max_len));
   for (int64_t i = 0; i < count; ++i) check_token(tokens[i], w_.embed.shape[0]);
+  check_written(seq, pos0);
   int64_t best = 0, seqs[kBlock], positions[kBlock];
   for (int64_t done = 0; done < count; done += kBlock) {
     const int64_t m = std::min(kBlock, count - done);
@@ -499,7 +501,16 @@ int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos
     }
     best = run_rows(tokens + done, seqs, positions, m, nullptr);
   }
+  written_[seq] = std::max(written_[seq], pos0 + count);
   return best;
+}
+
+void DecodeProgram::check_written(int64_t seq, int64_t pos) const {
+  if (pos > written_[seq])
+    throw InvalidArgument("decode_loop: position " + std::to_string(pos) + " of sequence " +
+                          std::to_string(seq) + " leaves a gap: its cache holds positions 0.." +
+                          std::to_string(written_[seq] - 1) + " (start at or before " +
+                          std::to_string(written_[seq]) + ")");
 }
 
 // Note [A batch of sequences]: the program holds a KV window per sequence, and a batch step runs
@@ -527,8 +538,10 @@ void DecodeProgram::step_batch(const int64_t* tokens, const int64_t* seqs, const
     if (positions[r] < 0 || positions[r] >= c.max_len)
       throw InvalidArgument("decode_loop: position " + std::to_string(positions[r]) +
                             " outside the static window of " + std::to_string(c.max_len));
+    check_written(seqs[r], positions[r]);
   }
   run_rows(tokens, seqs, positions, m, next);
+  for (int64_t r = 0; r < m; ++r) written_[seqs[r]] = std::max(written_[seqs[r]], positions[r] + 1);
 }
 
 void DecodeProgram::rotate(float* x, int64_t heads, const float* cos, const float* sin) {
@@ -698,6 +711,9 @@ void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const f
     std::memcpy(ck, k + at, row);
     std::memcpy(cv, v + at, row);
   });
+  // A sliding layer's host cache holds its window's last positions: what lies before them is
+  // outside every later row's window, so the sequence counts as written up to first + n.
+  written_[seq] = std::max(written_[seq], first + n);
 }
 
 void DecodeProgram::read_cache(int64_t layer, int64_t n, float* k, float* v, int64_t seq) const {

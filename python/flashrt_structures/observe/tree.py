@@ -174,14 +174,20 @@ def _rotary_tables(mod: nn.Module) -> _core.RotaryFacts | None:
     """A rotary embedding's own frequencies and cos/sin scale: one table (`inv_freq`), or one per
     layer type (`<type>_inv_freq`, Gemma 3's local and global bases)."""
     rotary = _core.RotaryFacts()
-    inv_freq = getattr(mod, "inv_freq", None)
+    # The table the module was built with: a module that rescales with position (LongRoPE past
+    # its pretraining length) overwrites inv_freq in place and keeps the original beside it.
+    inv_freq = getattr(mod, "original_inv_freq", None)
+    if not isinstance(inv_freq, torch.Tensor):
+        inv_freq = getattr(mod, "inv_freq", None)
     if isinstance(inv_freq, torch.Tensor) and inv_freq.dim() == 1:
         rotary.inv_freq = inv_freq.detach().float().tolist()
         rotary.attention_scaling = float(getattr(mod, "attention_scaling", 1.0))
     tables, scales = {}, {}
-    for name, buf in mod.named_buffers(recurse=False):
+    buffers = dict(mod.named_buffers(recurse=False))
+    for name, buf in buffers.items():
         if name.endswith("_inv_freq") and not name.endswith("original_inv_freq") and buf.dim() == 1:
             kind = name[: -len("_inv_freq")]
+            buf = buffers.get(f"{kind}_original_inv_freq", buf)
             tables[kind] = buf.detach().float().tolist()
             scales[kind] = float(getattr(mod, f"{kind}_attention_scaling", 1.0))
     rotary.inv_freq_of, rotary.attention_scaling_of = tables, scales
