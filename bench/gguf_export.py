@@ -54,14 +54,21 @@ def _header(w: gguf.GGUFWriter, cfg, weights: str) -> None:
     w.add_eos_token_id(1)
 
 
-def _common_tensors(w: gguf.GGUFWriter, model, qtype) -> None:
-    """Embedding, final norm, head, and each layer's norms and attention."""
-    q8, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
-    inner = model.model
-    _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
-    _tensor(w, "output_norm.weight", inner.norm.weight, f32)
+def _stack_ends(w: gguf.GGUFWriter, model, final_norm: torch.Tensor) -> None:
+    """The embedding (Q8_0), the final norm's weight as the architecture stores it, and the head
+    (Q8_0) unless it is the embedding."""
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    _tensor(w, "token_embd.weight", model.model.embed_tokens.weight, q8)
+    _tensor(w, "output_norm.weight", final_norm, gguf.GGMLQuantizationType.F32)
     if not model.config.tie_word_embeddings:
         _tensor(w, "output.weight", model.lm_head.weight, q8)
+
+
+def _common_tensors(w: gguf.GGUFWriter, model, qtype) -> None:
+    """Embedding, final norm, head, and each layer's norms and attention."""
+    f32 = gguf.GGMLQuantizationType.F32
+    inner = model.model
+    _stack_ends(w, model, inner.norm.weight)
     for i, layer in enumerate(inner.layers):
         a = layer.self_attn
         for name, t in (("attn_norm", layer.input_layernorm.weight),
@@ -133,7 +140,7 @@ def export_granite(model, path: Path, weights: str) -> Path:
     scales; weights as export_qwen3."""
     cfg = model.config
     qtype = getattr(gguf.GGMLQuantizationType, weights)
-    q8, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
+    f32 = gguf.GGMLQuantizationType.F32
     w = gguf.GGUFWriter(str(path), "granite")
     _header(w, cfg, weights)
     w.add_embedding_scale(cfg.embedding_multiplier)
@@ -141,10 +148,7 @@ def export_granite(model, path: Path, weights: str) -> Path:
     w.add_attention_scale(cfg.attention_multiplier)
     w.add_logit_scale(cfg.logits_scaling)
     inner = model.model
-    _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
-    _tensor(w, "output_norm.weight", inner.norm.weight, f32)
-    if not cfg.tie_word_embeddings:
-        _tensor(w, "output.weight", model.lm_head.weight, q8)
+    _stack_ends(w, model, inner.norm.weight)
     for i, layer in enumerate(inner.layers):
         a, mlp = layer.self_attn, layer.mlp
         _tensor(w, f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight, f32)
@@ -168,16 +172,13 @@ def export_gemma3(model, path: Path, weights: str) -> Path:
     bench/families.py's Gemma 3 host declares the same. Weights as export_qwen3."""
     cfg = model.config
     qtype = getattr(gguf.GGMLQuantizationType, weights)
-    q8, f32 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.F32
+    f32 = gguf.GGMLQuantizationType.F32
     w = gguf.GGUFWriter(str(path), "gemma3")
     _header(w, cfg, weights)
     w.add_sliding_window(cfg.sliding_window)
     inner = model.model
     plus_one = lambda t: t.detach().float() + 1.0  # noqa: E731
-    _tensor(w, "token_embd.weight", inner.embed_tokens.weight, q8)
-    _tensor(w, "output_norm.weight", plus_one(inner.norm.weight), f32)
-    if not cfg.tie_word_embeddings:
-        _tensor(w, "output.weight", model.lm_head.weight, q8)
+    _stack_ends(w, model, plus_one(inner.norm.weight))
     for i, layer in enumerate(inner.layers):
         a, mlp = layer.self_attn, layer.mlp
         for name, norm in (("attn_norm", layer.input_layernorm),

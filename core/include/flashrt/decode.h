@@ -194,7 +194,8 @@ class DecodeProgram {
   // Per sequence, the positions [0, written) its cache holds: a call may start at or before it,
   // never past it (attention would read positions nothing wrote).
   std::vector<int64_t> written_;
-  void check_written(int64_t seq, int64_t pos) const;
+  // `seq` is one of the program's sequences and `pos` leaves no gap in its cache.
+  void check_start(int64_t seq, int64_t pos) const;
   // Routed layers: the router's logits [row][experts], the choice [row][top_k], the rows one
   // expert takes (gathered), its output, the shared expert's output and gate.
   std::vector<float> router_, route_w_, xg_, yg_, shared_out_, shared_g_;

@@ -483,15 +483,12 @@ void check_token(int64_t token, int64_t vocab) {
 int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos0, int64_t seq) {
   const DecodeConfig& c = cfg_;
   if (count < 1) throw InvalidArgument("decode_loop: an empty prompt");
-  if (seq < 0 || seq >= c.sequences)
-    throw InvalidArgument("decode_loop: sequence " + std::to_string(seq) + " of " +
-                          std::to_string(c.sequences));
   if (pos0 < 0 || pos0 + count > c.max_len)
     throw InvalidArgument("decode_loop: positions " + std::to_string(pos0) + ".." +
                           std::to_string(pos0 + count - 1) + " outside the static window of " +
                           std::to_string(c.max_len));
   for (int64_t i = 0; i < count; ++i) check_token(tokens[i], w_.embed.shape[0]);
-  check_written(seq, pos0);
+  check_start(seq, pos0);
   int64_t best = 0, seqs[kBlock], positions[kBlock];
   for (int64_t done = 0; done < count; done += kBlock) {
     const int64_t m = std::min(kBlock, count - done);
@@ -505,7 +502,10 @@ int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos
   return best;
 }
 
-void DecodeProgram::check_written(int64_t seq, int64_t pos) const {
+void DecodeProgram::check_start(int64_t seq, int64_t pos) const {
+  if (seq < 0 || seq >= cfg_.sequences)
+    throw InvalidArgument("decode_loop: sequence " + std::to_string(seq) + " of " +
+                          std::to_string(cfg_.sequences));
   if (pos > written_[seq])
     throw InvalidArgument("decode_loop: position " + std::to_string(pos) + " of sequence " +
                           std::to_string(seq) + " leaves a gap: its cache holds positions 0.." +
@@ -523,14 +523,9 @@ void DecodeProgram::step_batch(const int64_t* tokens, const int64_t* seqs, const
   const DecodeConfig& c = cfg_;
   if (m < 1 || m > c.sequences)
     throw InvalidArgument("decode_loop: a batch step of " + std::to_string(m) +
-                          " rows; the loop "
-                          "holds " +
-                          std::to_string(c.sequences) + " sequences");
+                          " rows; the loop holds " + std::to_string(c.sequences) + " sequences");
   for (int64_t r = 0; r < m; ++r) {
     check_token(tokens[r], w_.embed.shape[0]);
-    if (seqs[r] < 0 || seqs[r] >= c.sequences)
-      throw InvalidArgument("decode_loop: sequence " + std::to_string(seqs[r]) + " of " +
-                            std::to_string(c.sequences));
     for (int64_t j = 0; j < r; ++j)
       if (seqs[j] == seqs[r])
         throw InvalidArgument("decode_loop: sequence " + std::to_string(seqs[r]) +
@@ -538,7 +533,7 @@ void DecodeProgram::step_batch(const int64_t* tokens, const int64_t* seqs, const
     if (positions[r] < 0 || positions[r] >= c.max_len)
       throw InvalidArgument("decode_loop: position " + std::to_string(positions[r]) +
                             " outside the static window of " + std::to_string(c.max_len));
-    check_written(seqs[r], positions[r]);
+    check_start(seqs[r], positions[r]);
   }
   run_rows(tokens, seqs, positions, m, next);
   for (int64_t r = 0; r < m; ++r) written_[seqs[r]] = std::max(written_[seqs[r]], positions[r] + 1);
