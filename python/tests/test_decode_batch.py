@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import warnings
 
-import decoder_hosts
 import pytest
 import torch
 
 import flashrt_structures as S
 
+import decoder_hosts
 import hosts
 
 warnings.filterwarnings("ignore", category=FutureWarning)

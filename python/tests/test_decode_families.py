@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import warnings
 
-import decoder_hosts
 import pytest
 import torch
 from torch import nn
 
 import flashrt_structures as S
 
+import decoder_hosts
 import hosts
 
 warnings.filterwarnings("ignore", category=FutureWarning)
