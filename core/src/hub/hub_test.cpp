@@ -163,9 +163,10 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
       {"flashrt/decode",
        {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense,
         OpKind::capped_attention}},
-      {"flashrt/gemm", {OpKind::linear, OpKind::ffn, OpKind::moe_ffn}}};
+      {"flashrt/gemm", {OpKind::linear, OpKind::ffn, OpKind::moe_ffn}},
+      {"flashrt/recurrent", {OpKind::gated_delta, OpKind::causal_conv1d}}};
   for (const std::string repo :
-       {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm"}) {
+       {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm", "flashrt/recurrent"}) {
     const PackageResolution& r = hub.resolve(repo);
     ASSERT_NE(r.table, nullptr) << report_text(hub);
     EXPECT_EQ(r.source, "bundled");
@@ -185,8 +186,9 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
     }
   }
   EXPECT_TRUE(hub.unavailable_report().empty()) << report_text(hub);
-  EXPECT_EQ(hub.visible_packages(), (std::vector<std::string>{"flashrt/decode", "flashrt/ffn",
-                                                              "flashrt/gemm", "flashrt/linear"}));
+  EXPECT_EQ(hub.visible_packages(),
+            (std::vector<std::string>{"flashrt/decode", "flashrt/ffn", "flashrt/gemm",
+                                      "flashrt/linear", "flashrt/recurrent"}));
 }
 
 // (2)

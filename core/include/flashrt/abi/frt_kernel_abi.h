@@ -30,9 +30,11 @@ extern "C" {
  * 4.1: FRT_OP_MOE_FFN, a routed bank of gated experts (frt_moe_args); frt_op_desc gains the
  * bank's expert count and top-k (appended).
  * 4.2: FRT_OP_CAPPED_ATTENTION, attention whose scores are softcapped (Gemma 2), a kind of its
- *   own so that no caller of 4.1 hands a package a struct shorter than it reads. */
+ *   own so that no caller of 4.1 hands a package a struct shorter than it reads.
+ * 4.3: FRT_OP_GATED_DELTA (the gated delta rule, frt_gated_delta_args) and FRT_OP_CAUSAL_CONV1D
+ *   (a depthwise causal convolution with its state, frt_causal_conv1d_args): kinds appended. */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 2
+#define FRT_KERNEL_ABI_MINOR 3
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -79,15 +81,17 @@ enum frt_act { FRT_ACT_SILU = 0, FRT_ACT_GELU_TANH = 1, FRT_ACT_GELU = 2 };
 
 /* The ops a package may own. A package lists only its own (frt_kernel_table.ops). */
 enum frt_op_kind {
-  FRT_OP_LINEAR = 1,          /* frt_linear_args */
-  FRT_OP_GATED_FFN = 2,       /* frt_ffn_args: down(act(gate(x)) * up(x)) */
-  FRT_OP_FFN = 3,             /* frt_ffn_args, gate NULL: down(act(up(x) + b_up)) + b_down */
-  FRT_OP_RMSNORM = 4,         /* frt_rmsnorm_args */
-  FRT_OP_ROTARY = 5,          /* frt_rotary_args */
-  FRT_OP_ATTENTION = 6,       /* frt_attention_args */
-  FRT_OP_DENSE = 7,           /* frt_dense_args */
-  FRT_OP_MOE_FFN = 8,         /* frt_moe_args (4.1) */
-  FRT_OP_CAPPED_ATTENTION = 9 /* frt_capped_attention_args (4.2) */
+  FRT_OP_LINEAR = 1,           /* frt_linear_args */
+  FRT_OP_GATED_FFN = 2,        /* frt_ffn_args: down(act(gate(x)) * up(x)) */
+  FRT_OP_FFN = 3,              /* frt_ffn_args, gate NULL: down(act(up(x) + b_up)) + b_down */
+  FRT_OP_RMSNORM = 4,          /* frt_rmsnorm_args */
+  FRT_OP_ROTARY = 5,           /* frt_rotary_args */
+  FRT_OP_ATTENTION = 6,        /* frt_attention_args */
+  FRT_OP_DENSE = 7,            /* frt_dense_args */
+  FRT_OP_MOE_FFN = 8,          /* frt_moe_args (4.1) */
+  FRT_OP_CAPPED_ATTENTION = 9, /* frt_capped_attention_args (4.2) */
+  FRT_OP_GATED_DELTA = 10,     /* frt_gated_delta_args (4.3) */
+  FRT_OP_CAUSAL_CONV1D = 11    /* frt_causal_conv1d_args (4.3) */
 };
 
 /* ---- The weight formats (the format header). -----------------------------------------------
@@ -280,8 +284,64 @@ typedef struct frt_dense_args {
   int64_t ldy;
 } frt_dense_args;
 
+/* ---- Recurrences (flashrt/recurrent, 4.3): the state lives with the caller. ---------------- */
+
+/* FRT_OP_GATED_DELTA: the gated delta rule over `tokens` positions of `batch` sequences. Value
+ * head h reads key head h / (v_heads / k_heads) (v_heads % k_heads == 0). With q and k first
+ * l2-normalised when `l2norm` is set (x / sqrt(sum x^2 + l2_eps), in fp32) and q then multiplied
+ * by `scale`, per sequence, value head and token t in order:
+ *   S <- exp(g_t) S;   d = beta_t (v_t - S^T k_t);   S <- S + k_t d^T;   o_t = S^T q_t
+ * S is [k_dim][v_dim] fp32, starting from initial_state (NULL: zeros) and left in final_state
+ * (may equal initial_state). Element i of the vector of (sequence b, token t, head j) of q is at
+ * q + b*q_ld[0] + t*q_ld[1] + j*q_ld[2] + i*q_inc (elements of x_dtype; q_inc 0 reads as 1; k and
+ * v likewise: a host's convolution output may hand them channel-strided); g (fp32) and
+ * beta (beta_dtype) of (b, t, value head j) at b*ld[0] + t*ld[1] + j; the states are contiguous
+ * [batch][v_heads][k_dim][v_dim]; out is contiguous [batch][tokens][v_heads][v_dim] in x_dtype. */
+typedef struct frt_gated_delta_args {
+  int64_t batch, tokens, k_heads, v_heads, k_dim, v_dim;
+  int32_t x_dtype;    /* FRT_F32 or FRT_BF16: q, k, v and out */
+  int32_t beta_dtype; /* FRT_F32 or FRT_BF16 */
+  int32_t l2norm;     /* nonzero: l2-normalise q and k */
+  float l2_eps, scale;
+  int32_t reserved;
+  const void *q, *k, *v;
+  int64_t q_ld[3], k_ld[3], v_ld[3];
+  const float* g;
+  int64_t g_ld[2];
+  const void* beta;
+  int64_t beta_ld[2];
+  const float* initial_state;
+  float* final_state;
+  void* out;
+  int64_t q_inc, k_inc, v_inc; /* element strides of a head's vector; 0 or 1: contiguous */
+} frt_gated_delta_args;
+
+/* FRT_OP_CAUSAL_CONV1D: a depthwise causal convolution of `kernel` taps over `channels` channels,
+ * `tokens` new positions per sequence. Per sequence and channel c, with w = the `state_len`
+ * positions of the state (zeros when state is NULL; state_len >= kernel - 1) followed by x:
+ *   y[t] = act(bias[c] + sum_{j < kernel} weight[c][j] * w[state_len + t - (kernel - 1) + j])
+ * in fp32, and then, when state is not NULL, the state becomes the last state_len positions of w.
+ * Element (b, c, t) of x is at x + b*x_ld[0] + c*x_ld[1] + t*x_ld[2] (y, state likewise), all in
+ * `dtype`; weight is contiguous [channels][kernel], bias [channels] or NULL. */
+typedef struct frt_causal_conv1d_args {
+  int64_t batch, channels, tokens, kernel;
+  int32_t dtype; /* FRT_F32 or FRT_BF16: x, weight, bias, state and y */
+  int32_t act;   /* FRT_ACT_SILU, or -1: none */
+  const void* x;
+  int64_t x_ld[3];
+  const void* weight;
+  const void* bias;
+  void* state;
+  int64_t state_len;
+  int64_t state_ld[3];
+  void* y;
+  int64_t y_ld[3];
+} frt_causal_conv1d_args;
+
 /* A form described at plan time, before any tensor exists: asked once per seat through
- * supports_op(). Fields an op does not use are 0. */
+ * supports_op(). Fields an op does not use are 0. FRT_OP_GATED_DELTA (4.3): x_dtype, k = k_dim,
+ * n = v_dim. FRT_OP_CAUSAL_CONV1D (4.3): x_dtype, n = channels, k = taps, act = FRT_ACT_SILU or
+ * -1 (none). */
 typedef struct frt_op_desc {
   int32_t op;      /* frt_op_kind */
   int32_t wformat; /* frt_wformat of the packed weights */
