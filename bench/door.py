@@ -1,5 +1,14 @@
 """The transformers door on a Qwen3-0.6B-shaped host: prefill and steady decode, host vs attached,
-eager and compiled.
+eager and compiled; or (--host qwen3_5) on a Qwen3.5-shaped host, host vs the door with its
+projections only vs the door with every seam family (the gated delta rule and its convolution
+too).
+
+--host qwen3_5: the Qwen3_5TextConfig class's default widths (hidden 4096, intermediate 12288,
+16 query / 4 KV heads of 256, gated delta layers with 16 key and 32 value heads of 128, a 4-tap
+convolution), truncated to fit this machine: --layers (default 4: three gated delta layers and
+one full-attention layer, the family's 3:1 pattern) and a 32768-token vocabulary (248320 in the
+configuration). The arms are eager: host, `<scheme> projections` (every structure but the
+function seams) and `<scheme> every family`.
 
 Qwen3-0.6B's real config sizes (hidden 1024, intermediate 3072, 28 layers, 16 query / 8 KV
 heads of 128, vocabulary 151936, tied embeddings) with random weights, fp32, batch 1. Prefill is
@@ -26,7 +35,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig, Qwen3Config, Qwen3ForCausalLM
 
 import flashrt_structures as S
 from flashrt_structures import ops
@@ -34,6 +43,7 @@ from flashrt_structures import ops
 from _common import machine, write_result
 
 PROMPT, NEW = 128, 64
+FUNCTION_STRUCTURES = {"gated_delta_core", "causal_conv"}
 
 
 def qwen3_06b(layers: int) -> Qwen3ForCausalLM:
@@ -45,6 +55,16 @@ def qwen3_06b(layers: int) -> Qwen3ForCausalLM:
     with torch.device("cpu"):
         model = Qwen3ForCausalLM(cfg)
     return model.eval()
+
+
+def qwen35(layers: int) -> Qwen3_5ForCausalLM:
+    types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
+    if "full_attention" not in types:
+        types[-1] = "full_attention"  # the cache needs one attention layer
+    cfg = Qwen3_5TextConfig(vocab_size=32768, num_hidden_layers=layers, layer_types=types,
+                            max_position_embeddings=4096, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return Qwen3_5ForCausalLM(cfg).eval()
 
 
 def run_arm(model, prompt: torch.Tensor, new: int) -> dict:  # new >= 1
@@ -80,28 +100,43 @@ def weight_bytes(model, plan_swaps: dict | None) -> int:
             continue
         if isinstance(mod, torch.nn.Linear):
             total += mod.weight.numel() * mod.weight.element_size()
+        elif name.endswith("experts"):
+            total += sum(p.numel() * p.element_size() for p in mod.parameters())
     return total
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--host", choices=["qwen3", "qwen3_5"], default="qwen3")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="layers (default: 28 for qwen3, 4 for qwen3_5)")
+    parser.add_argument("--scheme", default="w8a16_decode", help="qwen3_5: the arms' scheme")
     parser.add_argument("--rounds", type=int, default=3, help="decode rounds (64 steps each)")
     parser.add_argument("--prefill-rounds", type=int, default=7)
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled arms")
     args = parser.parse_args()
 
     bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=5)
-    model = qwen3_06b(args.layers)
-    prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))
-    step = torch.randint(0, 151936, (1, 1), generator=torch.Generator().manual_seed(2))
-    fwd = lambda: model(step)  # noqa: E731  (one decode-shaped call to observe)
+    qwen3_5 = args.host == "qwen3_5"
+    args.layers = args.layers or (4 if qwen3_5 else 28)
+    model = qwen35(args.layers) if qwen3_5 else qwen3_06b(args.layers)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(0, vocab, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    step = torch.randint(0, vocab, (1, 1), generator=torch.Generator().manual_seed(2))
+    # One decode-shaped call to observe (a prompt then a step for qwen3_5: its rule's two forms).
+    fwd = (lambda: model(step)) if not qwen3_5 else [lambda: model(prompt[:, :8]),  # noqa: E731
+                                                     lambda: model(step)]
     arms: dict[str, dict] = {"host": {"swaps": None}}
-    for scheme in ("w8a16_decode", "w4a16_decode"):
+    every = S.list_structures()
+    variants = ([(f"{args.scheme} projections",
+                  [s for s in every if s not in FUNCTION_STRUCTURES], args.scheme),
+                 (f"{args.scheme} every family", None, args.scheme)] if qwen3_5 else
+                [("w8a16_decode", None, "w8a16_decode"), ("w4a16_decode", None, "w4a16_decode")])
+    for name, structures, scheme in variants:
         t0 = time.perf_counter()
-        plan = S.auto_swaps(model, fwd, scheme=scheme)
-        arms[scheme] = {"plan": plan, "swaps": plan.swaps, "bind_s": time.perf_counter() - t0}
+        plan = S.auto_swaps(model, fwd, scheme=scheme, structures=structures)
+        arms[name] = {"plan": plan, "swaps": plan.swaps, "bind_s": time.perf_counter() - t0}
     warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated",
                             category=FutureWarning)
     for arm in arms.values():  # warm-up: first-call allocations, caches, thread start
@@ -109,7 +144,7 @@ def main() -> int:
         run_arm(model, prompt[:, :16], 4)
         if handle is not None:
             handle.detach()
-    if not args.no_compiled:
+    if not args.no_compiled and not qwen3_5:
         torch._dynamo.config.cache_size_limit = 64
         for name, scheme in (("compiled host", None), ("compiled w8a16_decode", "w8a16_decode")):
             copy_ = copy.deepcopy(model)
@@ -160,7 +195,9 @@ def main() -> int:
     rows = []
     print(f"machine: {os.cpu_count()} cores, read bandwidth {bandwidth:.1f} GB/s, "
           f"kernels on {S.PARALLEL_BACKEND}")
-    print(f"Qwen3-0.6B-shaped, {args.layers} layers, fp32 host, prompt {PROMPT}, decode {NEW}")
+    shape = "Qwen3.5-shaped (class defaults, vocab 32768)" if qwen3_5 else "Qwen3-0.6B-shaped"
+    print(f"{machine()['cpu']}, tier {machine()['tier']}")
+    print(f"{shape}, {args.layers} layers, fp32 host, prompt {PROMPT}, decode {NEW}")
     print(f"{'arm':<24}{'seats':>6}{'refused':>8}{'prefill s':>11}{'vs host':>9}"
           f"{'decode tok/s':>14}{'vs host':>9}{'floor tok/s':>13}{'of floor':>10}"
           f"{'same tokens':>13}")
@@ -179,6 +216,8 @@ def main() -> int:
                "decode_speedup_vs_host": host_step / stp, "weight_bytes_per_token": nbytes,
                "floor_tok_s": floor_tps, "frac_of_floor": (1 / stp) / floor_tps,
                "greedy_tokens_same_as_host": same, "ledger": summary,
+               "prefill_seconds_by_round": prefills[name],
+               "decode_step_seconds_by_round": [s["decode_step_s"] for s in samples[name]],
                "bind_seconds": arm.get("bind_s", 0.0), "compiled": "model" in arm,
                "compile_seconds": arm.get("compile_s")}
         rows.append(row)
@@ -197,7 +236,20 @@ def main() -> int:
               f"seats {cw8['compile_seconds']:.1f}")
     else:
         goals = {}
-    result = {"machine": machine(), "compiled_goals": goals,
+    if qwen3_5:
+        proj, every_row = rows[1], rows[2]
+        goals = {"decode_every_family_vs_host": every_row["decode_speedup_vs_host"],
+                 "prefill_every_family_vs_host": every_row["prefill_vs_host"],
+                 "decode_every_family_vs_projections":
+                     every_row["decode_tok_s"] / proj["decode_tok_s"],
+                 "prefill_every_family_vs_projections":
+                     proj["prefill_seconds"] / every_row["prefill_seconds"]}
+        print(f"every family vs host: decode {goals['decode_every_family_vs_host']:.2f}x "
+              f"(goal >= 2.5x), prefill {goals['prefill_every_family_vs_host']:.2f}x "
+              f"(goal >= 1.3x); vs projections only: decode "
+              f"{goals['decode_every_family_vs_projections']:.2f}x, prefill "
+              f"{goals['prefill_every_family_vs_projections']:.2f}x")
+    result = {"machine": machine(), "host": args.host, "compiled_goals": goals,
               "read_bandwidth_gbps": bandwidth, "layers": args.layers, "prompt": PROMPT,
               "new_tokens": NEW, "rounds": args.rounds, "prefill_rounds": args.prefill_rounds,
               "rows": rows}

@@ -22,6 +22,7 @@ from torch import nn
 from . import _core, catalog, swap
 from . import receipt as receipts
 from .autoswap import notes_of, plan_observed
+from .function_seats import FunctionSeat
 from .observe import Forward, normalise_forwards, observe
 
 log = logging.getLogger("flashrt")
@@ -120,6 +121,14 @@ def _measurements(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != "torch"}
 
 
+def _held(swaps: dict[str, Any]) -> list[str]:
+    """What a unit's seats hold, for the arbiter: each module it replaces; a function seat
+    replaces no module, only the function its module calls, named `<module>:<structure>`
+    (Note [Unit arbitration]: it overlaps no module and no other function)."""
+    return sorted(f"{path}:{seat.seat.form.structure}" if isinstance(seat, FunctionSeat) else path
+                  for path, seat in swaps.items())
+
+
 def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: Forward,
                   want: torch.Tensor, kind: _core.OutputKind, rounds: int, iters: int,
                   min_speedup: float | None, floors: dict[str, float]) -> dict[str, Any]:
@@ -198,7 +207,7 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
             t = _measure_unit(model, swaps, unit, score, want, kind, rounds, iters, min_speedup,
                               floors)
             tried.setdefault(unit, {})[name] = t
-            if arbiter.offer(unit, name, t["verdict"], t["decision"], sorted(swaps)):
+            if arbiter.offer(unit, name, t["verdict"], t["decision"], _held(swaps)):
                 held[unit] = swaps  # the previous best's packs go with it
         del plan  # a losing candidate's packs go now
 

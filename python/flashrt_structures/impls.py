@@ -8,7 +8,7 @@ from . import _core
 
 # The packages this install's impls use.
 KNOWN_PACKAGES: tuple[str, ...] = ("flashrt/linear", "flashrt/ffn", "flashrt/decode",
-                                   "flashrt/gemm")
+                                   "flashrt/gemm", "flashrt/recurrent")
 
 
 def resolve(repo: str) -> _core.PackageResolution:

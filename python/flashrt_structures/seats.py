@@ -364,6 +364,11 @@ def build(model: nn.Module, plan: _core.SeatPlan,
     tensors = {operand: _operand(model, slot) for operand, slot in plan.slots.items()
                if not (adopted and operand in adopted)}
     seat = _core.build_seat(plan, tensors, adopted=adopted or {})  # attach sets its guard mode
+    if plan.op in (_core.OpKind.gated_delta, _core.OpKind.causal_conv1d):
+        from .function_seats import build_function_seat  # it builds on this module's classes
+        module: SeatModule = build_function_seat(model, plan, seat)
+        module.plan = plan
+        return module
     kind = BankSeat if plan.op == _core.OpKind.moe_ffn else SeatModule
     module = kind(plan.site, model.get_submodule(plan.site), seat)
     module.plan = plan

@@ -14,6 +14,7 @@ from torch import nn
 
 from . import _core
 from . import receipt as receipts
+from .function_seats import FunctionSeat
 from .seats import SeatModule, refusing
 
 log = logging.getLogger("flashrt")
@@ -153,6 +154,11 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
     if _active(root) is not None:
         raise ValueError("flashrt: a handle is already attached to this host; detach it first")
     placed = dict(placed or {})
+    # A function seat is not a module of the tree: it places its own dispatch (function_seats).
+    for path in [p for p, s in swaps.items() if isinstance(s, FunctionSeat)]:
+        fseat = cast(FunctionSeat, swaps[path])
+        placed[path] = (fseat, fseat.place, fseat.undo)
+    swaps = {p: s for p, s in swaps.items() if p not in placed}
     every = {**swaps, **{site: seat for site, (seat, _, _) in placed.items()}}
     for path, seat in every.items():
         ledger = seat.seat.ledger

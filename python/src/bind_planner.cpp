@@ -81,6 +81,28 @@ void bind_planner(nb::module_& m) {
       .def_rw("has_bias", &ExpertFacts::has_bias)
       .def_rw("router", &ExpertFacts::router);
 
+  nb::class_<RecurrenceFacts>(m, "RecurrenceFacts")
+      .def(nb::init<>())
+      .def_rw("form", &RecurrenceFacts::form)
+      .def_rw("k_heads", &RecurrenceFacts::k_heads)
+      .def_rw("v_heads", &RecurrenceFacts::v_heads)
+      .def_rw("k_dim", &RecurrenceFacts::k_dim)
+      .def_rw("v_dim", &RecurrenceFacts::v_dim)
+      .def_rw("l2norm", &RecurrenceFacts::l2norm)
+      .def_rw("functions", &RecurrenceFacts::functions)
+      .def_rw("other", &RecurrenceFacts::other);
+
+  nb::class_<ConvFacts>(m, "ConvFacts")
+      .def(nb::init<>())
+      .def_rw("channels", &ConvFacts::channels)
+      .def_rw("taps", &ConvFacts::taps)
+      .def_rw("groups", &ConvFacts::groups)
+      .def_rw("padding", &ConvFacts::padding)
+      .def_rw("has_bias", &ConvFacts::has_bias)
+      .def_rw("functions", &ConvFacts::functions)
+      .def_rw("activation", &ConvFacts::activation)
+      .def_rw("activated", &ConvFacts::activated);
+
   nb::class_<HostParam>(m, "HostParam")
       .def(nb::init<>())
       .def_rw("module", &HostParam::module)
@@ -106,6 +128,8 @@ void bind_planner(nb::module_& m) {
       .def_rw("seated", &HostModule::seated)
       .def_rw("experts", &HostModule::experts)
       .def_rw("router", &HostModule::router)
+      .def_rw("recurrence", &HostModule::recurrence)
+      .def_rw("conv", &HostModule::conv)
       .def_rw("children", &HostModule::children);
 
   nb::class_<HostCall>(m, "HostCall")

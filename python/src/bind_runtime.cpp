@@ -99,6 +99,58 @@ void bind_runtime(nb::module_& m) {
       .def_prop_ro("gated", [](const FfnSeat& s) { return s.gate() != nullptr; })
       .def_prop_ro("activation", &FfnSeat::activation);
 
+  // Function seats: a call's operands as the host's function received them; a tensor the
+  // binding cannot view (another dtype, another device) is a counted miss, not an exception.
+  nb::class_<GatedDeltaSeat, Seat>(m, "GatedDeltaSeat")
+      .def(
+          "call",
+          [](GatedDeltaSeat& s, nb::handle q, nb::handle k, nb::handle v, nb::handle g,
+             nb::handle beta, nb::handle initial_state, nb::handle out, nb::handle final_state,
+             bool l2norm, float scale, bool training) {
+            GatedDeltaCall c;
+            try {
+              c.q = view_of(q, "q");
+              c.k = view_of(k, "k");
+              c.v = view_of(v, "v");
+              c.g = view_of(g, "g");
+              c.beta = view_of(beta, "beta");
+              if (!initial_state.is_none()) c.initial_state = view_of(initial_state, "state");
+              c.out = view_of(out, "out");
+              c.final_state = view_of(final_state, "final state");
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            c.l2norm = l2norm;
+            c.scale = scale;
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.call(c, training));
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+          nb::arg("initial_state").none(), nb::arg("out"), nb::arg("final_state"),
+          nb::arg("l2norm"), nb::arg("scale"), nb::arg("training"));
+  nb::class_<ConvSeat, Seat>(m, "ConvSeat")
+      .def(
+          "call",
+          [](ConvSeat& s, nb::handle x, nb::handle weight, nb::handle bias, nb::handle state,
+             nb::handle y, std::optional<Activation> act, bool training) {
+            ConvCall c;
+            try {
+              c.x = view_of(x, "x");
+              c.weight = view_of(weight, "weight");
+              if (!bias.is_none()) c.bias = view_of(bias, "bias");
+              if (!state.is_none()) c.state = view_of(state, "state");
+              c.y = view_of(y, "y");
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            c.activated = act.has_value();
+            c.activation = act.value_or(Activation::silu);
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.call(c, training));
+          },
+          nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(), nb::arg("state").none(),
+          nb::arg("y"), nb::arg("activation").none(), nb::arg("training"));
+
   // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).
   m.def(

@@ -29,12 +29,15 @@ void bind_types(nb::module_& m) {
   bind_enum<OutputKind>(m, "OutputKind");
   bind_enum<NormForm>(m, "NormForm");
   bind_enum<RopeKind>(m, "RopeKind");
+  bind_enum<RecurrenceForm>(m, "RecurrenceForm");
   nb::enum_<ModuleKind>(m, "ModuleKind")
       .value("linear", ModuleKind::linear)
       .value("embedding", ModuleKind::embedding)
       .value("activation", ModuleKind::activation)
       .value("norm", ModuleKind::norm)
       .value("experts", ModuleKind::experts)
+      .value("recurrence", ModuleKind::recurrence)
+      .value("conv", ModuleKind::conv)
       .value("module", ModuleKind::module);
   nb::enum_<RouterForm>(m, "RouterForm")
       .value("unknown", RouterForm::unknown)

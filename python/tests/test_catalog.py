@@ -11,8 +11,8 @@ import pytest
 
 from flashrt_structures import _core, catalog
 
-SHIPPED = ["decoder_ffn", "encoder_ffn", "linear_proj", "lm_head", "modnorm_qkv_chain",
-           "moe_experts", "qkv_pack"]
+SHIPPED = ["causal_conv", "decoder_ffn", "encoder_ffn", "gated_delta_core", "linear_proj",
+           "lm_head", "modnorm_qkv_chain", "moe_experts", "qkv_pack"]
 
 
 def test_catalog_dir_is_inside_the_installed_package():
@@ -32,12 +32,16 @@ def test_each_spec_loads_with_a_distinct_digest():
     for name, spec in zip(SHIPPED, specs):
         assert spec.name == name
         assert spec.version == 1
-        assert spec.kind == "region"
         assert spec.reference
         assert re.fullmatch(r"[0-9a-f]{16}", spec.digest)
+        assert spec.gate.min_speedup == pytest.approx(1.02)
+        if spec.kind == "function":  # every token count, at the host's precision: no band
+            assert name in ("gated_delta_core", "causal_conv")
+            assert spec.dim("rows") is None and spec.dim("tokens") is not None
+            continue
+        assert spec.kind == "region"
         rows = spec.dim("rows")
         assert rows is not None and rows.decode_band and (rows.min, rows.max) == (1, 16)
-        assert spec.gate.min_speedup == pytest.approx(1.02)
         assert spec.outputs[0].dtype_of == "x"
     assert len({s.digest for s in specs}) == len(SHIPPED)
     assert catalog.shipped() is catalog.shipped()  # loaded once per process
@@ -79,7 +83,7 @@ def test_lm_head():
 
 def test_unknown_name_is_a_key_error_listing_the_known_ones():
     with pytest.raises(KeyError,
-                       match="attention_core.*decoder_ffn, encoder_ffn, linear_proj, lm_head"):
+                       match="attention_core.*encoder_ffn, gated_delta_core, linear_proj"):
         catalog.load("attention_core")
 
 

@@ -34,7 +34,8 @@ def counts(plan):
 
 
 def test_catalog_lists_the_shipped_structures():
-    assert S.list_structures() == ["decoder_ffn", "encoder_ffn", "linear_proj", "lm_head",
+    assert S.list_structures() == ["causal_conv", "decoder_ffn", "encoder_ffn",
+                                   "gated_delta_core", "linear_proj", "lm_head",
                                    "modnorm_qkv_chain", "moe_experts", "qkv_pack"]
 
 

@@ -13,6 +13,7 @@ from flashrt_structures.observe import observe
 from flashrt_structures.seats import BankSeat, SeatModule
 
 import decoder_hosts
+import gated_delta_hosts
 import hosts
 import moe_hosts
 
@@ -41,9 +42,10 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("make", [*moe_hosts.FAMILIES.values(), moe_hosts.gpt_oss, hosts.qwen3,
                                   hosts.llama, hosts.gemma, hosts.gpt2,
-                                  *decoder_hosts.FAMILIES.values()],
+                                  *decoder_hosts.FAMILIES.values(),
+                                  *gated_delta_hosts.FAMILIES.values()],
                          ids=[*moe_hosts.FAMILIES, "gpt_oss", "qwen3", "llama", "gemma", "gpt2",
-                              *decoder_hosts.FAMILIES])
+                              *decoder_hosts.FAMILIES, *gated_delta_hosts.FAMILIES])
 def test_every_weight_is_seated_kept_or_refused(make):
     """No parameter of two dimensions or more is silent: at the catalog's size and at size 1
     (every one, routers included), each is covered by a seat, a keep or a refusal; only the

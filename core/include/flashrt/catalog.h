@@ -62,7 +62,12 @@ struct GateSpec {
 // a bank of routed experts (a module of kind experts): its 3-D banks fill the slots gate, up
 // [experts, intermediate, hidden] and down [experts, hidden, intermediate], binding those dims,
 // and its measured gated form's activation must be one of its attribute's values.
-enum class NodeKind : int32_t { linear, activation, norm, experts };
+// A `recurrence` node is a module that calls a recurrence function (kind recurrence): it binds
+// the dims k_heads, v_heads, k_dim, v_dim and its measured form must be one of its attribute's
+// values. A `conv` node is a depthwise convolution module whose weight a convolution function is
+// called with (kind conv): it binds channels and taps, and the activation its calls ask for
+// ("none" for none) must be one of its attribute's values. Both seat a function (kind function).
+enum class NodeKind : int32_t { linear, activation, norm, experts, recurrence, conv };
 enum class FlowKind : int32_t { same_input, feeds, not_feeds, modulates };
 enum class SiteKind : int32_t { node, parent };
 
@@ -80,6 +85,12 @@ struct MatchNode {
   std::string experts_dim;
   bool optional = false;  // may stay unassigned (never the first node)
 };
+
+// The value a conv node's attribute takes for calls that ask for no activation.
+inline constexpr std::string_view kNoActivation = "none";
+
+// The dims a recurrence or conv node binds (the structure declares them); empty for the others.
+const std::vector<std::string>& node_dims(NodeKind kind);
 
 struct FlowEdge {
   FlowKind kind = FlowKind::feeds;
@@ -102,7 +113,7 @@ struct MatchSpec {
 struct StructureSpec {
   std::string name;
   int version = 0;
-  std::string kind;  // "region"
+  std::string kind;  // "region", or "function": a function the host module calls, at host precision
   std::string description;
   std::vector<DimSpec> dims;
   std::vector<TensorSpec> inputs, outputs, slots;
@@ -125,6 +136,9 @@ struct StructureSpec {
 // A weight form a scheme names: "int8" -> int8 per-channel, "int4_g32" -> int4 g32 symmetric.
 struct WeightForm {
   std::string name;  // the catalog's name for it
+  // No weight form: a function seat (kind function) computes at the host's own precision and
+  // reads its operands from each call; `format` and `group` mean nothing then.
+  bool host = false;
   WeightFormat format = WeightFormat::int8_channel;
   int group = 0;
   bool symmetric = true;

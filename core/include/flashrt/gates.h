@@ -86,7 +86,8 @@ int pick_candidate(const std::vector<UnitVerdict>& verdicts);
 // its modules is, holds or sits inside a module of a unit kept before it (offer order), and every
 // module of a unit that keeps nothing is refused with the unit's decision. A module some plan
 // refused and no unit decided is refused with the plans' reasons (each prefixed by its scheme
-// under gated auto). The door times and converts; it seats what settle() keeps.
+// under gated auto). The door times and converts; it seats what settle() keeps. A function seat
+// holds no module: the door names it `<module>:<structure>`, which overlaps nothing else.
 struct CandidateResult {
   std::string scheme;
   std::optional<UnitVerdict> verdict;  // none: the unit could not be measured

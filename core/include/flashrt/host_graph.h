@@ -19,7 +19,31 @@ enum class ModuleKind : int32_t {
   activation,  // a parameter-free elementwise nonlinearity; `activation` says which
   norm,        // a 1-D-weighted normalisation over the last dim; attributes say which form
   experts,     // a bank of routed experts: 3-D weights [experts, out, in]; `experts` says which
+  recurrence,  // a module whose forward calls a recurrence function; `recurrence` says which
+  conv,        // a depthwise 1-D convolution whose weight a convolution function is called with
   module,      // anything else (a container)
+};
+
+// A module that calls a recurrence function (transformers' linear-attention modules call
+// torch_chunk_gated_delta_rule for prompts and torch_recurrent_gated_delta_rule for one token).
+// Dims are the function's operands': q, k [batch, tokens, k_heads, k_dim], v [.., v_heads,
+// v_dim], the state [batch, v_heads, k_dim, v_dim].
+struct RecurrenceFacts {
+  RecurrenceForm form = RecurrenceForm::unknown;
+  int64_t k_heads = 0, v_heads = 0, k_dim = 0, v_dim = 0;
+  bool l2norm = false;                 // its calls ask for q, k l2-normalised inside the function
+  std::vector<std::string> functions;  // the functions of the module's namespace it calls
+  std::string other;                   // form other: what the measurement showed, for the refusal
+};
+
+// A depthwise convolution module (groups == channels) whose weight [channels, 1, taps] a causal
+// convolution function is called with (its own forward is never called).
+struct ConvFacts {
+  int64_t channels = 0, taps = 0, groups = 0, padding = 0;
+  bool has_bias = false;
+  std::vector<std::string> functions;           // the functions called with its weight
+  Activation activation = Activation::unknown;  // what its calls asked for (silu; none: unknown)
+  bool activated = false;                       // its calls ask for an activation
 };
 
 // A bank of routed experts (transformers' experts modules: gate_up_proj [E, 2F, D], down_proj
@@ -107,10 +131,12 @@ struct HostModule {
   // activation: what the door measured the module to compute (experts: its gated form's act,
   // unknown when act(gate) * up with none of the kernels' activations reproduced its calls).
   Activation activation = Activation::unknown;
-  ExpertFacts experts;  // kind experts
-  RouterFacts router;   // a bank's router, as measured on its own call
-  NormFacts norm;       // kind norm: its measured form and epsilon
-  RotaryFacts rotary;   // a rotary embedding; empty inv_freq otherwise
+  ExpertFacts experts;         // kind experts
+  RouterFacts router;          // a bank's router, as measured on its own call
+  NormFacts norm;              // kind norm: its measured form and epsilon
+  RecurrenceFacts recurrence;  // kind recurrence
+  ConvFacts conv;              // kind conv
+  RotaryFacts rotary;          // a rotary embedding; empty inv_freq otherwise
   // An embedding's call returns its rows times this (measured; Gemma scales by sqrt(hidden)),
   // 0 when its call is not its rows times one constant.
   double embed_scale = 1.0;

@@ -9,6 +9,7 @@
 #include <flashrt/tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,6 +88,10 @@ class Seat {
   void set_mode(GuardMode mode);  // swap.attach(on_guard_fail=...) sets it on a planned seat
 
  protected:
+  // Seat::run's contract for a seat whose call is not (x, y) (a function seat): training mode,
+  // owning thread and the seated dtype, then `refusal` ("" runs `execute`), all in the ledger.
+  Verdict run_call(bool training, DType dtype, const std::function<std::string()>& refusal,
+                   const std::function<void()>& execute);
   // The form checks of one call: "" when the kernel takes it, else the reason. `routing` is
   // run()'s (a seat that takes none refuses a call that brings one, and the other way round).
   virtual std::string refusal(const TensorView& x, const TensorView& y,
@@ -176,6 +181,69 @@ class MoeSeat : public Seat {
                       const Routing* routing) const override;
   void execute(const TensorView& x, const TensorView& y, const Routing* routing) override;
   ExpertBank bank_;
+};
+
+// One call of the gated delta rule as the host's module makes it (views of its own tensors): q, k
+// [batch, tokens, k_heads, k_dim], v [.., v_heads, v_dim], g (fp32) and beta [batch, tokens,
+// v_heads], the state it starts from [batch, v_heads, k_dim, v_dim] (fp32; none: zeros); out
+// [batch, tokens, v_heads, v_dim] in q's dtype and final_state (fp32, may be initial_state's
+// memory) are written, both contiguous.
+struct GatedDeltaCall {
+  TensorView q, k, v, g, beta;
+  std::optional<TensorView> initial_state;
+  TensorView out, final_state;
+  bool l2norm = false;  // q and k l2-normalised inside (eps 1e-6, as the host's reference)
+  float scale = 0;      // q's scale after the norm (1/sqrt(k_dim) in transformers)
+};
+
+// The seat of a module's gated delta rule (op gated_delta): it holds no weight; each call brings
+// its operands and the state lives with the host's cache. Dims are fixed at plan time.
+class GatedDeltaSeat : public Seat {
+ public:
+  GatedDeltaSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode,
+                 std::map<std::string, int64_t> dims)
+      : Seat(std::move(form), table, mode), dims_(std::move(dims)) {}
+  Verdict call(const GatedDeltaCall& c, bool training);
+  std::string call_refusal(const GatedDeltaCall& c) const;  // "" when the kernel takes it
+  int64_t nbytes() const override { return 0; }
+
+ private:
+  std::string refusal(const TensorView&, const TensorView&, const Routing*) const override {
+    return "the gated delta rule takes its own call (call())";
+  }
+  void execute(const TensorView&, const TensorView&, const Routing*) override {}
+  std::map<std::string, int64_t> dims_;
+};
+
+// One call of a causal depthwise convolution: x [batch, channels, tokens], weight [channels,
+// taps] (contiguous), bias [channels] or none, the state [batch, channels, state_len] read and
+// then updated in place (none: zeros before x), y [batch, channels, tokens]; any strides, one
+// dtype. `activation` silu, or none when !activated.
+struct ConvCall {
+  TensorView x, weight;
+  std::optional<TensorView> bias, state;
+  TensorView y;
+  bool activated = false;
+  Activation activation = Activation::silu;
+};
+
+// The seat of a depthwise convolution's function (op causal_conv1d), the weight read from each
+// call (the host hands its own).
+class ConvSeat : public Seat {
+ public:
+  ConvSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, int64_t channels,
+           int64_t taps)
+      : Seat(std::move(form), table, mode), channels_(channels), taps_(taps) {}
+  Verdict call(const ConvCall& c, bool training);
+  std::string call_refusal(const ConvCall& c) const;
+  int64_t nbytes() const override { return 0; }
+
+ private:
+  std::string refusal(const TensorView&, const TensorView&, const Routing*) const override {
+    return "a convolution takes its own call (call())";
+  }
+  void execute(const TensorView&, const TensorView&, const Routing*) override {}
+  int64_t channels_, taps_;
 };
 
 // The seat of the pack's module `index` (its position in SeatPlan.replaces, >= 1) at `site`.

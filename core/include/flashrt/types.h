@@ -50,7 +50,14 @@ enum class OpKind : int32_t {
   dense = FRT_OP_DENSE,
   moe_ffn = FRT_OP_MOE_FFN,
   capped_attention = FRT_OP_CAPPED_ATTENTION,
+  gated_delta = FRT_OP_GATED_DELTA,
+  causal_conv1d = FRT_OP_CAUSAL_CONV1D,
 };
+// The ops that replace a function a host module calls (its own arguments in, its own results
+// out) rather than the module: they read no packed weight and run at the host's precision.
+inline bool function_op(OpKind op) {
+  return op == OpKind::gated_delta || op == OpKind::causal_conv1d;
+}
 
 // How a gate scores a forward's output (DESIGN §7).
 enum class OutputKind : int32_t { values, distribution };
@@ -72,6 +79,11 @@ enum class RopeKind : int32_t {
   other
 };
 
+// What a module's recurrence computes, as the door measured it by calling the function the
+// module calls on inputs of its own: the gated delta rule (ABI frt_gated_delta_args), or another
+// recurrence (`other`).
+enum class RecurrenceForm : int32_t { unknown, gated_delta, other };
+
 const char* name_of(DType v);
 const char* name_of(Activation v);
 const char* name_of(WeightFormat v);
@@ -79,9 +91,10 @@ const char* name_of(OpKind v);
 const char* name_of(OutputKind v);
 const char* name_of(NormForm v);
 const char* name_of(RopeKind v);
+const char* name_of(RecurrenceForm v);
 
 // Every value of an enum with its name, in table order: the one definition bindings read (for
-// DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind).
+// DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind, RecurrenceForm).
 template <typename E>
 std::vector<std::pair<E, std::string_view>> enum_entries();
 
@@ -93,6 +106,7 @@ std::optional<OpKind> parse_op(std::string_view name);
 std::optional<OutputKind> parse_output_kind(std::string_view name);
 std::optional<NormForm> parse_norm_form(std::string_view name);
 std::optional<RopeKind> parse_rope_kind(std::string_view name);
+std::optional<RecurrenceForm> parse_recurrence_form(std::string_view name);
 std::string known_dtypes();
 std::string known_activations();
 std::string known_weight_formats();
@@ -100,6 +114,7 @@ std::string known_ops();
 std::string known_output_kinds();
 std::string known_norm_forms();
 std::string known_rope_kinds();
+std::string known_recurrence_forms();
 
 // The weight operands an op reads, by the ABI's names (frt_linear_args.w is "weight";
 // frt_ffn_args' gate, up, down); a region op's structure must have slots of these names.

@@ -30,7 +30,7 @@ using detail::YamlFields;
 constexpr std::array<std::string_view, 3> kDtypes = {"f32", "bf16", "i64"};
 constexpr std::array<std::string_view, 3> kPointSides = {"input", "output", "internal"};
 // Only regions so far; a stage pipeline has a different shape and would need its own parser.
-constexpr std::array<std::string_view, 1> kKinds = {"region"};
+constexpr std::array<std::string_view, 2> kKinds = {"region", "function"};
 
 template <size_t N>
 bool one_of(const std::array<std::string_view, N>& allowed, std::string_view value) {
@@ -300,17 +300,29 @@ class SpecParser : YamlFields {
     expect_map(nodes, "match.nodes", /*allow_empty=*/false);
     // The attribute a node's measured value must take: declared, and each allowed value one the
     // core names (an activation, or a norm form).
-    const auto node_attribute = [&](const YAML::Node& node, const std::string& field, bool norm) {
+    // (a recurrence form for a recurrence node; "none" also for a conv node, called without one).
+    enum class Values { activation, norm, recurrence, conv };
+    const auto node_attribute = [&](const YAML::Node& node, const std::string& field, Values kind) {
       const std::string a = text(require(node, field, "attribute"), child(field, "attribute"));
       if (!s.attributes.count(a))
         fail(child(field, "attribute"), "'" + a + "' is not a declared attribute");
       const std::vector<std::string>& values = s.attributes.at(a);
       for (size_t i = 0; i < values.size(); ++i) {
-        if (norm ? parse_norm_form(values[i]).has_value() : parse_activation(values[i]).has_value())
-          continue;
+        const std::string& v = values[i];
+        const bool known =
+            kind == Values::norm ? parse_norm_form(v).has_value()
+            : kind == Values::recurrence
+                ? parse_recurrence_form(v).has_value()
+                : parse_activation(v).has_value() || (kind == Values::conv && v == kNoActivation);
+        if (known) continue;
+        const std::string what = kind == Values::norm         ? "norm form"
+                                 : kind == Values::recurrence ? "recurrence form"
+                                                              : "activation";
+        const std::string list = kind == Values::norm         ? known_norm_forms()
+                                 : kind == Values::recurrence ? known_recurrence_forms()
+                                                              : known_activations();
         fail("attributes." + a + "[" + std::to_string(i) + "]",
-             (norm ? "unknown norm form '" : "unknown activation '") + values[i] +
-                 "' (known: " + (norm ? known_norm_forms() : known_activations()) + ")");
+             "unknown " + what + " '" + v + "' (known: " + list + ")");
       }
       return a;
     };
@@ -353,13 +365,13 @@ class SpecParser : YamlFields {
         if (kv.second["attribute"]) fail(child(field, "attribute"), "a linear node has none");
       } else if (kind == "activation") {
         n.kind = NodeKind::activation;
-        n.attribute = node_attribute(kv.second, field, /*norm=*/false);
+        n.attribute = node_attribute(kv.second, field, Values::activation);
         has_no_weight(kv.second, field, "an activation node");
       } else if (kind == "norm") {
         // A norm without affine parameters; its measured form ("layer", "rms") must be one of
         // the attribute's values.
         n.kind = NodeKind::norm;
-        n.attribute = node_attribute(kv.second, field, /*norm=*/true);
+        n.attribute = node_attribute(kv.second, field, Values::norm);
         has_no_weight(kv.second, field, "a norm node");
       } else if (kind == "experts") {
         // A bank of routed experts: gate and up [experts, intermediate, hidden], down [experts,
@@ -384,10 +396,22 @@ class SpecParser : YamlFields {
         n.out_dim = gate[1];
         n.in_dim = gate[2];
         n.weight_slot = n.bank_slots[0];
-        n.attribute = node_attribute(kv.second, field, /*norm=*/false);
+        n.attribute = node_attribute(kv.second, field, Values::activation);
         has_no_weight(kv.second, field, "an experts node");
+      } else if (kind == "recurrence" || kind == "conv") {
+        // A module whose function the seat replaces; the dims it binds are its kind's own.
+        const bool rec = kind == "recurrence";
+        n.kind = rec ? NodeKind::recurrence : NodeKind::conv;
+        n.attribute = node_attribute(kv.second, field, rec ? Values::recurrence : Values::conv);
+        has_no_weight(kv.second, field, "a " + kind + " node");
+        for (const std::string& dim : node_dims(n.kind))
+          if (s.dim(dim) == nullptr)
+            fail(field, "a " + kind + " node binds dim '" + dim + "', which dims does not declare");
+        if (s.kind != "function")
+          fail(field, "a " + kind + " node belongs to a function structure");
       } else {
-        fail(child(field, "kind"), "'" + kind + "' is not linear, activation, norm or experts");
+        fail(child(field, "kind"),
+             "'" + kind + "' is not linear, activation, norm, experts, recurrence or conv");
       }
       if (n.kind != NodeKind::experts)
         for (const char* k : {"gate", "up", "down"})
@@ -396,12 +420,18 @@ class SpecParser : YamlFields {
     }
     if (m.site == SiteKind::node && m.nodes.size() != 1)
       fail("match.site", "site 'node' needs exactly one node");
-    // A seam is seated through its weights: a pattern without a weight node (a projection or a
-    // bank) has nothing to pack, and its weight dtype and rows come from the first one.
-    if (std::none_of(m.nodes.begin(), m.nodes.end(), [](const MatchNode& n) {
-          return n.kind == NodeKind::linear || n.kind == NodeKind::experts;
-        }))
+    // A region is seated through its weights: a pattern without a weight node (a projection or a
+    // bank) has nothing to pack, and its weight dtype and rows come from the first one. A
+    // function structure is one recurrence or conv node at its site.
+    if (s.kind == "function") {
+      if (m.nodes.size() != 1 ||
+          (m.nodes[0].kind != NodeKind::recurrence && m.nodes[0].kind != NodeKind::conv))
+        fail("match.nodes", "a function structure is one recurrence or conv node");
+    } else if (std::none_of(m.nodes.begin(), m.nodes.end(), [](const MatchNode& n) {
+                 return n.kind == NodeKind::linear || n.kind == NodeKind::experts;
+               })) {
       fail("match.nodes", "needs at least one linear or experts node");
+    }
     if (const YAML::Node flow = node["flow"]) {
       if (!flow.IsSequence()) fail("match.flow", "expected a list of relations");
       for (size_t i = 0; i < flow.size(); ++i) {
@@ -530,6 +560,12 @@ const DimSpec* StructureSpec::dim(std::string_view dim_name) const {
     if (d.name == dim_name) return &d;
   }
   return nullptr;
+}
+
+const std::vector<std::string>& node_dims(NodeKind kind) {
+  static const std::vector<std::string> kRecurrence = {"k_heads", "v_heads", "k_dim", "v_dim"},
+                                        kConv = {"channels", "taps"}, kNone = {};
+  return kind == NodeKind::recurrence ? kRecurrence : kind == NodeKind::conv ? kConv : kNone;
 }
 
 const MatchNode* MatchSpec::node(std::string_view node_name) const {

@@ -339,9 +339,12 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(llama.linear_package, "flashrt/linear");
   EXPECT_EQ(llama.ffn_package, "flashrt/ffn");
   // Only decode_loop needs the binding's packages: the catalog loads without flashrt/decode.
-  EXPECT_TRUE(c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm"}).empty());
+  EXPECT_TRUE(
+      c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm", "flashrt/recurrent"})
+          .empty());
   // flashrt/ffn not visible: every rung on it is named, decoder_ffn's among them.
-  const std::vector<std::string> missing = c.missing_packages({"flashrt/linear", "flashrt/gemm"});
+  const std::vector<std::string> missing =
+      c.missing_packages({"flashrt/linear", "flashrt/gemm", "flashrt/recurrent"});
   ASSERT_FALSE(missing.empty());
   bool decoder_ffn_named = false;
   for (const std::string& m : missing) {
@@ -577,7 +580,7 @@ TEST_F(CatalogFiles, NormNodesOptionalNodesAndModulatesAreCheckedAtLoad) {
                         "proj: {kind: linear, weight: weight, optional: true}"),
                "match.nodes.proj.optional", "the first node is not");
   expect_error(replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
-               "'layernorm' is not linear, activation, norm or experts");
+               "'layernorm' is not linear, activation, norm, experts, recurrence or conv");
   expect_error(replaced(with_norm, "site: parent", "site: parent\n  siblings: maybe"),
                "match.siblings", "");
 }

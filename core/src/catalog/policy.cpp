@@ -338,6 +338,18 @@ void check_ladders(const Catalog& c, const fs::path& root) {
                             "' has nodes of other kinds");
         continue;
       }
+      // A function op replaces the function a recurrence or conv node calls: no slots, no
+      // activation of its own to check.
+      const bool function_node =
+          spec.kind == "function" && !spec.match.nodes.empty() &&
+          (spec.match.nodes[0].kind == NodeKind::recurrence) == (r.op == OpKind::gated_delta) &&
+          (spec.match.nodes[0].kind == NodeKind::conv) == (r.op == OpKind::causal_conv1d);
+      if (function_op(r.op) || spec.kind == "function") {
+        if (!function_op(r.op) || !function_node)
+          f.fail(field, std::string("op '") + name_of(r.op) + "' does not replace the function '" +
+                            structure + "' describes");
+        continue;
+      }
       if (op_weight_operands(r.op).empty())
         f.fail(field, std::string("'") + name_of(r.op) + "' is not an op a seat runs");
       for (const std::string& operand : op_weight_operands(r.op)) {
@@ -399,6 +411,7 @@ void load_policy(Catalog& c, const std::string& dir) {
 }  // namespace detail
 
 std::string WeightForm::describe() const {
+  if (host) return "host precision";
   if (format == WeightFormat::int8_channel) return "int8 per-channel";
   if (format == WeightFormat::int8_gemm)
     return group > 0 ? "int8 per-channel, activations int8 per " + std::to_string(group)

@@ -32,6 +32,28 @@ std::string bank_shape(const HostModule& m) {
   return out;
 }
 
+// The dims a recurrence or conv node binds, from the module's facts (node_dims' order).
+std::vector<int64_t> function_dims(const HostModule& m, NodeKind kind) {
+  if (kind == NodeKind::recurrence) {
+    const RecurrenceFacts& r = m.recurrence;
+    return {r.k_heads, r.v_heads, r.k_dim, r.v_dim};
+  }
+  return {m.conv.channels, m.conv.taps};
+}
+
+bool function_node(NodeKind kind) { return kind == NodeKind::recurrence || kind == NodeKind::conv; }
+
+// "q/k 16x128, v 32x128" (heads x dim) or "conv 6144 channels x 4 taps": a function seam as
+// refusals and explain quote it.
+std::string function_shape(const HostModule& m) {
+  if (m.kind == ModuleKind::recurrence) {
+    const RecurrenceFacts& r = m.recurrence;
+    return "q/k " + std::to_string(r.k_heads) + "x" + std::to_string(r.k_dim) + ", v " +
+           std::to_string(r.v_heads) + "x" + std::to_string(r.v_dim);
+  }
+  return std::to_string(m.conv.channels) + " channels x " + std::to_string(m.conv.taps) + " taps";
+}
+
 // The observed calls by module path, built once per discovery: the matcher asks for them at
 // every step of its search.
 class CallIndex {
@@ -106,6 +128,8 @@ class Matcher {
     if (n.kind == NodeKind::activation) return m.kind == ModuleKind::activation;
     if (n.kind == NodeKind::norm) return m.kind == ModuleKind::norm;
     if (n.kind == NodeKind::experts) return m.kind == ModuleKind::experts;
+    if (n.kind == NodeKind::recurrence) return m.kind == ModuleKind::recurrence;
+    if (n.kind == NodeKind::conv) return m.kind == ModuleKind::conv;
     return m.kind == ModuleKind::linear &&
            (!n.output_head || (!g_.output_head.empty() && m.path == g_.output_head));
   }
@@ -148,6 +172,11 @@ class Matcher {
         ok = bind_dim(n.experts_dim, m->experts.experts, bound) &&
              bind_dim(n.out_dim, m->experts.intermediate, bound) &&
              bind_dim(n.in_dim, m->experts.hidden, bound);
+      else if (function_node(n.kind)) {
+        const std::vector<int64_t> values = function_dims(*m, n.kind);
+        for (size_t j = 0; j < values.size() && ok; ++j)
+          ok = bind_dim(node_dims(n.kind)[j], values[j], bound);
+      }
       a[n.name] = m;
       for (const FlowEdge& e : spec_.match.flow) {
         if (!ok) break;
@@ -176,6 +205,8 @@ std::string shape_text(const StructureSpec& spec, const Assignment& a) {
   size_t linears = 0;
   for (const MatchNode& n : spec.match.nodes)
     if (n.kind == NodeKind::experts && a.count(n.name)) return bank_shape(*a.at(n.name));
+  for (const MatchNode& n : spec.match.nodes)
+    if (function_node(n.kind) && a.count(n.name)) return function_shape(*a.at(n.name));
   for (const MatchNode& n : spec.match.nodes) {
     if (n.kind != NodeKind::linear || !a.count(n.name)) continue;
     ++linears;
@@ -275,14 +306,32 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
              std::to_string(FRT_MAX_TOP_K) + " (" + shape + ")";
   }
   for (const MatchNode& n : spec.match.nodes) {
+    if (n.kind != NodeKind::conv || !a.count(n.name)) continue;
+    const ConvFacts& c = a.at(n.name)->conv;
+    if (c.groups != c.channels)
+      return "a convolution of " + std::to_string(c.groups) + " groups over " +
+             std::to_string(c.channels) + " channels (" + shape + "); the op is depthwise";
+    if (c.functions.empty())
+      return "its weight was never handed to a convolution function in the observed forward (" +
+             shape + ")";
+  }
+  for (const MatchNode& n : spec.match.nodes) {
     if (n.kind == NodeKind::linear || !a.count(n.name)) continue;
     const std::vector<std::string>& allowed = spec.attributes.at(n.attribute);
     const HostModule& m = *a.at(n.name);
-    const std::string got = n.kind == NodeKind::norm ? name_of(m.norm.form) : name_of(m.activation);
+    const std::string got =
+        n.kind == NodeKind::norm         ? name_of(m.norm.form)
+        : n.kind == NodeKind::recurrence ? name_of(m.recurrence.form)
+        : n.kind == NodeKind::conv && !m.conv.activated
+            ? std::string(kNoActivation)
+            : name_of(n.kind == NodeKind::conv ? m.conv.activation : m.activation);
     if (std::find(allowed.begin(), allowed.end(), got) == allowed.end()) {
       std::string set;
       for (const std::string& v : allowed) set += (set.empty() ? "" : ", ") + v;
-      return n.attribute + " '" + got + "' outside {" + set + "} (" + shape + ")";
+      std::string why = n.attribute + " '" + got + "' outside {" + set + "} (" + shape + ")";
+      if (n.kind == NodeKind::recurrence && !m.recurrence.other.empty())
+        why += ": " + m.recurrence.other;
+      return why;
     }
   }
   for (const auto& [name, value] : dims) {
@@ -350,6 +399,13 @@ Seam make_seam(const CallIndex& calls, const StructureSpec& spec, const Assignme
       s.weight_count += 3 * e.experts * e.intermediate * e.hidden;
       continue;
     }
+    if (function_node(n.kind)) {
+      first_linear = &m;
+      if (n.kind == NodeKind::conv) s.activation = m.conv.activation;
+      const std::vector<int64_t> values = function_dims(m, n.kind);
+      for (size_t j = 0; j < values.size(); ++j) s.dims[node_dims(n.kind)[j]] = values[j];
+      continue;
+    }
     if (n.kind != NodeKind::linear) continue;
     if (first_linear == nullptr) first_linear = &m;
     s.slots[n.weight_slot] = m.path;
@@ -377,6 +433,8 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
     const bool kind_ok = lead.kind == NodeKind::linear       ? m.kind == ModuleKind::linear
                          : lead.kind == NodeKind::activation ? m.kind == ModuleKind::activation
                          : lead.kind == NodeKind::experts    ? m.kind == ModuleKind::experts
+                         : lead.kind == NodeKind::recurrence ? m.kind == ModuleKind::recurrence
+                         : lead.kind == NodeKind::conv       ? m.kind == ModuleKind::conv
                                                              : m.kind == ModuleKind::norm;
     if (!kind_ok || (lead.output_head && (g.output_head.empty() || m.path != g.output_head)))
       continue;
@@ -385,10 +443,12 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
     if (match.nodes.size() == 1 && calls.of(m.path).empty()) {
       if (match.always_claims) claimed.insert(m.path);
       if (wanted)
-        out.refused.emplace_back(
-            m.path, spec.name + ": " +
-                        (m.kind == ModuleKind::experts ? bank_shape(m) : weight_shape(m)) +
-                        " never called in the observed forward, no form to qualify");
+        out.refused.emplace_back(m.path,
+                                 spec.name + ": " +
+                                     (m.kind == ModuleKind::experts ? bank_shape(m)
+                                      : function_node(lead.kind)    ? function_shape(m)
+                                                                    : weight_shape(m)) +
+                                     " never called in the observed forward, no form to qualify");
       continue;
     }
     Matcher matcher(g, calls, spec, claimed);
@@ -405,6 +465,9 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
         dims[n.experts_dim] = a.at(n.name)->experts.experts;
         dims[n.out_dim] = a.at(n.name)->experts.intermediate;
         dims[n.in_dim] = a.at(n.name)->experts.hidden;
+      } else if (function_node(n.kind) && a.count(n.name)) {
+        const std::vector<int64_t> values = function_dims(*a.at(n.name), n.kind);
+        for (size_t j = 0; j < values.size(); ++j) dims[node_dims(n.kind)[j]] = values[j];
       }
     std::string site =
         match.site == SiteKind::node ? a.at(lead.name)->path : parent_of(a.at(lead.name)->path);

@@ -190,6 +190,85 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
   return out;
 }
 
+// The package of a ladder rung, or nullptr with the step aside recorded (and, once per package,
+// its loader's report in the plan).
+const frt_kernel_table* rung_table(KernelHub& hub, const Rung& rung, const std::string& impl,
+                                   std::vector<std::string>& steps,
+                                   std::set<std::string>& unavailable_noted, Plan& p) {
+  const PackageResolution& r = hub.resolve(rung.package);
+  if (r.table != nullptr) return r.table;
+  steps.push_back(impl + ": kernel package " + rung.package + " unavailable");
+  if (unavailable_noted.insert(rung.package).second)
+    for (const UnavailableEntry& e : hub.unavailable_report())
+      if (e.repo == rung.package) p.kernel_unavailable.push_back(e);
+  return nullptr;
+}
+
+// A function seam (kind function: the gated delta rule, a causal convolution): no weight form,
+// so no scheme decides it; it is seated at the host's precision wherever the ladder's package
+// takes its dims and dtype, and serves every token count (a prompt and a decode step alike).
+void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const Seam& seam,
+                        KernelHub& hub, std::set<std::string>& unavailable_noted, Plan& p) {
+  const std::string where = seam.structure + " " + seam.shape;
+  const DType act = seam.act_dtype.value_or(seam.weight_dtype);
+  const std::vector<DType>& act_dtypes = spec.inputs.front().dtypes;
+  if (!allows(act_dtypes, act)) {
+    p.refused.emplace_back(seam.site, where + ": activations " + std::string(name_of(act)) +
+                                          " in the observed forward; impls take " +
+                                          dtype_list(act_dtypes));
+    return;
+  }
+  WeightForm form;
+  form.name = "host";
+  form.host = true;
+  form.tag = name_of(act);
+  SeatPlan base;
+  base.seam = seam;
+  base.site = seam.site;
+  base.replaces = {seam.site};
+  base.form = form;
+  base.band_min = 1;
+  base.band_max = kUnboundedRows;
+  base.activation = seam.activation;
+  base.act_dtype = act;
+  frt_op_desc d{};
+  d.x_dtype = d.y_dtype = abi_dtype(act);
+  const auto dim = [&](const char* name) {
+    const auto it = seam.dims.find(name);
+    return it == seam.dims.end() ? int64_t{0} : it->second;
+  };
+  std::vector<std::string> steps;
+  for (const Rung& rung : catalog.ladder(seam.structure)) {
+    const std::string impl = rung.impl + "_" + form.tag;
+    const frt_kernel_table* table = rung_table(hub, rung, impl, steps, unavailable_noted, p);
+    if (table == nullptr) continue;
+    d.op = static_cast<int32_t>(rung.op);
+    if (rung.op == OpKind::gated_delta) {
+      d.k = dim("k_dim");
+      d.n = dim("v_dim");
+    } else {
+      d.n = dim("channels");
+      d.k = dim("taps");
+      d.act = seam.activation == Activation::unknown ? -1 : static_cast<int32_t>(seam.activation);
+    }
+    if (std::string why = form_refusal(*table, d); !why.empty()) {
+      steps.push_back(impl + ": " + why);
+      continue;
+    }
+    SeatPlan seat = base;
+    seat.package = rung.package;
+    seat.op = rung.op;
+    seat.impl = impl;
+    seat.ladder = steps;
+    p.seats.push_back(std::move(seat));
+    return;
+  }
+  std::string why = where + ": no impl qualifies";
+  if (catalog.ladder(seam.structure).empty()) why += "; the catalog declares no ladder";
+  for (const std::string& step : steps) why += "; " + step;
+  p.refused.emplace_back(seam.site, why);
+}
+
 // What an adopted checkpoint says of one seam: its linear nodes' own forms, or its bank's.
 struct SourceVerdict {
   std::optional<WeightForm> form;  // the first node's form (all of them when !mixed)
@@ -302,14 +381,23 @@ std::string dims_text(const std::vector<int64_t>& shape) {
 // module's subtree): a bank's router is kept at host precision with the reason, anything else
 // refused as described by no structure, with the holding module's type and the shape.
 void account_weights(const HostGraph& g, int64_t min_elements, Plan& p) {
+  // A decision about a module's recurrence function is not one about its projections: it
+  // covers no weight below it.
+  const auto decides_weights = [&](const std::string& site) {
+    const HostModule* m = g.find(site);
+    return m == nullptr || m->kind != ModuleKind::recurrence;
+  };
   std::vector<std::string> covered;
   for (const SeatPlan& s : p.seats) {
+    if (!decides_weights(s.site)) continue;
     covered.push_back(s.site);
     covered.insert(covered.end(), s.replaces.begin(), s.replaces.end());
     for (const auto& [_, slot] : s.slots) covered.push_back(slot.module);
   }
-  for (const auto& [site, _] : p.keep_host) covered.push_back(site);
-  for (const auto& [site, _] : p.refused) covered.push_back(site);
+  for (const auto& [site, _] : p.keep_host)
+    if (decides_weights(site)) covered.push_back(site);
+  for (const auto& [site, _] : p.refused)
+    if (decides_weights(site)) covered.push_back(site);
   const std::map<std::string, std::string> bank_of_router = routers(g);
   for (const HostParam& w : g.params) {
     if (w.elements < min_elements) continue;
@@ -382,6 +470,15 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       for (const MatchNode& n : spec.match.nodes)
         if (seam.nodes.count(n.name)) p.keep_host.emplace_back(seam.nodes.at(n.name), why);
     };
+    if (spec.kind == "function") {
+      // No form of its own: seated under any scheme that seats something (a scheme giving no
+      // structure a form, the host-only baseline, seats nothing).
+      if (!adopting && p.scheme.formats.empty())
+        keep("scheme '" + p.scheme.name + "' seats nothing; " + where + " stays with the host");
+      else
+        plan_function_seam(catalog, spec, seam, hub, unavailable_noted, p);
+      continue;
+    }
     std::optional<WeightForm> source_form;
     bool mixed_source = false;
     if (adopting) {
@@ -478,14 +575,8 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     bool seated = false;
     for (const Rung& rung : catalog.ladder(seam.structure)) {
       const std::string impl = rung.impl + "_" + form.tag;
-      const PackageResolution& r = hub.resolve(rung.package);
-      if (r.table == nullptr) {
-        steps.push_back(impl + ": kernel package " + rung.package + " unavailable");
-        if (unavailable_noted.insert(rung.package).second)
-          for (const UnavailableEntry& e : hub.unavailable_report())
-            if (e.repo == rung.package) p.kernel_unavailable.push_back(e);
-        continue;
-      }
+      const frt_kernel_table* table = rung_table(hub, rung, impl, steps, unavailable_noted, p);
+      if (table == nullptr) continue;
       if (mixed_source && rung.op != OpKind::linear) {
         steps.push_back(impl +
                         ": the checkpoint holds the region's projections in different forms");
@@ -494,7 +585,7 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       std::vector<Candidate> cs = candidates(graph, spec, seam, rung, form, act, *band, options);
       std::string why;
       for (const Candidate& c : cs)
-        if (why.empty()) why = form_refusal(*r.table, c.desc);
+        if (why.empty()) why = form_refusal(*table, c.desc);
       if (!why.empty()) {
         steps.push_back(impl + ": " + why);
         continue;

@@ -866,5 +866,126 @@ TEST(Plan, EveryLargeWeightIsSeatedKeptOrRefusedNeverSilent) {
   EXPECT_EQ(find(chosen.refused, "adapter"), chosen.refused.end());
 }
 
+// A linear-attention layer under `p`: its module calls the gated delta rule (measured `form`,
+// the dims its calls showed) and hands its depthwise convolution's weight to a convolution
+// function; its projections around them are ordinary linears.
+GraphBuilder linear_attention(RecurrenceForm form, bool conv_called = true, int64_t groups = 0) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  const std::string p = "layers.0.linear_attn";
+  HostModule& m = b.module(p, ModuleKind::recurrence);
+  m.recurrence.form = form;
+  m.recurrence.k_heads = 16;
+  m.recurrence.v_heads = 32;
+  m.recurrence.k_dim = m.recurrence.v_dim = 128;
+  m.recurrence.l2norm = true;
+  if (form == RecurrenceForm::other) m.recurrence.other = "it differs by 0.5 on a probe";
+  b.call(p, b.next_id, b.next_id + 1, 12);
+  b.next_id += 2;
+  HostModule& c = b.module(p + ".conv1d", ModuleKind::conv);
+  c.conv.channels = 8192;
+  c.conv.taps = 4;
+  c.conv.groups = groups == 0 ? 8192 : groups;
+  c.conv.activated = true;
+  c.conv.activation = Activation::silu;
+  if (conv_called) {
+    c.conv.functions = {"modeling.causal_conv1d_fn"};
+    b.call(p + ".conv1d", b.next_id, b.next_id + 1, 12);
+    b.next_id += 2;
+  }
+  b.linear(p + ".in_proj_qkv", 2048, 8192);
+  b.call(p + ".in_proj_qkv", b.next_id, b.next_id + 1, 12);
+  b.next_id += 2;
+  b.g.params.push_back({p + ".in_proj_qkv", "weight", {8192, 2048}, 8192 * 2048});
+  return b;
+}
+
+TEST(Plan, FunctionSeamsAreSeatedAtHostPrecisionUnderEveryScheme) {
+  for (const char* scheme : {"w8a16_decode", "w4a8_decode", "w8a8_all"}) {
+    PlanOptions o;
+    o.scheme = scheme;
+    o.structures = {"gated_delta_core", "causal_conv"};
+    const Plan p = plan(linear_attention(RecurrenceForm::gated_delta).g, catalog(), o, hub());
+    ASSERT_EQ(p.seats.size(), 2u) << explain(p);
+    for (const SeatPlan& s : p.seats) {
+      EXPECT_TRUE(s.form.host);
+      EXPECT_EQ(s.form.describe(), "host precision");
+      EXPECT_EQ(s.package, "flashrt/recurrent");
+      EXPECT_EQ(s.band_min, 1);
+      EXPECT_EQ(s.band_max, kUnboundedRows);
+      EXPECT_TRUE(s.slots.empty());
+      if (s.op == OpKind::gated_delta) {
+        EXPECT_EQ(s.site, "layers.0.linear_attn");
+        EXPECT_EQ(s.impl, "gated_delta_f32");
+        EXPECT_EQ(s.seam.dims.at("v_heads"), 32);
+        EXPECT_EQ(s.seam.dims.at("k_dim"), 128);
+      } else {
+        EXPECT_EQ(s.op, OpKind::causal_conv1d);
+        EXPECT_EQ(s.site, "layers.0.linear_attn.conv1d");
+        EXPECT_EQ(s.activation, Activation::silu);
+        EXPECT_EQ(s.seam.dims.at("taps"), 4);
+      }
+    }
+    EXPECT_NE(explain(p).find("gated_delta_core q/k 16x128, v 32x128 -> gated_delta_f32"),
+              std::string::npos)
+        << explain(p);
+  }
+}
+
+TEST(Plan, SchemeNoneKeepsTheFunctionSeamsWithTheHost) {
+  PlanOptions o;
+  o.scheme = "none";
+  o.structures = {"gated_delta_core", "causal_conv"};
+  const Plan p = plan(linear_attention(RecurrenceForm::gated_delta).g, catalog(), o, hub());
+  EXPECT_TRUE(p.seats.empty()) << explain(p);
+  ASSERT_EQ(p.keep_host.size(), 2u) << explain(p);
+  for (const auto& [site, why] : p.keep_host)
+    EXPECT_NE(why.find("scheme 'none' seats nothing"), std::string::npos) << why;
+}
+
+TEST(Plan, AnotherRecurrenceOrConvolutionIsRefusedByFormAndShape) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.structures = {"gated_delta_core", "causal_conv"};
+  const Plan p = plan(linear_attention(RecurrenceForm::other).g, catalog(), o, hub());
+  ASSERT_EQ(p.refused.size(), 1u) << explain(p);
+  EXPECT_EQ(p.refused[0].first, "layers.0.linear_attn");
+  EXPECT_NE(p.refused[0].second.find("gated_delta_core: form 'other' outside {gated_delta} (q/k "
+                                     "16x128, v 32x128): it differs by 0.5 on a probe"),
+            std::string::npos)
+      << p.refused[0].second;
+  // A grouped (not depthwise) convolution, and one no function was handed.
+  const Plan grouped =
+      plan(linear_attention(RecurrenceForm::gated_delta, true, 4).g, catalog(), o, hub());
+  bool named = false;
+  for (const auto& [site, why] : grouped.refused)
+    named |= site == "layers.0.linear_attn.conv1d" &&
+             why.find("a convolution of 4 groups over 8192 channels") != std::string::npos;
+  EXPECT_TRUE(named) << explain(grouped);
+  const Plan never =
+      plan(linear_attention(RecurrenceForm::gated_delta, false).g, catalog(), o, hub());
+  named = false;
+  for (const auto& [site, why] : never.refused)
+    named |= site == "layers.0.linear_attn.conv1d" &&
+             why.find("8192 channels x 4 taps never called") != std::string::npos;
+  EXPECT_TRUE(named) << explain(never);
+}
+
+TEST(Plan, ARecurrenceDecisionCoversNoWeightBelowIt) {
+  // A refused rule at the module must not account for the projections inside it.
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.structures = {};
+  GraphBuilder b = linear_attention(RecurrenceForm::other);
+  b.module("layers.0.linear_attn.adapter", ModuleKind::module);  // described by nothing
+  b.g.params.push_back({"layers.0.linear_attn.adapter", "lora_a", {1024, 1024}, 1024 * 1024});
+  const Plan p = plan(b.g, catalog(), o, hub());
+  bool named = false;
+  for (const auto& [site, why] : p.refused)
+    named |= site == "layers.0.linear_attn.adapter" &&
+             why.find("no catalog structure describes it") != std::string::npos;
+  EXPECT_TRUE(named) << explain(p, true);
+}
+
 }  // namespace
 }  // namespace frt

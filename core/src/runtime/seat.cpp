@@ -76,6 +76,21 @@ Verdict Seat::run(const TensorView& x, const TensorView& y, bool training, const
   return Verdict::ran;
 }
 
+Verdict Seat::run_call(bool training, DType dtype, const std::function<std::string()>& refusal,
+                       const std::function<void()>& execute) {
+  if (training) return miss("training mode");
+  if (std::this_thread::get_id() != owner_) return miss("called from a second thread");
+  if (dtype != form_.dtype)
+    return miss(std::string("input dtype ") + dtype_name(dtype) + ", seated for " +
+                dtype_name(form_.dtype));
+  if (std::string why = refusal(); !why.empty()) return miss(why);
+  execute();
+  std::lock_guard lock(mu_);
+  ++ledger_.calls;
+  ledger_.consecutive_fallbacks = 0;
+  return Verdict::ran;
+}
+
 GuardMode Seat::mode() const {
   std::lock_guard lock(mu_);
   return mode_;
@@ -392,6 +407,23 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
     return std::make_unique<LinearSeat>(form, table, mode, std::move(w), std::move(b));
   }
   if (plan.op == OpKind::moe_ffn) return build_bank(plan, tensors, adopted, table, mode, form);
+  if (function_op(plan.op)) {
+    // A function seat reads its operands from each call; it packs nothing.
+    const auto dim = [&](const char* name) {
+      const auto it = plan.seam.dims.find(name);
+      if (it == plan.seam.dims.end())
+        throw InvalidArgument("seat " + plan.site + ": the plan binds no dim " + name);
+      return it->second;
+    };
+    form.weights = plan.form.describe();
+    if (plan.op == OpKind::gated_delta) {
+      form.width = dim("k_heads") * dim("k_dim");
+      form.out = dim("v_heads") * dim("v_dim");
+      return std::make_unique<GatedDeltaSeat>(form, table, mode, plan.seam.dims);
+    }
+    form.width = form.out = dim("channels");
+    return std::make_unique<ConvSeat>(form, table, mode, dim("channels"), dim("taps"));
+  }
   if (plan.op != OpKind::gated_ffn && plan.op != OpKind::ffn)
     throw InvalidArgument("seat " + plan.site + ": op " + name_of(plan.op) + " is not a seat op");
   std::optional<PackedLinear> gate;

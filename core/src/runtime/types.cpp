@@ -25,15 +25,17 @@ constexpr Table<WeightFormat, 5> kFormats{{{WeightFormat::int8_channel, "int8_ch
                                            {WeightFormat::int8_group, "int8_group"},
                                            {WeightFormat::int8_gemm, "int8_gemm"},
                                            {WeightFormat::int4_gemm, "int4_gemm"}}};
-constexpr Table<OpKind, 9> kOps{{{OpKind::linear, "linear"},
-                                 {OpKind::gated_ffn, "gated_ffn"},
-                                 {OpKind::ffn, "ffn"},
-                                 {OpKind::rmsnorm, "rmsnorm"},
-                                 {OpKind::rotary, "rotary"},
-                                 {OpKind::attention, "attention"},
-                                 {OpKind::dense, "dense"},
-                                 {OpKind::moe_ffn, "moe_ffn"},
-                                 {OpKind::capped_attention, "capped_attention"}}};
+constexpr Table<OpKind, 11> kOps{{{OpKind::linear, "linear"},
+                                  {OpKind::gated_ffn, "gated_ffn"},
+                                  {OpKind::ffn, "ffn"},
+                                  {OpKind::rmsnorm, "rmsnorm"},
+                                  {OpKind::rotary, "rotary"},
+                                  {OpKind::attention, "attention"},
+                                  {OpKind::dense, "dense"},
+                                  {OpKind::moe_ffn, "moe_ffn"},
+                                  {OpKind::capped_attention, "capped_attention"},
+                                  {OpKind::gated_delta, "gated_delta"},
+                                  {OpKind::causal_conv1d, "causal_conv1d"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};
 constexpr Table<NormForm, 5> kNormForms{{{NormForm::unknown, "unknown"},
@@ -49,6 +51,9 @@ constexpr Table<RopeKind, 8> kRopeKinds{{{RopeKind::plain, "default"},
                                          {RopeKind::llama3, "llama3"},
                                          {RopeKind::proportional, "proportional"},
                                          {RopeKind::other, "other"}}};
+constexpr Table<RecurrenceForm, 3> kRecurrenceForms{{{RecurrenceForm::unknown, "unknown"},
+                                                     {RecurrenceForm::gated_delta, "gated_delta"},
+                                                     {RecurrenceForm::other, "other"}}};
 
 template <typename E, size_t N>
 const char* name_in(const Table<E, N>& t, E v) {
@@ -80,6 +85,7 @@ const char* name_of(OpKind v) { return name_in(kOps, v); }
 const char* name_of(OutputKind v) { return name_in(kOutputKinds, v); }
 const char* name_of(NormForm v) { return name_in(kNormForms, v); }
 const char* name_of(RopeKind v) { return name_in(kRopeKinds, v); }
+const char* name_of(RecurrenceForm v) { return name_in(kRecurrenceForms, v); }
 std::optional<DType> parse_dtype(std::string_view n) { return parse_in(kDTypes, n); }
 std::optional<Activation> parse_activation(std::string_view n) { return parse_in(kActivations, n); }
 std::optional<WeightFormat> parse_weight_format(std::string_view n) {
@@ -91,6 +97,9 @@ std::optional<OutputKind> parse_output_kind(std::string_view n) {
 }
 std::optional<NormForm> parse_norm_form(std::string_view n) { return parse_in(kNormForms, n); }
 std::optional<RopeKind> parse_rope_kind(std::string_view n) { return parse_in(kRopeKinds, n); }
+std::optional<RecurrenceForm> parse_recurrence_form(std::string_view n) {
+  return parse_in(kRecurrenceForms, n);
+}
 const std::vector<std::string>& op_weight_operands(OpKind op) {
   static const std::vector<std::string> kLinear = {"weight"}, kGated = {"gate", "up", "down"},
                                         kUngated = {"up", "down"}, kNone = {};
@@ -140,6 +149,10 @@ template <>
 std::vector<std::pair<RopeKind, std::string_view>> enum_entries<RopeKind>() {
   return entries_of(kRopeKinds);
 }
+template <>
+std::vector<std::pair<RecurrenceForm, std::string_view>> enum_entries<RecurrenceForm>() {
+  return entries_of(kRecurrenceForms);
+}
 
 std::string known_dtypes() { return list_of(kDTypes); }
 std::string known_activations() { return list_of(kActivations); }
@@ -148,5 +161,6 @@ std::string known_ops() { return list_of(kOps); }
 std::string known_output_kinds() { return list_of(kOutputKinds); }
 std::string known_norm_forms() { return list_of(kNormForms); }
 std::string known_rope_kinds() { return list_of(kRopeKinds); }
+std::string known_recurrence_forms() { return list_of(kRecurrenceForms); }
 
 }  // namespace frt

@@ -7,7 +7,9 @@ model names; the planner in the core does the matching.
 
 * `probes`: what a module computes, measured (activations, norms, modulation);
 * `tree`: the module tree and the host's configuration as a HostGraph, and which modules to hook;
-* `calls`: the forwards run with those hooks (`CallRecorder`), their calls added to the graph.
+* `calls`: the forwards run with those hooks (`CallRecorder`), their calls added to the graph;
+* `functions`: modules that call a recurrence or convolution function of their namespace, the
+  functions measured, and their calls recorded while the forwards run (`FunctionWatch`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 from .. import _core
 from .calls import CallRecorder, Forward, host_call, normalise_forwards, record_calls
 from .calls import _first_tensor as _first_tensor  # the vLLM door's seats unwrap (out, bias)
+from .functions import FunctionWatch
 from .probes import (
     dtype_of,
     fit_modulation,
@@ -31,7 +34,10 @@ from .tree import config_facts, describe_tree, engine_projection
 def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
     """The tree and what the forwards showed: rows, dtypes and which calls shared a tensor."""
     graph, hooked = describe_tree(model)
-    record_calls(graph, hooked, forwards, model)
+    watch = FunctionWatch(model, graph)
+    with watch.watching():
+        record_calls(graph, hooked, forwards, model)
+    watch.write()
     return graph
 
 

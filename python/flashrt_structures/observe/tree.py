@@ -12,6 +12,7 @@ from torch import nn
 from .. import _core
 from ..seats import PackLead, PackMember, SeatModule
 from .experts import describe_bank, find_router
+from .functions import called_functions, describe_conv, describe_recurrence
 from .probes import bare_leaf, dtype_of, measure_activation, measure_norm, wrapped_linear
 
 
@@ -159,6 +160,14 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.weight_dtype = dtype_of(cast(torch.Tensor, mod.weight).dtype)
         hm.norm = norm[1]
         return hm, False
+    if (recurrence := describe_recurrence(mod)) is not None:
+        # Its calls of the rule give the dims (FunctionWatch); its own calls are recorded.
+        hm.kind = _core.ModuleKind.recurrence
+        hm.recurrence = recurrence
+        first = next(iter(mod.parameters()), None)
+        if first is not None:
+            hm.weight_dtype = dtype_of(first.dtype)
+        return hm, True
     hm.kind = _core.ModuleKind.module
     if wrapped_linear(mod) is not None:
         return hm, True  # observed: it is an activation node if its call shows one
@@ -235,6 +244,18 @@ def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn
             bank = hm.experts
             bank.router = find_router(by_path[parent_path], parent_path, name, bank)
             hm.experts = bank
+        parent = by_path[path.rpartition(".")[0]]
+        if (hm.kind == _core.ModuleKind.module and (conv := describe_conv(mod)) is not None
+                and any(f.kind != "rule" for f in called_functions(parent))):
+            # A convolution whose parent hands its weight to a convolution function: the
+            # function's calls are its calls (FunctionWatch).
+            w = cast(torch.Tensor, mod.weight)
+            hm.kind = _core.ModuleKind.conv
+            hm.conv = conv
+            hm.in_features = hm.out_features = conv.channels
+            hm.weight_dtype = dtype_of(w.dtype)
+            hm.weight_id = w.data_ptr()
+            hook = False
         modules.append(hm)
         if hook:
             hooked.append((path, mod))

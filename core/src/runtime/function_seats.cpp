@@ -1,0 +1,190 @@
+// The function seats: a module's gated delta rule and its causal convolution, replaced where the
+// module calls them. Neither holds a weight; each call's views are checked against the dims the
+// plan bound (the core's part), then against the kernel's own per-call supports().
+#include <flashrt/errors.h>
+#include <flashrt/seat.h>
+#include <flashrt/thread_pool.h>
+
+#include <string>
+
+#include "runtime/run_on_threads.h"
+
+namespace frt {
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// "" when `t` has rank dims.size() and those dims (-1: any), else what differs.
+std::string shape_refusal(const char* what, const TensorView& t, const std::vector<int64_t>& dims) {
+  bool ok = t.data != nullptr && t.rank == static_cast<int>(dims.size());
+  for (size_t i = 0; ok && i < dims.size(); ++i) ok = dims[i] < 0 || t.shape[i] == dims[i];
+  if (ok) return "";
+  return std::string(what) + " " + (t.data == nullptr ? "missing" : t.describe()) + ", expected " +
+         shape_text(dims);
+}
+
+bool contiguous(const TensorView& t) {
+  int64_t expect = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+// Runs a single-phase op of the table on the process's team, after its own per-call check.
+template <typename Args>
+std::string kernel_refusal(const frt_kernel_table& table, OpKind kind, const Args& a) {
+  const frt_op* op = find_op(table, kind);
+  if (op == nullptr) return std::string(table.package) + " owns no " + name_of(kind) + " op";
+  frt_error err{};
+  if (op->supports(&a, &err) != FRT_REASON_OK) return err.message;
+  return "";
+}
+
+template <typename Args>
+void run_single(const frt_kernel_table& table, OpKind kind, const Args& a) {
+  const frt_op& op = *find_op(table, kind);
+  detail::run_on_threads(
+      process_parallel(), process_parallel().size(), "kernel failed",
+      [&](int ith, int n, frt_error* err) { return op.run(&a, 0, ith, n, err); });
+}
+
+frt_gated_delta_args delta_args(const GatedDeltaCall& c) {
+  frt_gated_delta_args a{};
+  a.batch = c.q.shape[0];
+  a.tokens = c.q.shape[1];
+  a.k_heads = c.q.shape[2];
+  a.k_dim = c.q.shape[3];
+  a.v_heads = c.v.shape[2];
+  a.v_dim = c.v.shape[3];
+  a.x_dtype = abi_dtype(c.q.dtype);
+  a.beta_dtype = abi_dtype(c.beta.dtype);
+  a.l2norm = c.l2norm ? 1 : 0;
+  a.l2_eps = 1e-6f;
+  a.scale = c.scale;
+  a.q = c.q.data;
+  a.k = c.k.data;
+  a.v = c.v.data;
+  for (int i = 0; i < 3; ++i) {
+    a.q_ld[i] = c.q.strides[i];
+    a.k_ld[i] = c.k.strides[i];
+    a.v_ld[i] = c.v.strides[i];
+  }
+  a.q_inc = c.q.strides[3];
+  a.k_inc = c.k.strides[3];
+  a.v_inc = c.v.strides[3];
+  a.g = static_cast<const float*>(c.g.data);
+  a.g_ld[0] = c.g.strides[0];
+  a.g_ld[1] = c.g.strides[1];
+  a.beta = c.beta.data;
+  a.beta_ld[0] = c.beta.strides[0];
+  a.beta_ld[1] = c.beta.strides[1];
+  a.initial_state = c.initial_state ? static_cast<const float*>(c.initial_state->data) : nullptr;
+  a.final_state = static_cast<float*>(c.final_state.data);
+  a.out = c.out.data;
+  return a;
+}
+
+frt_causal_conv1d_args conv_args(const ConvCall& c) {
+  frt_causal_conv1d_args a{};
+  a.batch = c.x.shape[0];
+  a.channels = c.x.shape[1];
+  a.tokens = c.x.shape[2];
+  a.kernel = c.weight.shape[1];
+  a.dtype = abi_dtype(c.x.dtype);
+  a.act = c.activated ? static_cast<int32_t>(c.activation) : -1;
+  a.x = c.x.data;
+  a.weight = c.weight.data;
+  a.bias = c.bias ? c.bias->data : nullptr;
+  a.state = c.state ? c.state->data : nullptr;
+  a.state_len = c.state ? c.state->shape[2] : 0;
+  a.y = c.y.data;
+  for (int i = 0; i < 3; ++i) {
+    a.x_ld[i] = c.x.strides[i];
+    a.y_ld[i] = c.y.strides[i];
+    a.state_ld[i] = c.state ? c.state->strides[i] : 0;
+  }
+  return a;
+}
+
+}  // namespace
+
+std::string GatedDeltaSeat::call_refusal(const GatedDeltaCall& c) const {
+  const int64_t hk = dims_.at("k_heads"), hv = dims_.at("v_heads"), dk = dims_.at("k_dim"),
+                dv = dims_.at("v_dim");
+  if (std::string why = shape_refusal("q", c.q, {-1, -1, hk, dk}); !why.empty()) return why;
+  const int64_t b = c.q.shape[0], t = c.q.shape[1];
+  for (auto [what, view, dims] :
+       {std::tuple{"k", &c.k, std::vector<int64_t>{b, t, hk, dk}},
+        std::tuple{"v", &c.v, std::vector<int64_t>{b, t, hv, dv}},
+        std::tuple{"g", &c.g, std::vector<int64_t>{b, t, hv}},
+        std::tuple{"beta", &c.beta, std::vector<int64_t>{b, t, hv}},
+        std::tuple{"out", &c.out, std::vector<int64_t>{b, t, hv, dv}},
+        std::tuple{"final state", &c.final_state, std::vector<int64_t>{b, hv, dk, dv}}})
+    if (std::string why = shape_refusal(what, *view, dims); !why.empty()) return why;
+  if (c.initial_state)
+    if (std::string why = shape_refusal("initial state", *c.initial_state, {b, hv, dk, dv});
+        !why.empty())
+      return why;
+  for (auto [what, view] : {std::pair{"q", &c.q}, std::pair{"k", &c.k}, std::pair{"v", &c.v}}) {
+    if (view->dtype != c.q.dtype)
+      return std::string(what) + " " + view->describe() + ": q, k and v differ in dtype";
+    // A head's elements may stand apart (a host's [batch, channels, tokens] convolution output,
+    // transposed): the kernel gathers them. Overlapping or reversed ones it does not take.
+    if (view->strides[3] < 1 || (view->shape[2] > 1 && view->strides[2] < 1))
+      return std::string(what) + " " + view->describe() + ": strides the kernel does not read";
+  }
+  if (c.g.dtype != DType::f32) return "g " + c.g.describe() + ": the decay is read in fp32";
+  if (c.g.strides[2] != 1 || c.beta.strides[2] != 1)
+    return "g / beta: heads not contiguous (" + c.g.describe() + ", " + c.beta.describe() + ")";
+  if (c.out.dtype != c.q.dtype || !contiguous(c.out))
+    return "out " + c.out.describe() + ": expected contiguous, in q's dtype";
+  for (const TensorView* s : {c.initial_state ? &*c.initial_state : nullptr, &c.final_state})
+    if (s != nullptr && (s->dtype != DType::f32 || !contiguous(*s)))
+      return "state " + s->describe() + ": the state is contiguous fp32";
+  return kernel_refusal(table_, OpKind::gated_delta, delta_args(c));
+}
+
+Verdict GatedDeltaSeat::call(const GatedDeltaCall& c, bool training) {
+  return run_call(
+      training, c.q.dtype, [&] { return call_refusal(c); },
+      [&] { run_single(table_, OpKind::gated_delta, delta_args(c)); });
+}
+
+std::string ConvSeat::call_refusal(const ConvCall& c) const {
+  if (std::string why = shape_refusal("x", c.x, {-1, channels_, -1}); !why.empty()) return why;
+  const int64_t b = c.x.shape[0], t = c.x.shape[2];
+  if (std::string why = shape_refusal("weight", c.weight, {channels_, taps_}); !why.empty())
+    return why;
+  if (std::string why = shape_refusal("y", c.y, {b, channels_, t}); !why.empty()) return why;
+  if (c.bias)
+    if (std::string why = shape_refusal("bias", *c.bias, {channels_}); !why.empty()) return why;
+  if (c.state)
+    if (std::string why = shape_refusal("state", *c.state, {b, channels_, -1}); !why.empty())
+      return why;
+  for (const TensorView* v :
+       {&c.weight, &c.y, c.bias ? &*c.bias : nullptr, c.state ? &*c.state : nullptr})
+    if (v != nullptr && v->dtype != c.x.dtype)
+      return "x " + c.x.describe() + " and " + v->describe() + " differ in dtype";
+  if (!contiguous(c.weight) || (c.bias && !contiguous(*c.bias)))
+    return "weight " + c.weight.describe() + ": expected contiguous";
+  // Written in place by several threads: its elements must not overlap (an expanded state).
+  if (c.state && !contiguous(*c.state))
+    return "state " + c.state->describe() + ": expected contiguous";
+  if (c.activated && c.activation != Activation::silu)
+    return std::string("activation ") + name_of(c.activation) + "; the op applies silu or none";
+  return kernel_refusal(table_, OpKind::causal_conv1d, conv_args(c));
+}
+
+Verdict ConvSeat::call(const ConvCall& c, bool training) {
+  return run_call(
+      training, c.x.dtype, [&] { return call_refusal(c); },
+      [&] { run_single(table_, OpKind::causal_conv1d, conv_args(c)); });
+}
+
+}  // namespace frt
