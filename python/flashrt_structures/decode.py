@@ -324,8 +324,9 @@ def _standing(model: nn.Module, path: str) -> tuple[Any, Any]:
     projections), a bank's (gate, up, down) [experts, out, in] tensors (a fused gate_up's two
     halves, views), or (None, None) for a module with no weight (a rotary, an activation)."""
     module = model.get_submodule(path)
-    if isinstance(module, (PackLead, PackMember)):
-        module = module.host
+    if isinstance(module, (PackLead, PackMember)) or (
+            isinstance(module, SeatModule) and module.seat.form.op == _core.OpKind.rmsnorm):
+        module = module.host  # a norm's seat: the host's weight and epsilon are the program's
     if isinstance(module, SeatModule):
         return module.seat, None
     bank = describe_bank(module)

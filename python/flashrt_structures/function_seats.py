@@ -23,7 +23,7 @@ from torch import nn
 from . import _core
 from .observe.functions import CONV_ACTIVATIONS, Function, called_functions, push_hooks
 from .observe.functions import running_modules as _running
-from .seats import RAISE, RAN, RESTORE, GuardRefused, SeatModule
+from .seats import BAND, RAISE, RAN, RESTORE, GuardRefused, SeatModule
 
 # (id(namespace), name) -> [the host's function, the seats dispatching from it]
 _DISPATCH: dict[tuple[int, str], tuple[Callable[..., Any], list[FunctionSeat]]] = {}
@@ -123,7 +123,7 @@ class FunctionSeat(SeatModule):
         reason = self._seat.ledger.last_reason
         if verdict == RAISE:
             raise GuardRefused(f"{self.site}: {reason} (seat form: {self._seat.form.describe()})")
-        if self._seat.first_time(reason):
+        if verdict != BAND and self._seat.first_time(reason):
             warnings.warn(f"flashrt: {self.site} ran the host's function: {reason}",
                           RuntimeWarning, stacklevel=4)
         out = original(*args, **kwargs)

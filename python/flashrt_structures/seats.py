@@ -97,6 +97,10 @@ class SeatModule(nn.Module):
     # where the builder kept it: what a receipt names.
     plan: _core.SeatPlan | None = None
     _host: nn.Module  # set with object.__setattr__: not a registered child
+    # An input whose rows are not one view (a head-split column slice of a packed projection's
+    # output) is copied into rows rather than handed to the host: true where the copy costs less
+    # than the host's own computation (a norm: one pass over what its five ops read five times).
+    copies_strided_input = False
     certification: dict[str, Any]  # set by Structure.bind
 
     def __init__(self, site: str, host: nn.Module, seat: _core.Seat) -> None:
@@ -189,9 +193,11 @@ class SeatModule(nn.Module):
         try:
             x2 = x.view(rows, width)
         except RuntimeError:
-            return self._miss(self._seat.miss(
-                f"input {tuple(x.shape)} strides {x.stride()} not viewable as rows without a copy"),
-                (x,))
+            if not self.copies_strided_input:
+                return self._miss(self._seat.miss(
+                    f"input {tuple(x.shape)} strides {x.stride()} not viewable as rows without a "
+                    "copy"), (x,))
+            x2 = x.reshape(rows, width)
         return self._compute(x, x2, rows)
 
     def _compute(self, x: torch.Tensor, x2: torch.Tensor, rows: int) -> torch.Tensor:
@@ -348,6 +354,12 @@ class BankSeat(SeatModule):
         return self._miss(verdict, call)
 
 
+class NormSeatModule(SeatModule):
+    """A seated norm: rows of its width, whatever their strides (copied into rows if need be)."""
+
+    copies_strided_input = True
+
+
 def _operand(model: nn.Module, slot: _core.SlotTensor) -> torch.Tensor:
     """The host tensor a slot names, read in place: a fused bank's part is a view of its slice
     of the second dimension (gate rows, then up rows)."""
@@ -364,12 +376,16 @@ def build(model: nn.Module, plan: _core.SeatPlan,
     tensors = {operand: _operand(model, slot) for operand, slot in plan.slots.items()
                if not (adopted and operand in adopted)}
     seat = _core.build_seat(plan, tensors, adopted=adopted or {})  # attach sets its guard mode
-    if plan.op in (_core.OpKind.gated_delta, _core.OpKind.causal_conv1d):
+    module: SeatModule
+    if plan.op == _core.OpKind.attention:
+        from .attention_seats import build_attention_seat  # it builds on this module's classes
+        module = build_attention_seat(model, plan, seat)
+    elif plan.op in (_core.OpKind.gated_delta, _core.OpKind.causal_conv1d):
         from .function_seats import build_function_seat  # it builds on this module's classes
-        module: SeatModule = build_function_seat(model, plan, seat)
-        module.plan = plan
-        return module
-    kind = BankSeat if plan.op == _core.OpKind.moe_ffn else SeatModule
-    module = kind(plan.site, model.get_submodule(plan.site), seat)
+        module = build_function_seat(model, plan, seat)
+    else:
+        kind = (BankSeat if plan.op == _core.OpKind.moe_ffn else
+                NormSeatModule if plan.op == _core.OpKind.rmsnorm else SeatModule)
+        module = kind(plan.site, model.get_submodule(plan.site), seat)
     module.plan = plan
     return module

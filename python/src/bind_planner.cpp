@@ -103,6 +103,18 @@ void bind_planner(nb::module_& m) {
       .def_rw("activation", &ConvFacts::activation)
       .def_rw("activated", &ConvFacts::activated);
 
+  nb::class_<AttentionFacts>(m, "AttentionFacts")
+      .def(nb::init<>())
+      .def_rw("form", &AttentionFacts::form)
+      .def_rw("heads", &AttentionFacts::heads)
+      .def_rw("kv_heads", &AttentionFacts::kv_heads)
+      .def_rw("head_dim", &AttentionFacts::head_dim)
+      .def_rw("scale", &AttentionFacts::scale)
+      .def_rw("softcap", &AttentionFacts::softcap)
+      .def_rw("sliding_window", &AttentionFacts::sliding_window)
+      .def_rw("implementation", &AttentionFacts::implementation)
+      .def_rw("other", &AttentionFacts::other);
+
   nb::class_<HostParam>(m, "HostParam")
       .def(nb::init<>())
       .def_rw("module", &HostParam::module)
@@ -129,6 +141,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("experts", &HostModule::experts)
       .def_rw("router", &HostModule::router)
       .def_rw("recurrence", &HostModule::recurrence)
+      .def_rw("attention", &HostModule::attention)
       .def_rw("conv", &HostModule::conv)
       .def_rw("children", &HostModule::children);
 

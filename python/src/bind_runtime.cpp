@@ -151,6 +151,29 @@ void bind_runtime(nb::module_& m) {
           nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(), nb::arg("state").none(),
           nb::arg("y"), nb::arg("activation").none(), nb::arg("training"));
 
+  nb::class_<AttentionSeat, Seat>(m, "AttentionSeat")
+      .def(
+          "call",
+          [](AttentionSeat& s, nb::handle q, nb::handle k, nb::handle v, nb::handle mask,
+             nb::handle out, float scale, float softcap, bool training) {
+            AttentionCall c;
+            try {
+              c.q = view_of(q, "q");
+              c.k = view_of(k, "k");
+              c.v = view_of(v, "v");
+              if (!mask.is_none()) c.mask = mask_view_of(mask, "mask");
+              c.out = view_of(out, "out");
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            c.scale = scale;
+            c.softcap = softcap;
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.call(c, training));
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask").none(), nb::arg("out"),
+          nb::arg("scale"), nb::arg("softcap"), nb::arg("training"));
+
   // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).
   m.def(

@@ -30,6 +30,7 @@ void bind_types(nb::module_& m) {
   bind_enum<NormForm>(m, "NormForm");
   bind_enum<RopeKind>(m, "RopeKind");
   bind_enum<RecurrenceForm>(m, "RecurrenceForm");
+  bind_enum<AttentionForm>(m, "AttentionForm");
   nb::enum_<ModuleKind>(m, "ModuleKind")
       .value("linear", ModuleKind::linear)
       .value("embedding", ModuleKind::embedding)
@@ -38,6 +39,7 @@ void bind_types(nb::module_& m) {
       .value("experts", ModuleKind::experts)
       .value("recurrence", ModuleKind::recurrence)
       .value("conv", ModuleKind::conv)
+      .value("attention", ModuleKind::attention)
       .value("module", ModuleKind::module);
   nb::enum_<RouterForm>(m, "RouterForm")
       .value("unknown", RouterForm::unknown)

@@ -28,10 +28,17 @@ std::string dtype_text(uint8_t code, uint8_t bits, uint16_t lanes) {
   return name;
 }
 
-// What a view may hold: activations and weights (f32, bf16), or indices (a router's int64 ids).
-enum class Holds { values, indices };
+// What a view may hold: activations and weights (f32, bf16), indices (a router's int64 ids), or
+// an attention mask (bool, or f32 added to the scores).
+enum class Holds { values, indices, mask };
 
 DType dtype_of(uint8_t code, uint8_t bits, uint16_t lanes, const char* what, Holds holds) {
+  if (holds == Holds::mask) {
+    if (lanes == 1 && bits == 8 && code == dl::kBool) return DType::boolean;
+    if (lanes == 1 && bits == 32 && code == dl::kFloat) return DType::f32;
+    throw Refused(std::string(what) + ": dtype " + dtype_text(code, bits, lanes) +
+                  "; supported: bool, float32");
+  }
   if (holds == Holds::indices) {
     if (lanes == 1 && bits == 64 && code == dl::kInt) return DType::i64;
     throw Refused(std::string(what) + ": dtype " + dtype_text(code, bits, lanes) +
@@ -100,6 +107,12 @@ TensorView index_view_of(nb::handle obj, const char* what) {
   if (g_api != nullptr && PyObject_TypeCheck(obj.ptr(), g_tensor_type))
     return from_exchange(obj, what, Holds::indices);
   return from_ndarray(obj, what, Holds::indices);
+}
+
+TensorView mask_view_of(nb::handle obj, const char* what) {
+  if (g_api != nullptr && PyObject_TypeCheck(obj.ptr(), g_tensor_type))
+    return from_exchange(obj, what, Holds::mask);
+  return from_ndarray(obj, what, Holds::mask);
 }
 
 bool use_dlpack_exchange(nb::handle tensor_type) {

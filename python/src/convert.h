@@ -14,6 +14,8 @@ namespace nb = nanobind;
 TensorView view_of(nb::handle obj, const char* what);
 // The same for indices: an int64 tensor (a router's choice of experts), anything else refused.
 TensorView index_view_of(nb::handle obj, const char* what);
+// The same for an attention mask: bool (true: attended) or f32 (added to the scores).
+TensorView mask_view_of(nb::handle obj, const char* what);
 
 // Registers the fast path for tensors of `tensor_type` (torch.Tensor) from its
 // __dlpack_c_exchange_api__ capsule; returns false (and keeps the generic path) when the capsule

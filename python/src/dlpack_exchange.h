@@ -49,5 +49,6 @@ inline constexpr int32_t kCpu = 1;
 inline constexpr uint8_t kInt = 0;
 inline constexpr uint8_t kFloat = 2;
 inline constexpr uint8_t kBfloat = 4;
+inline constexpr uint8_t kBool = 6;
 
 }  // namespace frt::py::dl

@@ -11,8 +11,8 @@ import pytest
 
 from flashrt_structures import _core, catalog
 
-SHIPPED = ["causal_conv", "decoder_ffn", "encoder_ffn", "gated_delta_core", "linear_proj",
-           "lm_head", "modnorm_qkv_chain", "moe_experts", "qkv_pack"]
+SHIPPED = ["attention_core", "causal_conv", "decoder_ffn", "encoder_ffn", "gated_delta_core",
+           "linear_proj", "lm_head", "modnorm_qkv_chain", "moe_experts", "norm_fused", "qkv_pack"]
 
 
 def test_catalog_dir_is_inside_the_installed_package():
@@ -35,9 +35,10 @@ def test_each_spec_loads_with_a_distinct_digest():
         assert spec.reference
         assert re.fullmatch(r"[0-9a-f]{16}", spec.digest)
         assert spec.gate.min_speedup == pytest.approx(1.02)
-        if spec.kind == "function":  # every token count, at the host's precision: no band
-            assert name in ("gated_delta_core", "causal_conv")
-            assert spec.dim("rows") is None and spec.dim("tokens") is not None
+        if spec.kind == "function":  # at the host's precision: no weight form, no decode band
+            assert name in ("gated_delta_core", "causal_conv", "norm_fused", "attention_core")
+            rows = spec.dim("rows")
+            assert rows is None or not rows.decode_band
             continue
         assert spec.kind == "region"
         rows = spec.dim("rows")
@@ -83,8 +84,8 @@ def test_lm_head():
 
 def test_unknown_name_is_a_key_error_listing_the_known_ones():
     with pytest.raises(KeyError,
-                       match="attention_core.*encoder_ffn, gated_delta_core, linear_proj"):
-        catalog.load("attention_core")
+                       match="sliding_attention.*encoder_ffn, gated_delta_core, linear_proj"):
+        catalog.load("sliding_attention")
 
 
 def test_bad_spec_is_a_value_error_naming_file_and_field(tmp_path: Path):

@@ -69,8 +69,9 @@ def test_every_large_linear_is_seated_kept_or_refused_with_a_reason(host):
     # The attention projections and feed-forwards over the latent tokens are seated; the
     # timestep / pooled-text chains (1-row calls) and text-token projections are kept, saying so.
     assert len(seated) >= 4, S.explain(plan)
-    assert all(sp.impl.startswith("gemm") and sp.package == "flashrt/gemm" for sp in plan.seams)
-    assert all(sp.band_min >= 2 for sp in plan.seams)
+    packed = [sp for sp in plan.seams if sp.form.name != "host"]  # norms: at host precision
+    assert all(sp.impl.startswith("gemm") and sp.package == "flashrt/gemm" for sp in packed)
+    assert all(sp.band_min >= 2 for sp in packed)
     small_calls = [why for why in kept.values() if "serves rows from" in why]
     assert small_calls, kept
     text = S.explain(plan)

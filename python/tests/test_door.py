@@ -12,6 +12,7 @@ import torch
 
 import flashrt_structures as S
 from flashrt_structures import ops
+from flashrt_structures.observe import attention as attention_interface
 from flashrt_structures.seats import SeatModule
 
 import hosts
@@ -20,6 +21,12 @@ import hosts
 def decode_forward(model, n=1, seed=0):
     x = hosts.ids(n, seed)
     return lambda: model(x)
+
+
+# The structures whose seats hold packed weights (a scheme's forms): the projection contract.
+# The function structures (norms, attention, the gated delta rule) run at host precision.
+FUNCTIONS = {"norm_fused", "attention_core", "gated_delta_core", "causal_conv"}
+PROJECTIONS = [s for s in S.list_structures() if s not in FUNCTIONS]
 
 
 def all_seats(model, scheme="w8a16_decode", n=4, **kw):
@@ -34,16 +41,20 @@ def counts(plan):
 
 
 def test_catalog_lists_the_shipped_structures():
-    assert S.list_structures() == ["causal_conv", "decoder_ffn", "encoder_ffn",
+    assert S.list_structures() == ["attention_core", "causal_conv", "decoder_ffn", "encoder_ffn",
                                    "gated_delta_core", "linear_proj", "lm_head",
-                                   "modnorm_qkv_chain", "moe_experts", "qkv_pack"]
+                                   "modnorm_qkv_chain", "moe_experts", "norm_fused", "qkv_pack"]
 
 
-@pytest.mark.parametrize("make,layers", [(hosts.qwen3, 3), (hosts.llama, 2), (hosts.gemma, 2)])
-def test_discovery_counts_match_the_architecture(make, layers):
+@pytest.mark.parametrize("make,layers,norms", [(hosts.qwen3, 3, 4), (hosts.llama, 2, 2),
+                                               (hosts.gemma, 2, 2)])
+def test_discovery_counts_match_the_architecture(make, layers, norms):
     model = make(layers)
     plan = all_seats(model)
-    assert counts(plan) == {"linear_proj": 4 * layers, "decoder_ffn": layers, "lm_head": 1}
+    # Per layer: four projections, the feed-forward, its attention and its norms (Qwen3's q/k
+    # norms too); the final norm and the head.
+    assert counts(plan) == {"linear_proj": 4 * layers, "decoder_ffn": layers, "lm_head": 1,
+                            "attention_core": layers, "norm_fused": norms * layers + 1}
     assert plan.notes["refused"] == []
     sites = set(plan.swaps)
     for i in range(layers):
@@ -69,16 +80,22 @@ def test_minilm_projections_are_linear_proj_and_its_ungated_ffn_is_not_a_decoder
     plan = S.auto_swaps(model, lambda: model(**batch), scheme="w8a16_decode")
     # 6 layers x (query, key, value, attention.output.dense, intermediate.dense, output.dense)
     # + pooler.dense; no gate/up/down triple, no head.
-    assert counts(plan) == {"linear_proj": 37}
+    # Its six attention modules call the attention interface: seated (for one-token calls; an
+    # encoder's calls are prompts, band dispatches).
+    assert counts(plan) == {"linear_proj": 37, "attention_core": 6}
     assert not any("decoder_ffn" in r for _, r in plan.notes["refused"])
 
 
 def test_a_host_no_structure_describes_yields_nothing_quietly():
     # GPT-2 projections are Conv1D modules, not linears, and its MLP is not gated: only the
     # (tied, linear) head is a seam.
+    # Its attention calls the attention interface (seated); its norms are layer norms, refused
+    # by form (what they compute beside the rms forms: a layer norm measures as other).
     plan = all_seats(hosts.gpt2())
-    assert counts(plan) == {"lm_head": 1}
-    assert plan.notes["refused"] == []
+    assert counts(plan) == {"lm_head": 1, "attention_core": 2}
+    refused = dict(plan.notes["refused"])
+    assert refused and all("norm_fused: form 'other' outside {rms, rms_one_plus}" in why
+                           for why in refused.values()), refused
 
 
 def test_biased_gated_mlp_is_refused_by_name_and_its_projections_stay_linear():
@@ -99,7 +116,7 @@ def test_explain_prints_every_seat_keep_and_refusal_with_counts():
     model = hosts.qwen3()
     plan = S.auto_swaps(model, decode_forward(model), scheme="w4a16_decode")
     text = S.explain(plan)
-    assert text.startswith("flashrt plan: scheme w4a16_decode, 11 seams found")
+    assert text.startswith("flashrt plan: scheme w4a16_decode, 22 seams found")
     assert "kept at host:" in text and "below the 65536" in text
     # The default w4 scheme: the offset int4 grid, the head at Q8_0-class int8.
     assert "int4 g32 asymmetric f16 scales" in text and "int8 g32 f16 scales" in text
@@ -111,7 +128,7 @@ def test_scheme_none_keeps_everything_at_host_and_outputs_are_the_hosts():
     with torch.no_grad():
         want = model(x).logits
     plan = S.auto_swaps(model, lambda: model(x), scheme="none")
-    assert plan.swaps == {} and len(plan.notes["scheme"]["keep_host"]) == 11
+    assert plan.swaps == {} and len(plan.notes["scheme"]["keep_host"]) == 22
     with pytest.raises(ValueError, match="no swaps"):
         plan.attach(model)
     with torch.no_grad():
@@ -149,9 +166,14 @@ def test_attach_detach_is_bit_exact_and_keeps_the_hosts_objects():
     with torch.no_grad():
         got = model(x).logits
     assert not torch.equal(got, want)  # int8 weights: close, not equal
-    assert handle.summary()["seams"] == 11 and handle.summary()["clean"]
+    assert handle.summary()["seams"] == 22 and handle.summary()["clean"]
+    # Its attention is routed where the host's call resolves: the configuration keeps its name.
+    sdpa = attention_interface._interfaces()._global_mapping["sdpa"]
+    assert hasattr(sdpa, "_flashrt_original") and model.config._attn_implementation == "sdpa"
     handle.detach()
     handle.detach()  # idempotent
+    assert not hasattr(attention_interface._interfaces()._global_mapping["sdpa"],
+                       "_flashrt_original")
     assert not S.attached(model)
     with torch.no_grad():
         assert torch.equal(model(x).logits, want)
@@ -165,12 +187,14 @@ def test_prefill_rows_outside_the_band_run_the_host_counted_as_band_dispatches()
     x = hosts.ids(24)  # 24 rows > 16
     with torch.no_grad():
         want = model(x).logits
-    handle = all_seats(model).attach(model)
+    # (Norm seats serve every row count: left out, so the prompt is the host's bit for bit.)
+    handle = all_seats(model, structures=PROJECTIONS + ["attention_core"]).attach(model)
     with torch.no_grad():
         got = model(x).logits
     s = handle.summary()
-    # every seat but the head saw 24 rows; the head too (all positions' logits)
-    assert s["band_dispatches"] == 11 and s["fallbacks"] == 0
+    # every seat but the head saw 24 rows; the head too (all positions' logits); each attention
+    # a 24-token prompt
+    assert s["band_dispatches"] == 11 + 2 and s["fallbacks"] == 0
     assert torch.equal(got, want)
     handle.detach()
 
@@ -216,7 +240,8 @@ def test_a_second_thread_falls_back_and_is_counted():
     rep = {r["site"]: r for r in handle.report()}
     assert rep["lm_head"]["fallbacks"] == 1
     assert rep["lm_head"]["last_reason"] == "called from a second thread"
-    assert handle.summary()["fallbacks"] == 6  # q, k, v, o, mlp, head
+    # q, k, v, o, mlp, head, the attention, four norms and the final one
+    assert handle.summary()["fallbacks"] == handle.summary()["seams"] == 12
     assert theirs["logits"].shape == mine.shape
     handle.detach()
 
@@ -233,7 +258,7 @@ def test_thirty_two_consecutive_fallbacks_put_the_host_back():
             for _ in range(32):
                 model(x)
     assert model.lm_head is head
-    assert handle.summary()["restored"] == 6
+    assert handle.summary()["restored"] == 12
     model.eval()
     with torch.no_grad():
         model(x)
@@ -283,7 +308,7 @@ def test_every_door_logs_one_line(caplog):
     model = hosts.qwen3(1)
     with caplog.at_level(logging.WARNING, logger="flashrt"):
         handle = all_seats(model).attach(model)
-    assert "[flashrt] 6 seats, 0 refused" in caplog.text
+    assert "[flashrt] 12 seats, 0 refused" in caplog.text
     handle.detach()
 
 
@@ -298,7 +323,7 @@ def test_w8_parity_on_the_real_minilm_checkpoint():
         got = model(**batch).last_hidden_state.mean(1)
     s = handle.summary()
     handle.detach()
-    assert s["seams"] == 37 and s["fallbacks"] == 0 and s["band_dispatches"] == 0
+    assert s["seams"] == 37 + 6 and s["fallbacks"] == 0 and s["band_dispatches"] == 6
     cos = torch.nn.functional.cosine_similarity(got, want).item()
     assert cos >= 0.999, cos
 
@@ -331,7 +356,7 @@ def test_w8a8_decode_seats_every_projection_on_the_integer_gemm_at_decode_rows(m
     band; the fused ffn op takes no such layout, so the FFN is seated projection by projection;
     rows above the band (prefill) run the host, counted, and are bit-identical to it."""
     model = make()
-    plan = all_seats(model, scheme="w8a8_decode")
+    plan = all_seats(model, scheme="w8a8_decode", structures=PROJECTIONS)
     assert plan.seams and all(sp.package == "flashrt/gemm" for sp in plan.seams)
     assert all(sp.form.tag == "w8a8" and (sp.band_min, sp.band_max) == (1, 16)
                for sp in plan.seams)
@@ -364,7 +389,7 @@ def test_w4a8_decode_seats_int4_projections_and_an_int8_head_on_the_integer_gemm
     """w4a8: int4 g32 nibbles against int8 activation blocks (Note [W4A8]) for every projection,
     the head at int8 in the same GEMM; decode rows run the seats, prefill runs the host."""
     model = make()
-    plan = all_seats(model, scheme=scheme)
+    plan = all_seats(model, scheme=scheme, structures=PROJECTIONS)
     assert plan.seams and all(sp.package == "flashrt/gemm" for sp in plan.seams)
     head = [sp for sp in plan.seams if sp.seam.structure == "lm_head"]
     body = [sp for sp in plan.seams if sp.seam.structure != "lm_head"]
@@ -408,7 +433,7 @@ def test_all_rows_schemes_seat_prefill_too_and_a_row_computes_as_it_would_alone(
     the bits it gets alone, so prefill and decode agree with the decode-band scheme's rows."""
     model = hosts.qwen3()
     x = hosts.ids(24, seed=3)
-    plan = all_seats(model, scheme=scheme)
+    plan = all_seats(model, scheme=scheme, structures=PROJECTIONS)
     assert all((sp.band_min, sp.band_max) == (1, 2**62) for sp in plan.seams)
     handle = plan.attach(model)
     with torch.no_grad():
@@ -417,7 +442,7 @@ def test_all_rows_schemes_seat_prefill_too_and_a_row_computes_as_it_would_alone(
     handle.detach()
     assert s["band_dispatches"] == 0 and s["fallbacks"] == 0
     assert s["guarded_calls"] == len(plan.seams)
-    twin = all_seats(model, scheme=decode_twin)
+    twin = all_seats(model, scheme=decode_twin, structures=PROJECTIONS)
     assert [sp.form.describe() for sp in twin.seams] == [sp.form.describe() for sp in plan.seams]
     w = model.model.layers[0].mlp.down_proj.weight.detach()
     pack = ops.pack_int8_gemm(w, 32) if scheme == "w8a8_all" else ops.pack_int4_gemm(w)
@@ -451,7 +476,8 @@ def test_gated_attach_reports_units_and_refuses_the_whole_host_when_nothing_pass
     originals = dict(model.named_modules())
     result = S.attach(model, lambda: model(x), floors={"top1_agreement": 1.01}, rounds=2)
     assert not result.active and not S.attached(model)
-    assert set(result.units) == {"linear_proj", "decoder_ffn", "lm_head"}
+    assert set(result.units) == {"linear_proj", "decoder_ffn", "lm_head", "norm_fused",
+                                 "attention_core"}
     # auto measured every candidate scheme; each was refused by the floor
     for u in result.units.values():
         assert u["decision"].startswith("refused: no candidate passed")
@@ -517,9 +543,11 @@ def test_a_candidate_that_cannot_be_measured_is_refused_and_the_others_still_com
     monkeypatch.setattr(frontdoor.swap, "attach", flaky)
     result = S.attach(model, lambda: model(x), rounds=2, min_speedup=0.0)
     try:
-        w8a8 = [u["candidates"]["w8a8_decode"] for n, u in result.units.items() if n != "union"]
+        # (A function unit's seats are the same under every scheme: none holds a w8a8 form.)
+        units = {n: u for n, u in result.units.items() if n != "union" and n not in FUNCTIONS}
+        w8a8 = [u["candidates"]["w8a8_decode"] for u in units.values()]
         assert w8a8 and all(c["decision"].startswith("refused: flashrt: the seat") for c in w8a8)
-        assert all(u["scheme"] != "w8a8_decode" for n, u in result.units.items() if n != "union")
+        assert all(u["scheme"] != "w8a8_decode" for u in units.values())
     finally:
         result.detach()
     assert not any(isinstance(m, SeatModule) for m in model.modules())
@@ -599,7 +627,9 @@ def test_with_every_kernel_package_unavailable_everything_is_refused_and_outputs
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["swaps"] == 0 and out["same"]
+    # The norms and the attention are flashrt/decode's: seated (four norms, the final, the
+    # attention); the host's outputs unchanged by planning.
+    assert out["swaps"] == 6 and out["same"]
     assert len(out["refused"]) == 6  # q, k, v, o, the FFN, the head
     assert all("kernel package flashrt/linear unavailable" in r for _, r in out["refused"])
     assert {e["repo"] for e in out["unavailable"]} == {"flashrt/linear", "flashrt/ffn"}

@@ -122,4 +122,4 @@ def test_a_feed_forward_split_across_modules_is_named_and_stays_projections():
     why = split["encoder.layer.0.intermediate"]
     assert "split across modules encoder.layer.0.intermediate (up, act) and " \
            "encoder.layer.0.output (down)" in why
-    assert counts(plan) == {"linear_proj": 37}
+    assert counts(plan) == {"linear_proj": 37, "attention_core": 6}

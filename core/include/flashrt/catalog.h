@@ -67,7 +67,11 @@ struct GateSpec {
 // values. A `conv` node is a depthwise convolution module whose weight a convolution function is
 // called with (kind conv): it binds channels and taps, and the activation its calls ask for
 // ("none" for none) must be one of its attribute's values. Both seat a function (kind function).
-enum class NodeKind : int32_t { linear, activation, norm, experts, recurrence, conv };
+// A `norm` node alone in a function structure is a norm module whose whole forward the seat
+// replaces: it binds width.
+// An `attention` node is a module that calls the host's attention interface (kind attention): it
+// binds heads, kv_heads, head_dim, and its measured form must be one of its attribute's values.
+enum class NodeKind : int32_t { linear, activation, norm, experts, recurrence, conv, attention };
 enum class FlowKind : int32_t { same_input, feeds, not_feeds, modulates };
 enum class SiteKind : int32_t { node, parent };
 
@@ -89,7 +93,8 @@ struct MatchNode {
 // The value a conv node's attribute takes for calls that ask for no activation.
 inline constexpr std::string_view kNoActivation = "none";
 
-// The dims a recurrence or conv node binds (the structure declares them); empty for the others.
+// The dims a recurrence, conv or (function structure) norm node binds (the structure declares
+// them); empty for the others.
 const std::vector<std::string>& node_dims(NodeKind kind);
 
 struct FlowEdge {
@@ -113,7 +118,10 @@ struct MatchSpec {
 struct StructureSpec {
   std::string name;
   int version = 0;
-  std::string kind;  // "region", or "function": a function the host module calls, at host precision
+  // "region", or "function": a unit computed at the host's precision that reads no packed
+  // weight: a function the host module calls (the gated delta rule) or a module that is one
+  // (a norm).
+  std::string kind;
   std::string description;
   std::vector<DimSpec> dims;
   std::vector<TensorSpec> inputs, outputs, slots;

@@ -21,6 +21,7 @@ enum class ModuleKind : int32_t {
   experts,     // a bank of routed experts: 3-D weights [experts, out, in]; `experts` says which
   recurrence,  // a module whose forward calls a recurrence function; `recurrence` says which
   conv,        // a depthwise 1-D convolution whose weight a convolution function is called with
+  attention,   // a module that calls the host's attention interface; `attention` says how
   module,      // anything else (a container)
 };
 
@@ -44,6 +45,19 @@ struct ConvFacts {
   std::vector<std::string> functions;           // the functions called with its weight
   Activation activation = Activation::unknown;  // what its calls asked for (silu; none: unknown)
   bool activated = false;                       // its calls ask for an activation
+};
+
+// A module that calls the host's attention interface (transformers' attention modules call the
+// implementation their configuration names with q [batch, heads, q_len, head_dim] and the
+// cache's k, v [batch, kv_heads, positions, head_dim]), as its observed calls showed it.
+struct AttentionFacts {
+  AttentionForm form = AttentionForm::unknown;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  double scale = 0;            // the scaling its calls pass (0: none passed, 1/sqrt(head_dim))
+  double softcap = 0;          // the scores' softcap (0: none)
+  int64_t sliding_window = 0;  // the window its calls name (0: none); the mask applies it
+  std::string implementation;  // the host's implementation ("sdpa", "eager")
+  std::string other;           // form other: what its calls showed, for the refusal
 };
 
 // A bank of routed experts (transformers' experts modules: gate_up_proj [E, 2F, D], down_proj
@@ -136,6 +150,7 @@ struct HostModule {
   NormFacts norm;              // kind norm: its measured form and epsilon
   RecurrenceFacts recurrence;  // kind recurrence
   ConvFacts conv;              // kind conv
+  AttentionFacts attention;    // kind attention
   RotaryFacts rotary;          // a rotary embedding; empty inv_freq otherwise
   // An embedding's call returns its rows times this (measured; Gemma scales by sqrt(hidden)),
   // 0 when its call is not its rows times one constant.

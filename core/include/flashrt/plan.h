@@ -32,7 +32,9 @@ struct Seam {
   bool tied = false;  // an output head sharing the input embedding's weight
   std::string shape;  // "gate/up [640x256], down [256x640]": what refusals and explain quote
   int64_t weight_count = 0;
-  int64_t top_k = 0;  // a bank of experts: the experts each row is routed to
+  int64_t top_k = 0;         // a bank of experts: the experts each row is routed to
+  NormFacts norm;            // a norm seam (a function structure's norm node): its form and epsilon
+  AttentionFacts attention;  // an attention seam: what its calls showed (scale, softcap)
 };
 
 using SiteReason = std::pair<std::string, std::string>;

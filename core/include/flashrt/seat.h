@@ -246,6 +246,63 @@ class ConvSeat : public Seat {
   int64_t channels_, taps_;
 };
 
+// One call of the host's attention interface for decode rows (views of its own tensors): q
+// [batch, heads, 1, head_dim] (each row's heads head_dim apart), k and v [batch, kv_heads,
+// positions, head_dim] as the host's cache holds them (any row, head and position strides, the
+// head_dim contiguous), out [batch, 1, heads, head_dim] contiguous, written. The mask, where the
+// host passes one, is [batch or 1, 1, 1, positions]: bool (true: attended) or f32 added to the
+// scores (0: attended, -inf or the dtype's lowest: hidden); each row's attended positions must be
+// one range (a causal mask over a preallocated cache, left padding, a sliding window), which is
+// what the op reads. Any other mask is refused (Note [Mask as a range]).
+struct AttentionCall {
+  TensorView q, k, v, out;
+  std::optional<TensorView> mask;
+  float scale = 0;    // scores are q.k * scale
+  float softcap = 0;  // > 0: scores softcapped (softcap * tanh(s / softcap)) before the softmax
+};
+
+// The seat of a module's attention (op attention; capped_attention for a softcapped form): it
+// holds no weight, reads the host's cache where it stands, and keeps the scores' scratch.
+class AttentionSeat : public Seat {
+ public:
+  AttentionSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, int64_t heads,
+                int64_t kv_heads, int64_t head_dim)
+      : Seat(std::move(form), table, mode), heads_(heads), kv_heads_(kv_heads), dim_(head_dim) {}
+  Verdict call(const AttentionCall& c, bool training);
+  std::string call_refusal(const AttentionCall& c) const;  // "" when the kernel takes it
+  int64_t nbytes() const override { return 0; }
+
+ private:
+  std::string refusal(const TensorView&, const TensorView&, const Routing*) const override {
+    return "attention takes its own call (call())";
+  }
+  void execute(const TensorView&, const TensorView&, const Routing*) override {}
+  void run_rows(const AttentionCall& c);
+  // The positions [first, last) row r attends, or why the mask is not one range the op reads.
+  std::string attended(const AttentionCall& c, int64_t r, int64_t& first, int64_t& last) const;
+  int64_t heads_, kv_heads_, dim_;
+  std::vector<float> scores_;  // [heads][positions], grown as the cache grows
+};
+
+// The seat of a norm module's forward (op rmsnorm): y = x / rms(x) * w, rows of its width, the
+// weight copied from the module at bind (rms_one_plus: 1 + w, so the op's x*w form computes
+// Gemma's x*(1+w)) and the module's epsilon.
+class NormSeat : public Seat {
+ public:
+  NormSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, std::vector<float> weight,
+           float eps)
+      : Seat(std::move(form), table, mode), weight_(std::move(weight)), eps_(eps) {}
+  int64_t nbytes() const override { return static_cast<int64_t>(weight_.size() * sizeof(float)); }
+  float eps() const { return eps_; }
+
+ private:
+  std::string refusal(const TensorView& x, const TensorView& y,
+                      const Routing* routing) const override;
+  void execute(const TensorView& x, const TensorView& y, const Routing* routing) override;
+  std::vector<float> weight_;
+  float eps_;
+};
+
 // The seat of the pack's module `index` (its position in SeatPlan.replaces, >= 1) at `site`.
 // Throws InvalidArgument when `packed` is not a packed seat or index is out of its range.
 std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::string& site);

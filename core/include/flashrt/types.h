@@ -14,8 +14,9 @@
 namespace frt {
 
 // Element types a host may hold. Tensor views the kernels read are f32 or bf16 (i64: a routed
-// bank's expert indices); the others are named so a refusal can say what the host has.
-enum class DType : int32_t { f32, bf16, f16, f64, i64, other };
+// bank's expert indices; boolean: an attention mask); the others are named so a refusal can say
+// what the host has.
+enum class DType : int32_t { f32, bf16, f16, f64, i64, other, boolean };
 
 // What a feed-forward's activation computes (measured by the door, never read from a class name).
 enum class Activation : int32_t {
@@ -53,10 +54,12 @@ enum class OpKind : int32_t {
   gated_delta = FRT_OP_GATED_DELTA,
   causal_conv1d = FRT_OP_CAUSAL_CONV1D,
 };
-// The ops that replace a function a host module calls (its own arguments in, its own results
-// out) rather than the module: they read no packed weight and run at the host's precision.
+// The ops of function structures: they read no packed weight and run at the host's precision,
+// replacing a function a host module calls (its own arguments in, its own results out) or a
+// module that is one (rmsnorm: a norm's forward).
 inline bool function_op(OpKind op) {
-  return op == OpKind::gated_delta || op == OpKind::causal_conv1d;
+  return op == OpKind::gated_delta || op == OpKind::causal_conv1d || op == OpKind::rmsnorm ||
+         op == OpKind::attention;
 }
 
 // How a gate scores a forward's output (DESIGN §7).
@@ -84,6 +87,12 @@ enum class RopeKind : int32_t {
 // recurrence (`other`).
 enum class RecurrenceForm : int32_t { unknown, gated_delta, other };
 
+// What a module's attention calls compute, as the door saw them through the host's attention
+// interface: softmax(q k^T * scale) v over the keys and values the module hands (grouped query
+// heads), the scores softcapped first (`softcapped`), or something the op does not compute
+// (`other`: attention sinks, a position bias, value heads of another size).
+enum class AttentionForm : int32_t { unknown, softmax, softcapped, other };
+
 const char* name_of(DType v);
 const char* name_of(Activation v);
 const char* name_of(WeightFormat v);
@@ -92,9 +101,11 @@ const char* name_of(OutputKind v);
 const char* name_of(NormForm v);
 const char* name_of(RopeKind v);
 const char* name_of(RecurrenceForm v);
+const char* name_of(AttentionForm v);
 
 // Every value of an enum with its name, in table order: the one definition bindings read (for
-// DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind, RecurrenceForm).
+// DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind, RecurrenceForm,
+// AttentionForm).
 template <typename E>
 std::vector<std::pair<E, std::string_view>> enum_entries();
 
@@ -107,6 +118,7 @@ std::optional<OutputKind> parse_output_kind(std::string_view name);
 std::optional<NormForm> parse_norm_form(std::string_view name);
 std::optional<RopeKind> parse_rope_kind(std::string_view name);
 std::optional<RecurrenceForm> parse_recurrence_form(std::string_view name);
+std::optional<AttentionForm> parse_attention_form(std::string_view name);
 std::string known_dtypes();
 std::string known_activations();
 std::string known_weight_formats();
@@ -115,6 +127,7 @@ std::string known_output_kinds();
 std::string known_norm_forms();
 std::string known_rope_kinds();
 std::string known_recurrence_forms();
+std::string known_attention_forms();
 
 // The weight operands an op reads, by the ABI's names (frt_linear_args.w is "weight";
 // frt_ffn_args' gate, up, down); a region op's structure must have slots of these names.
@@ -143,6 +156,7 @@ inline int32_t abi_dtype(DType d) {
     case DType::f64:
     case DType::i64:
     case DType::other:
+    case DType::boolean:
       break;
   }
   return -1;

@@ -301,7 +301,7 @@ class SpecParser : YamlFields {
     // The attribute a node's measured value must take: declared, and each allowed value one the
     // core names (an activation, or a norm form).
     // (a recurrence form for a recurrence node; "none" also for a conv node, called without one).
-    enum class Values { activation, norm, recurrence, conv };
+    enum class Values { activation, norm, recurrence, conv, attention };
     const auto node_attribute = [&](const YAML::Node& node, const std::string& field, Values kind) {
       const std::string a = text(require(node, field, "attribute"), child(field, "attribute"));
       if (!s.attributes.count(a))
@@ -310,16 +310,19 @@ class SpecParser : YamlFields {
       for (size_t i = 0; i < values.size(); ++i) {
         const std::string& v = values[i];
         const bool known =
-            kind == Values::norm ? parse_norm_form(v).has_value()
-            : kind == Values::recurrence
-                ? parse_recurrence_form(v).has_value()
+            kind == Values::norm         ? parse_norm_form(v).has_value()
+            : kind == Values::recurrence ? parse_recurrence_form(v).has_value()
+            : kind == Values::attention
+                ? parse_attention_form(v).has_value()
                 : parse_activation(v).has_value() || (kind == Values::conv && v == kNoActivation);
         if (known) continue;
         const std::string what = kind == Values::norm         ? "norm form"
                                  : kind == Values::recurrence ? "recurrence form"
+                                 : kind == Values::attention  ? "attention form"
                                                               : "activation";
         const std::string list = kind == Values::norm         ? known_norm_forms()
                                  : kind == Values::recurrence ? known_recurrence_forms()
+                                 : kind == Values::attention  ? known_attention_forms()
                                                               : known_activations();
         fail("attributes." + a + "[" + std::to_string(i) + "]",
              "unknown " + what + " '" + v + "' (known: " + list + ")");
@@ -373,6 +376,11 @@ class SpecParser : YamlFields {
         n.kind = NodeKind::norm;
         n.attribute = node_attribute(kv.second, field, Values::norm);
         has_no_weight(kv.second, field, "a norm node");
+        // Alone in a function structure it is the seat's whole unit and binds its width.
+        if (s.kind == "function")
+          for (const std::string& dim : node_dims(n.kind))
+            if (s.dim(dim) == nullptr)
+              fail(field, "a norm node binds dim '" + dim + "', which dims does not declare");
       } else if (kind == "experts") {
         // A bank of routed experts: gate and up [experts, intermediate, hidden], down [experts,
         // hidden, intermediate], and the activation of its gated form.
@@ -398,11 +406,15 @@ class SpecParser : YamlFields {
         n.weight_slot = n.bank_slots[0];
         n.attribute = node_attribute(kv.second, field, Values::activation);
         has_no_weight(kv.second, field, "an experts node");
-      } else if (kind == "recurrence" || kind == "conv") {
+      } else if (kind == "recurrence" || kind == "conv" || kind == "attention") {
         // A module whose function the seat replaces; the dims it binds are its kind's own.
-        const bool rec = kind == "recurrence";
-        n.kind = rec ? NodeKind::recurrence : NodeKind::conv;
-        n.attribute = node_attribute(kv.second, field, rec ? Values::recurrence : Values::conv);
+        n.kind = kind == "recurrence" ? NodeKind::recurrence
+                 : kind == "conv"     ? NodeKind::conv
+                                      : NodeKind::attention;
+        n.attribute = node_attribute(kv.second, field,
+                                     kind == "recurrence" ? Values::recurrence
+                                     : kind == "conv"     ? Values::conv
+                                                          : Values::attention);
         has_no_weight(kv.second, field, "a " + kind + " node");
         for (const std::string& dim : node_dims(n.kind))
           if (s.dim(dim) == nullptr)
@@ -411,7 +423,8 @@ class SpecParser : YamlFields {
           fail(field, "a " + kind + " node belongs to a function structure");
       } else {
         fail(child(field, "kind"),
-             "'" + kind + "' is not linear, activation, norm, experts, recurrence or conv");
+             "'" + kind +
+                 "' is not linear, activation, norm, experts, recurrence, conv or attention");
       }
       if (n.kind != NodeKind::experts)
         for (const char* k : {"gate", "up", "down"})
@@ -422,11 +435,12 @@ class SpecParser : YamlFields {
       fail("match.site", "site 'node' needs exactly one node");
     // A region is seated through its weights: a pattern without a weight node (a projection or a
     // bank) has nothing to pack, and its weight dtype and rows come from the first one. A
-    // function structure is one recurrence or conv node at its site.
+    // function structure is one recurrence, conv or norm node at its site.
     if (s.kind == "function") {
       if (m.nodes.size() != 1 ||
-          (m.nodes[0].kind != NodeKind::recurrence && m.nodes[0].kind != NodeKind::conv))
-        fail("match.nodes", "a function structure is one recurrence or conv node");
+          (m.nodes[0].kind != NodeKind::recurrence && m.nodes[0].kind != NodeKind::conv &&
+           m.nodes[0].kind != NodeKind::norm && m.nodes[0].kind != NodeKind::attention))
+        fail("match.nodes", "a function structure is one recurrence, conv, norm or attention node");
     } else if (std::none_of(m.nodes.begin(), m.nodes.end(), [](const MatchNode& n) {
                  return n.kind == NodeKind::linear || n.kind == NodeKind::experts;
                })) {
@@ -564,8 +578,13 @@ const DimSpec* StructureSpec::dim(std::string_view dim_name) const {
 
 const std::vector<std::string>& node_dims(NodeKind kind) {
   static const std::vector<std::string> kRecurrence = {"k_heads", "v_heads", "k_dim", "v_dim"},
-                                        kConv = {"channels", "taps"}, kNone = {};
-  return kind == NodeKind::recurrence ? kRecurrence : kind == NodeKind::conv ? kConv : kNone;
+                                        kConv = {"channels", "taps"}, kNorm = {"width"},
+                                        kAttention = {"heads", "kv_heads", "head_dim"}, kNone = {};
+  return kind == NodeKind::recurrence  ? kRecurrence
+         : kind == NodeKind::conv      ? kConv
+         : kind == NodeKind::norm      ? kNorm
+         : kind == NodeKind::attention ? kAttention
+                                       : kNone;
 }
 
 const MatchNode* MatchSpec::node(std::string_view node_name) const {

@@ -338,13 +338,12 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
   EXPECT_EQ(llama.decode_package, "flashrt/decode");
   EXPECT_EQ(llama.linear_package, "flashrt/linear");
   EXPECT_EQ(llama.ffn_package, "flashrt/ffn");
-  // Only decode_loop needs the binding's packages: the catalog loads without flashrt/decode.
-  EXPECT_TRUE(
-      c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm", "flashrt/recurrent"})
-          .empty());
+  EXPECT_TRUE(c.missing_packages({"flashrt/linear", "flashrt/ffn", "flashrt/gemm",
+                                  "flashrt/recurrent", "flashrt/decode"})
+                  .empty());
   // flashrt/ffn not visible: every rung on it is named, decoder_ffn's among them.
   const std::vector<std::string> missing =
-      c.missing_packages({"flashrt/linear", "flashrt/gemm", "flashrt/recurrent"});
+      c.missing_packages({"flashrt/linear", "flashrt/gemm", "flashrt/recurrent", "flashrt/decode"});
   ASSERT_FALSE(missing.empty());
   bool decoder_ffn_named = false;
   for (const std::string& m : missing) {
@@ -358,11 +357,11 @@ TEST(Catalog, ShippedPolicySaysWhatTheFilesSay) {
 TEST(Catalog, GetOfAnUnknownNameListsTheKnownOnes) {
   const Catalog c = Catalog::load(kCatalogDir);
   try {
-    c.get("attention_core");
+    c.get("sliding_attention");
     FAIL() << "get() accepted an unknown name";
   } catch (const InvalidArgument& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("unknown structure 'attention_core'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("unknown structure 'sliding_attention'"), std::string::npos) << msg;
     for (const std::string& name : kShipped)
       EXPECT_NE(msg.find(name), std::string::npos) << name << " in: " << msg;
   }
@@ -579,8 +578,9 @@ TEST_F(CatalogFiles, NormNodesOptionalNodesAndModulatesAreCheckedAtLoad) {
   expect_error(replaced(with_norm, "proj: {kind: linear, weight: weight}",
                         "proj: {kind: linear, weight: weight, optional: true}"),
                "match.nodes.proj.optional", "the first node is not");
-  expect_error(replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
-               "'layernorm' is not linear, activation, norm, experts, recurrence or conv");
+  expect_error(
+      replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
+      "'layernorm' is not linear, activation, norm, experts, recurrence, conv or attention");
   expect_error(replaced(with_norm, "site: parent", "site: parent\n  siblings: maybe"),
                "match.siblings", "");
 }
@@ -655,8 +655,11 @@ TEST_F(CatalogFiles, RegionOpReadsASlotTheStructureLacks) {
   expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: gated_ffn"),
                       "ladders.demo[0].op",
                       "op 'gated_ffn' reads slot 'gate', which structure 'demo' does not declare");
+  // A region's rung on a function op (a norm's): the op does not replace what 'demo' describes.
   expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: rmsnorm"),
-                      "ladders.demo[0].op", "'rmsnorm' is not an op a seat runs");
+                      "ladders.demo[0].op", "op 'rmsnorm' does not replace the function 'demo'");
+  expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: rotary"),
+                      "ladders.demo[0].op", "'rotary' is not an op a seat runs");
   // The shipped catalog with linear_proj's rung turned into the gated ffn op.
   fs::remove_all(dir_);
   fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);

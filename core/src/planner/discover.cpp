@@ -7,6 +7,7 @@
 #include <flashrt/plan.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
 namespace frt {
@@ -32,25 +33,49 @@ std::string bank_shape(const HostModule& m) {
   return out;
 }
 
-// The dims a recurrence or conv node binds, from the module's facts (node_dims' order).
+// The dims a function structure's node binds, from the module's facts (node_dims' order).
 std::vector<int64_t> function_dims(const HostModule& m, NodeKind kind) {
   if (kind == NodeKind::recurrence) {
     const RecurrenceFacts& r = m.recurrence;
     return {r.k_heads, r.v_heads, r.k_dim, r.v_dim};
   }
+  if (kind == NodeKind::norm) return {m.in_features};
+  if (kind == NodeKind::attention) {
+    const AttentionFacts& f = m.attention;
+    return {f.heads, f.kv_heads, f.head_dim};
+  }
   return {m.conv.channels, m.conv.taps};
 }
 
-bool function_node(NodeKind kind) { return kind == NodeKind::recurrence || kind == NodeKind::conv; }
+// A function structure's one node is the seat's whole unit (catalog.cpp checks that it is one
+// node); a norm node elsewhere is part of a region of projections.
+bool function_unit(const StructureSpec& spec) { return spec.kind == "function"; }
 
-// "q/k 16x128, v 32x128" (heads x dim) or "conv 6144 channels x 4 taps": a function seam as
-// refusals and explain quote it.
+std::string eps_text(double eps) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", eps);
+  return buf;
+}
+
+// "q/k 16x128, v 32x128" (heads x dim), "6144 channels x 4 taps" or "[1024] rms, eps 1e-06": a
+// function seam as refusals and explain quote it.
 std::string function_shape(const HostModule& m) {
   if (m.kind == ModuleKind::recurrence) {
     const RecurrenceFacts& r = m.recurrence;
     return "q/k " + std::to_string(r.k_heads) + "x" + std::to_string(r.k_dim) + ", v " +
            std::to_string(r.v_heads) + "x" + std::to_string(r.v_dim);
   }
+  if (m.kind == ModuleKind::attention) {
+    const AttentionFacts& f = m.attention;
+    std::string s = std::to_string(f.heads) + " heads / " + std::to_string(f.kv_heads) + " kv of " +
+                    std::to_string(f.head_dim);
+    if (f.softcap > 0) s += ", softcap " + eps_text(f.softcap);
+    if (f.sliding_window > 0) s += ", window " + std::to_string(f.sliding_window);
+    return s;
+  }
+  if (m.kind == ModuleKind::norm)
+    return "[" + std::to_string(m.in_features) + "] " + name_of(m.norm.form) + ", eps " +
+           eps_text(m.norm.eps);
   return std::to_string(m.conv.channels) + " channels x " + std::to_string(m.conv.taps) + " taps";
 }
 
@@ -130,6 +155,7 @@ class Matcher {
     if (n.kind == NodeKind::experts) return m.kind == ModuleKind::experts;
     if (n.kind == NodeKind::recurrence) return m.kind == ModuleKind::recurrence;
     if (n.kind == NodeKind::conv) return m.kind == ModuleKind::conv;
+    if (n.kind == NodeKind::attention) return m.kind == ModuleKind::attention;
     return m.kind == ModuleKind::linear &&
            (!n.output_head || (!g_.output_head.empty() && m.path == g_.output_head));
   }
@@ -172,7 +198,7 @@ class Matcher {
         ok = bind_dim(n.experts_dim, m->experts.experts, bound) &&
              bind_dim(n.out_dim, m->experts.intermediate, bound) &&
              bind_dim(n.in_dim, m->experts.hidden, bound);
-      else if (function_node(n.kind)) {
+      else if (function_unit(spec_)) {
         const std::vector<int64_t> values = function_dims(*m, n.kind);
         for (size_t j = 0; j < values.size() && ok; ++j)
           ok = bind_dim(node_dims(n.kind)[j], values[j], bound);
@@ -206,7 +232,7 @@ std::string shape_text(const StructureSpec& spec, const Assignment& a) {
   for (const MatchNode& n : spec.match.nodes)
     if (n.kind == NodeKind::experts && a.count(n.name)) return bank_shape(*a.at(n.name));
   for (const MatchNode& n : spec.match.nodes)
-    if (function_node(n.kind) && a.count(n.name)) return function_shape(*a.at(n.name));
+    if (function_unit(spec) && a.count(n.name)) return function_shape(*a.at(n.name));
   for (const MatchNode& n : spec.match.nodes) {
     if (n.kind != NodeKind::linear || !a.count(n.name)) continue;
     ++linears;
@@ -322,6 +348,7 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
     const std::string got =
         n.kind == NodeKind::norm         ? name_of(m.norm.form)
         : n.kind == NodeKind::recurrence ? name_of(m.recurrence.form)
+        : n.kind == NodeKind::attention  ? name_of(m.attention.form)
         : n.kind == NodeKind::conv && !m.conv.activated
             ? std::string(kNoActivation)
             : name_of(n.kind == NodeKind::conv ? m.conv.activation : m.activation);
@@ -331,8 +358,19 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
       std::string why = n.attribute + " '" + got + "' outside {" + set + "} (" + shape + ")";
       if (n.kind == NodeKind::recurrence && !m.recurrence.other.empty())
         why += ": " + m.recurrence.other;
+      if (n.kind == NodeKind::attention && !m.attention.other.empty())
+        why += ": " + m.attention.other;
       return why;
     }
+  }
+  for (const MatchNode& n : spec.match.nodes) {
+    // A norm seat computes the module's own weight and epsilon: a norm seen only on its calls
+    // (no weight of its own, its epsilon not read from the module) is not one it can stand for.
+    if (n.kind != NodeKind::norm || !function_unit(spec) || !a.count(n.name)) continue;
+    const NormFacts& f = a.at(n.name)->norm;
+    if (!f.affine || f.eps <= 0)
+      return "a norm without a weight of its own, its epsilon not read from the module (" + shape +
+             ")";
   }
   for (const auto& [name, value] : dims) {
     const DimSpec* d = spec.dim(name);
@@ -399,9 +437,11 @@ Seam make_seam(const CallIndex& calls, const StructureSpec& spec, const Assignme
       s.weight_count += 3 * e.experts * e.intermediate * e.hidden;
       continue;
     }
-    if (function_node(n.kind)) {
+    if (function_unit(spec)) {
       first_linear = &m;
       if (n.kind == NodeKind::conv) s.activation = m.conv.activation;
+      if (n.kind == NodeKind::norm) s.norm = m.norm;
+      if (n.kind == NodeKind::attention) s.attention = m.attention;
       const std::vector<int64_t> values = function_dims(m, n.kind);
       for (size_t j = 0; j < values.size(); ++j) s.dims[node_dims(n.kind)[j]] = values[j];
       continue;
@@ -435,6 +475,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
                          : lead.kind == NodeKind::experts    ? m.kind == ModuleKind::experts
                          : lead.kind == NodeKind::recurrence ? m.kind == ModuleKind::recurrence
                          : lead.kind == NodeKind::conv       ? m.kind == ModuleKind::conv
+                         : lead.kind == NodeKind::attention  ? m.kind == ModuleKind::attention
                                                              : m.kind == ModuleKind::norm;
     if (!kind_ok || (lead.output_head && (g.output_head.empty() || m.path != g.output_head)))
       continue;
@@ -446,7 +487,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
         out.refused.emplace_back(m.path,
                                  spec.name + ": " +
                                      (m.kind == ModuleKind::experts ? bank_shape(m)
-                                      : function_node(lead.kind)    ? function_shape(m)
+                                      : function_unit(spec)         ? function_shape(m)
                                                                     : weight_shape(m)) +
                                      " never called in the observed forward, no form to qualify");
       continue;
@@ -465,7 +506,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
         dims[n.experts_dim] = a.at(n.name)->experts.experts;
         dims[n.out_dim] = a.at(n.name)->experts.intermediate;
         dims[n.in_dim] = a.at(n.name)->experts.hidden;
-      } else if (function_node(n.kind) && a.count(n.name)) {
+      } else if (function_unit(spec) && a.count(n.name)) {
         const std::vector<int64_t> values = function_dims(*a.at(n.name), n.kind);
         for (size_t j = 0; j < values.size(); ++j) dims[node_dims(n.kind)[j]] = values[j];
       }

@@ -246,6 +246,10 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
     if (rung.op == OpKind::gated_delta) {
       d.k = dim("k_dim");
       d.n = dim("v_dim");
+    } else if (rung.op == OpKind::rmsnorm) {
+      d.k = d.n = dim("width");
+    } else if (rung.op == OpKind::attention) {
+      d.k = d.n = dim("head_dim");
     } else {
       d.n = dim("channels");
       d.k = dim("taps");
@@ -258,6 +262,10 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
     SeatPlan seat = base;
     seat.package = rung.package;
     seat.op = rung.op;
+    // A norm's seat reads the module's own weight (copied at bind); a function's reads no weight.
+    if (rung.op == OpKind::rmsnorm) seat.slots["weight"] = weight_of(seam.site);
+    // Attention serves decode rows, one query token per sequence; a prompt's call is the host's.
+    if (rung.op == OpKind::attention) seat.band_max = 1;
     seat.impl = impl;
     seat.ladder = steps;
     p.seats.push_back(std::move(seat));
@@ -381,11 +389,11 @@ std::string dims_text(const std::vector<int64_t>& shape) {
 // module's subtree): a bank's router is kept at host precision with the reason, anything else
 // refused as described by no structure, with the holding module's type and the shape.
 void account_weights(const HostGraph& g, int64_t min_elements, Plan& p) {
-  // A decision about a module's recurrence function is not one about its projections: it
-  // covers no weight below it.
+  // A decision about a module's recurrence or attention function is not one about its
+  // projections: it covers no weight below it.
   const auto decides_weights = [&](const std::string& site) {
     const HostModule* m = g.find(site);
-    return m == nullptr || m->kind != ModuleKind::recurrence;
+    return m == nullptr || (m->kind != ModuleKind::recurrence && m->kind != ModuleKind::attention);
   };
   std::vector<std::string> covered;
   for (const SeatPlan& s : p.seats) {

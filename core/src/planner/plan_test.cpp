@@ -987,5 +987,121 @@ TEST(Plan, ARecurrenceDecisionCoversNoWeightBelowIt) {
   EXPECT_TRUE(named) << explain(p, true);
 }
 
+std::vector<SiteReason>::const_iterator find_site(const std::vector<SiteReason>& rs,
+                                                  const std::string& site) {
+  return std::find_if(rs.begin(), rs.end(), [&](const SiteReason& r) { return r.first == site; });
+}
+
+// A decoder layer's norms (measured `form`, the module's epsilon) and its attention module as the
+// door saw it call the host's attention interface (`attention`).
+GraphBuilder decoder_layer(NormForm form, double eps, bool affine, AttentionForm attention) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  const std::string p = "layers.0";
+  for (const std::string norm : {"input_layernorm", "post_attention_layernorm"}) {
+    HostModule& n = b.module(p + "." + norm, ModuleKind::norm);
+    n.in_features = n.out_features = 1024;
+    n.norm.form = form;
+    n.norm.eps = eps;
+    n.norm.affine = affine;
+    b.call(p + "." + norm, b.next_id, b.next_id + 1, 1);
+    b.next_id += 2;
+  }
+  HostModule& a = b.module(p + ".self_attn", ModuleKind::attention);
+  a.attention.form = attention;
+  a.attention.heads = 16;
+  a.attention.kv_heads = 8;
+  a.attention.head_dim = 128;
+  a.attention.implementation = "sdpa";
+  if (attention == AttentionForm::softcapped) a.attention.softcap = 50;
+  if (attention == AttentionForm::other) a.attention.other = "its calls pass s_aux";
+  b.call(p + ".self_attn", b.next_id, b.next_id + 1, 1);
+  b.next_id += 2;
+  b.linear(p + ".self_attn.q_proj", 1024, 2048);
+  b.call(p + ".self_attn.q_proj", b.next_id, b.next_id + 1, 1);
+  b.next_id += 2;
+  b.g.params.push_back({p + ".self_attn.q_proj", "weight", {2048, 1024}, 2048 * 1024});
+  return b;
+}
+
+TEST(Plan, NormsAndAttentionAreSeatedAtHostPrecisionWhereTheirFormIsOneTheOpsCompute) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.structures = {"norm_fused", "attention_core"};
+  const Plan p =
+      plan(decoder_layer(NormForm::rms_one_plus, 1e-6, true, AttentionForm::softcapped).g,
+           catalog(), o, hub());
+  ASSERT_EQ(p.seats.size(), 3u) << explain(p);
+  for (const SeatPlan& s : p.seats) {
+    EXPECT_TRUE(s.form.host);
+    EXPECT_EQ(s.package, "flashrt/decode");
+    if (s.op == OpKind::rmsnorm) {
+      EXPECT_EQ(s.impl, "rmsnorm_f32");
+      EXPECT_EQ(s.seam.norm.form, NormForm::rms_one_plus);
+      EXPECT_DOUBLE_EQ(s.seam.norm.eps, 1e-6);
+      ASSERT_EQ(s.slots.count("weight"), 1u);  // the module's own weight, copied at bind
+      EXPECT_EQ(s.slots.at("weight").module, s.site);
+      EXPECT_EQ(s.band_max, kUnboundedRows);
+    } else {
+      EXPECT_EQ(s.op, OpKind::attention);
+      EXPECT_EQ(s.site, "layers.0.self_attn");
+      EXPECT_EQ(s.band_max, 1);  // decode rows: a prompt's call is the host's
+      EXPECT_DOUBLE_EQ(s.seam.attention.softcap, 50);
+      EXPECT_TRUE(s.slots.empty());
+    }
+  }
+  const std::string text = explain(p);
+  EXPECT_NE(text.find("norm_fused [1024] rms_one_plus, eps 1e-06 -> rmsnorm_f32"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("attention_core 16 heads / 8 kv of 128, softcap 50 -> attention_f32"),
+            std::string::npos)
+      << text;
+  // The attention module's decision covers none of its projections: q_proj is accounted apart.
+  o.structures = {};
+  const Plan all =
+      plan(decoder_layer(NormForm::rms, 1e-5, true, AttentionForm::softmax).g, catalog(), o, hub());
+  EXPECT_EQ(find_site(all.refused, "layers.0.self_attn.q_proj"), all.refused.end()) << explain(all);
+  bool q_seated = false;
+  for (const SeatPlan& s : all.seats) q_seated |= s.site == "layers.0.self_attn.q_proj";
+  EXPECT_TRUE(q_seated) << explain(all);
+}
+
+TEST(Plan, NormsAndAttentionOutsideTheirFormsAreRefusedByFormAndShape) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.structures = {"norm_fused", "attention_core"};
+  const Plan layer =
+      plan(decoder_layer(NormForm::layer, 1e-5, true, AttentionForm::other).g, catalog(), o, hub());
+  EXPECT_TRUE(layer.seats.empty()) << explain(layer);
+  ASSERT_EQ(layer.refused.size(), 3u) << explain(layer);
+  const auto why = [&](const Plan& p, const std::string& site) {
+    const auto it = find_site(p.refused, site);
+    return it == p.refused.end() ? std::string("(not refused)") : it->second;
+  };
+  EXPECT_NE(why(layer, "layers.0.input_layernorm")
+                .find("norm_fused: form 'layer' outside {rms, rms_one_plus} ([1024] layer"),
+            std::string::npos)
+      << explain(layer);
+  EXPECT_NE(why(layer, "layers.0.self_attn")
+                .find("attention_core: form 'other' outside {softmax, softcapped} (16 heads / 8 "
+                      "kv of 128): its calls pass s_aux"),
+            std::string::npos)
+      << explain(layer);
+  // A norm without a weight of its own (its epsilon never read) is not one the seat stands for.
+  const Plan bare =
+      plan(decoder_layer(NormForm::rms, 0, false, AttentionForm::softmax).g, catalog(), o, hub());
+  EXPECT_NE(
+      why(bare, "layers.0.post_attention_layernorm").find("a norm without a weight of its own"),
+      std::string::npos)
+      << explain(bare);
+  // The host-only baseline seats none of them.
+  o.scheme = "none";
+  const Plan none =
+      plan(decoder_layer(NormForm::rms, 1e-6, true, AttentionForm::softmax).g, catalog(), o, hub());
+  EXPECT_TRUE(none.seats.empty()) << explain(none);
+  EXPECT_EQ(none.keep_host.size(), 3u) << explain(none);
+}
+
 }  // namespace
 }  // namespace frt

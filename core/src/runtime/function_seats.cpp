@@ -1,10 +1,13 @@
 // The function seats: a module's gated delta rule and its causal convolution, replaced where the
-// module calls them. Neither holds a weight; each call's views are checked against the dims the
-// plan bound (the core's part), then against the kernel's own per-call supports().
+// module calls them, and a norm module's forward. None packs a weight; each call's views are
+// checked against the dims the plan bound (the core's part), then against the kernel's own
+// per-call supports().
 #include <flashrt/errors.h>
 #include <flashrt/seat.h>
 #include <flashrt/thread_pool.h>
 
+#include <cstring>
+#include <limits>
 #include <string>
 
 #include "runtime/run_on_threads.h"
@@ -185,6 +188,167 @@ Verdict ConvSeat::call(const ConvCall& c, bool training) {
   return run_call(
       training, c.x.dtype, [&] { return call_refusal(c); },
       [&] { run_single(table_, OpKind::causal_conv1d, conv_args(c)); });
+}
+
+std::string NormSeat::refusal(const TensorView& x, const TensorView& y,
+                              const Routing* routing) const {
+  if (routing != nullptr) return "a norm takes no routing";
+  const int64_t width = static_cast<int64_t>(weight_.size());
+  if (x.rank != 2 || x.shape[1] != width || x.strides[1] != 1 ||
+      (x.shape[0] > 1 && x.strides[0] < width))
+    return "input " + x.describe() + ": expected rows of " + std::to_string(width) + " contiguous";
+  if (y.rank != 2 || y.shape[0] != x.shape[0] || y.shape[1] != width || y.strides[1] != 1 ||
+      (y.shape[0] > 1 && y.strides[0] < width) || y.dtype != DType::f32)
+    return "output " + y.describe() + ": expected f32 rows of " + std::to_string(width);
+  if (x.dtype != DType::f32) return "input " + x.describe() + ": the op reads f32";
+  return "";
+}
+
+void NormSeat::execute(const TensorView& x, const TensorView& y, const Routing*) {
+  frt_rmsnorm_args a{};
+  a.rows = x.shape[0];
+  a.width = x.shape[1];
+  a.x = static_cast<const float*>(x.data);
+  a.ldx = x.strides[0];
+  a.weight = weight_.data();
+  a.eps = eps_;
+  a.y = static_cast<float*>(y.data);
+  a.ldy = y.strides[0];
+  // A decode row's norm is a few microseconds of work: waking the team would cost more.
+  if (a.rows * a.width <= (int64_t{1} << 16)) {
+    const frt_op& op = *find_op(table_, OpKind::rmsnorm);
+    frt_error err{};
+    if (op.run(&a, 0, 0, 1, &err) != FRT_OK)
+      throw InvalidArgument(std::string("kernel failed: ") + err.message);
+    return;
+  }
+  run_single(table_, OpKind::rmsnorm, a);
+}
+
+// Note [Mask as a range]: the attention op reads a run of consecutive cached positions, so a mask
+// is taken when each row's attended positions are one range: [first, last) is then what the op
+// reads, starting first positions into the cache. That covers what hosts pass for decode rows: a
+// causal mask over a preallocated (static) cache hides the positions after the last written one,
+// left padding hides a prefix, a sliding window hides everything before it. A float mask must
+// hold exactly 0 where attended and -inf or the f32 lowest where hidden (a bias of other values,
+// ALiBi's, is a form the op does not compute). Scanning it is positions bytes per row, against
+// the heads x positions x head_dim the op reads.
+std::string AttentionSeat::attended(const AttentionCall& c, int64_t r, int64_t& first,
+                                    int64_t& last) const {
+  const int64_t positions = c.k.shape[2];
+  first = 0;
+  last = positions;
+  if (!c.mask) return "";
+  const TensorView& m = *c.mask;
+  const char* base = static_cast<const char*>(m.data);
+  const int64_t size = m.dtype == DType::boolean ? 1 : 4;
+  const int64_t row = m.shape[0] == 1 ? 0 : r;
+  const auto seen = [&](int64_t t, bool& hidden) -> bool {  // false: a value the op cannot apply
+    const char* p = base + (row * m.strides[0] + t * m.strides[3]) * size;
+    if (m.dtype == DType::boolean) {
+      hidden = *reinterpret_cast<const uint8_t*>(p) == 0;
+      return true;
+    }
+    float v;
+    std::memcpy(&v, p, sizeof v);
+    hidden = v != 0.0f;
+    return v == 0.0f || v == -std::numeric_limits<float>::infinity() ||
+           v == std::numeric_limits<float>::lowest();
+  };
+  first = -1;
+  for (int64_t t = 0; t < positions; ++t) {
+    bool hidden = false;
+    if (!seen(t, hidden)) return "the mask adds values other than 0 and -inf (a bias)";
+    if (hidden) {
+      if (first >= 0 && last == positions) last = t;
+    } else if (first < 0) {
+      first = t;
+    } else if (last != positions) {
+      return "the mask's attended positions are not one range (row " + std::to_string(r) + ")";
+    }
+  }
+  if (first < 0) return "the mask hides every position (row " + std::to_string(r) + ")";
+  return "";
+}
+
+std::string AttentionSeat::call_refusal(const AttentionCall& c) const {
+  if (std::string why = shape_refusal("q", c.q, {-1, heads_, 1, dim_}); !why.empty()) return why;
+  const int64_t b = c.q.shape[0];
+  if (std::string why = shape_refusal("k", c.k, {b, kv_heads_, -1, dim_}); !why.empty()) return why;
+  const int64_t positions = c.k.shape[2];
+  if (std::string why = shape_refusal("v", c.v, {b, kv_heads_, positions, dim_}); !why.empty())
+    return why;
+  if (std::string why = shape_refusal("out", c.out, {b, 1, heads_, dim_}); !why.empty()) return why;
+  if (positions < 1) return "k " + c.k.describe() + ": no positions to attend";
+  for (const TensorView* t : {&c.q, &c.k, &c.v, &c.out})
+    if (t->dtype != DType::f32) return t->describe() + ": the op reads and writes f32";
+  if (c.q.strides[3] != 1 || (heads_ > 1 && c.q.strides[1] != dim_))
+    return "q " + c.q.describe() + ": a row's heads are not head_dim apart";
+  for (const TensorView* t : {&c.k, &c.v})
+    if (t->strides[3] != 1 || t->strides[2] < dim_ || (kv_heads_ > 1 && t->strides[1] < dim_))
+      return t->describe() + ": strides the op does not read (head_dim contiguous, positions " +
+             "and heads apart)";
+  if (c.k.strides[1] != c.v.strides[1] || c.k.strides[2] != c.v.strides[2])
+    return "k " + c.k.describe() + " and v " + c.v.describe() + " differ in layout";
+  if (!contiguous(c.out)) return "out " + c.out.describe() + ": expected contiguous";
+  if (!(c.scale > 0) || !(c.softcap >= 0))
+    return "scale " + std::to_string(c.scale) + ", softcap " + std::to_string(c.softcap) +
+           ": expected a positive scale and a softcap >= 0";
+  if (kv_heads_ < 1 || heads_ % kv_heads_ != 0)
+    return std::to_string(heads_) + " query heads over " + std::to_string(kv_heads_) +
+           " kv heads: not whole groups";
+  const OpKind op = c.softcap > 0 ? OpKind::capped_attention : OpKind::attention;
+  if (find_op(table_, op) == nullptr)
+    return std::string(table_.package) + " owns no " + name_of(op) + " op";
+  if (c.mask) {
+    const TensorView& m = *c.mask;
+    if (m.rank != 4 || (m.shape[0] != 1 && m.shape[0] != b) || m.shape[1] != 1 || m.shape[2] != 1 ||
+        m.shape[3] != positions || (m.dtype != DType::boolean && m.dtype != DType::f32))
+      return "mask " + m.describe() + ": expected bool or f32 [" + std::to_string(b) +
+             " or 1, 1, 1, " + std::to_string(positions) + "]";
+    for (int64_t r = 0; r < b; ++r) {
+      int64_t first = 0, last = 0;
+      if (std::string why = attended(c, r, first, last); !why.empty()) return why;
+    }
+  }
+  return "";
+}
+
+void AttentionSeat::run_rows(const AttentionCall& c) {
+  const int64_t positions = c.k.shape[2];
+  const size_t need = static_cast<size_t>(heads_ * positions);
+  if (scores_.size() < need) scores_.resize(need + need / 2);  // a cache grows a row a step
+  for (int64_t r = 0; r < c.q.shape[0]; ++r) {
+    int64_t first = 0, last = positions;
+    attended(c, r, first, last);  // call_refusal() found every row's range readable
+    frt_attention_args a{};
+    a.heads = heads_;
+    a.kv_heads = kv_heads_;
+    a.head_dim = dim_;
+    a.positions = last - first;
+    a.q = static_cast<const float*>(c.q.data) + r * c.q.strides[0];
+    a.k_cache = static_cast<const float*>(c.k.data) + r * c.k.strides[0] + first * c.k.strides[2];
+    a.v_cache = static_cast<const float*>(c.v.data) + r * c.v.strides[0] + first * c.v.strides[2];
+    a.scale = c.scale;
+    a.out = static_cast<float*>(c.out.data) + r * heads_ * dim_;
+    a.scores = scores_.data();
+    a.scores_stride = positions;
+    a.ld_pos = c.k.strides[2];
+    a.ld_head = kv_heads_ > 1 ? c.k.strides[1] : dim_;
+    if (c.softcap > 0) {
+      frt_capped_attention_args capped{};
+      capped.attention = a;
+      capped.softcap = c.softcap;
+      run_single(table_, OpKind::capped_attention, capped);
+    } else {
+      run_single(table_, OpKind::attention, a);
+    }
+  }
+}
+
+Verdict AttentionSeat::call(const AttentionCall& c, bool training) {
+  return run_call(
+      training, c.q.dtype, [&] { return call_refusal(c); }, [&] { run_rows(c); });
 }
 
 }  // namespace frt

@@ -407,6 +407,25 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
     return std::make_unique<LinearSeat>(form, table, mode, std::move(w), std::move(b));
   }
   if (plan.op == OpKind::moe_ffn) return build_bank(plan, tensors, adopted, table, mode, form);
+  if (plan.op == OpKind::rmsnorm) {
+    // A norm's weight is copied as fp32 (1 + w for the rms_one_plus form), never packed.
+    const TensorView& w = operand(tensors, "weight", plan);
+    const int64_t width = plan.seam.dims.count("width") ? plan.seam.dims.at("width") : 0;
+    if (w.rank != 1 || w.shape[0] != width)
+      throw Refused(plan.site + " weight " + w.describe() + ": expected [" + std::to_string(width) +
+                    "]");
+    const NormForm nf = plan.seam.norm.form;
+    if (nf != NormForm::rms && nf != NormForm::rms_one_plus)
+      throw Refused(plan.site + ": norm form " + std::string(name_of(nf)) +
+                    "; the op computes rms and rms_one_plus");
+    std::vector<float> weight = bias_values(&w, width, plan.site + " weight");
+    if (nf == NormForm::rms_one_plus)
+      for (float& v : weight) v += 1.0f;
+    form.width = form.out = width;
+    form.weights = plan.form.describe();
+    return std::make_unique<NormSeat>(form, table, mode, std::move(weight),
+                                      static_cast<float>(plan.seam.norm.eps));
+  }
   if (function_op(plan.op)) {
     // A function seat reads its operands from each call; it packs nothing.
     const auto dim = [&](const char* name) {
@@ -416,6 +435,15 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
       return it->second;
     };
     form.weights = plan.form.describe();
+    if (plan.op == OpKind::attention) {
+      form.width = dim("heads") * dim("head_dim");
+      form.out = form.width;
+      if (plan.seam.attention.softcap > 0 && find_op(table, OpKind::capped_attention) == nullptr)
+        throw Refused(plan.site + ": softcapped scores; " + plan.package +
+                      " owns no capped_attention op");
+      return std::make_unique<AttentionSeat>(form, table, mode, dim("heads"), dim("kv_heads"),
+                                             dim("head_dim"));
+    }
     if (plan.op == OpKind::gated_delta) {
       form.width = dim("k_heads") * dim("k_dim");
       form.out = dim("v_heads") * dim("v_dim");

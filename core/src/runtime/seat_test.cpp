@@ -7,8 +7,11 @@
 #include <flashrt/seat.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -488,6 +491,236 @@ TEST(ExpertBank, PacksLieInOneRegionExpertAfterExpertWithTheirOwnBytes) {
                             static_cast<size_t>(panels * (v.k / 64) * FRT_PANEL * 2)),
                 0);
     }
+  }
+}
+
+WeightForm host_form() {
+  WeightForm f;
+  f.name = "host";
+  f.host = true;
+  f.tag = "f32";
+  return f;
+}
+
+TensorView view4(std::vector<float>& v, std::array<int64_t, 4> shape,
+                 std::array<int64_t, 4> strides) {
+  TensorView t;
+  t.data = v.data();
+  t.rank = 4;
+  t.shape = shape;
+  t.strides = strides;
+  return t;
+}
+
+TEST(BuildSeat, ANormSeatComputesTheMeasuredFormWithTheModulesWeightAndEpsilon) {
+  const int64_t rows = 3, width = 40;
+  std::vector<float> w = ramp(width, 0.5f, 0.3f), x = ramp(rows * width, 2.0f, 1.1f);
+  for (NormForm form : {NormForm::rms, NormForm::rms_one_plus}) {
+    SeatPlan plan = seat_plan(OpKind::rmsnorm, "flashrt/decode", host_form());
+    plan.seam.structure = "norm_fused";
+    plan.seam.dims = {{"width", width}};
+    plan.seam.norm.form = form;
+    plan.seam.norm.eps = 1e-5;
+    plan.band_max = kUnboundedRows;
+    std::unique_ptr<Seat> seat =
+        build_seat(plan, {{"weight", vector_view(w)}}, GuardMode::fallback, hub());
+    ASSERT_NE(dynamic_cast<NormSeat*>(seat.get()), nullptr);
+    EXPECT_EQ(seat->form().width, width);
+    EXPECT_EQ(seat->form().out, width);
+    std::vector<float> y(rows * width, std::nanf(""));
+    ASSERT_EQ(seat->run(matrix_view(x, rows, width), matrix_view(y, rows, width), false),
+              Verdict::ran)
+        << seat->ledger().last_reason;
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < width; ++i) ss += double(x[r * width + i]) * x[r * width + i];
+      const double inv = 1.0 / std::sqrt(ss / width + 1e-5);
+      for (int64_t i = 0; i < width; ++i) {
+        const double scale = form == NormForm::rms ? w[i] : 1.0 + w[i];
+        EXPECT_NEAR(y[r * width + i], x[r * width + i] * inv * scale, 1e-5) << r << "," << i;
+      }
+    }
+    // A call of another width, or another dtype, is a counted miss naming it.
+    std::vector<float> wide(rows * (width + 1));
+    EXPECT_EQ(
+        seat->run(matrix_view(wide, rows, width + 1), matrix_view(wide, rows, width + 1), false),
+        Verdict::fallback);
+    EXPECT_NE(seat->ledger().last_reason.find("expected rows of 40"), std::string::npos)
+        << seat->ledger().last_reason;
+  }
+  // A weight of another width, or a form the op does not compute, is refused at bind.
+  SeatPlan plan = seat_plan(OpKind::rmsnorm, "flashrt/decode", host_form());
+  plan.seam.dims = {{"width", width + 1}};
+  plan.seam.norm.form = NormForm::rms;
+  EXPECT_THROW(build_seat(plan, {{"weight", vector_view(w)}}, GuardMode::fallback, hub()), Refused);
+  plan.seam.dims = {{"width", width}};
+  plan.seam.norm.form = NormForm::layer;
+  EXPECT_THROW(build_seat(plan, {{"weight", vector_view(w)}}, GuardMode::fallback, hub()), Refused);
+}
+
+// softmax(cap(q k^T * scale)) v in double for one row of [heads] queries against [kv][pos] keys.
+std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, int64_t heads, int64_t kv,
+                                        int64_t pos, int64_t dim, double scale, double cap) {
+  std::vector<double> out(heads * dim, 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t g = h / (heads / kv);
+    std::vector<double> s(pos);
+    double mx = -1e300, sum = 0;
+    for (int64_t t = 0; t < pos; ++t) {
+      double d = 0;
+      for (int64_t i = 0; i < dim; ++i) d += double(q[h * dim + i]) * k[(g * pos + t) * dim + i];
+      d *= scale;
+      if (cap > 0) d = cap * std::tanh(d / cap);
+      s[t] = d;
+      mx = std::max(mx, d);
+    }
+    for (double& e : s) sum += (e = std::exp(e - mx));
+    for (int64_t t = 0; t < pos; ++t)
+      for (int64_t i = 0; i < dim; ++i) out[h * dim + i] += s[t] / sum * v[(g * pos + t) * dim + i];
+  }
+  return out;
+}
+
+TEST(BuildSeat, AnAttentionSeatReadsTheHostsCacheWhereItStands) {
+  const int64_t heads = 4, kv = 2, dim = 32, pos = 7;
+  std::vector<float> q = ramp(heads * dim, 1.0f, 0.2f), k = ramp(kv * pos * dim, 1.0f, 0.9f),
+                     v = ramp(kv * pos * dim, 1.0f, 1.7f);
+  SeatPlan plan = seat_plan(OpKind::attention, "flashrt/decode", host_form());
+  plan.seam.structure = "attention_core";
+  plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
+  plan.band_max = 1;
+  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  auto* att = dynamic_cast<AttentionSeat*>(seat.get());
+  ASSERT_NE(att, nullptr);
+  for (float cap : {0.0f, 2.0f}) {
+    std::vector<float> out(heads * dim, std::nanf(""));
+    AttentionCall c;
+    c.q = view4(q, {1, heads, 1, dim}, {heads * dim, dim, heads * dim, 1});
+    c.k = view4(k, {1, kv, pos, dim}, {kv * pos * dim, pos * dim, dim, 1});
+    c.v = view4(v, {1, kv, pos, dim}, {kv * pos * dim, pos * dim, dim, 1});
+    c.out = view4(out, {1, 1, heads, dim}, {heads * dim, heads * dim, dim, 1});
+    c.scale = 0.25f;
+    c.softcap = cap;
+    ASSERT_EQ(att->call(c, false), Verdict::ran) << seat->ledger().last_reason;
+    const std::vector<double> want = attention_reference(q, k, v, heads, kv, pos, dim, 0.25, cap);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-5) << cap << "," << i;
+  }
+  // A mask attending one range per row: the op reads that range (Note [Mask as a range]).
+  {
+    std::vector<uint8_t> visible = {0, 0, 1, 1, 1, 1, 0};  // positions 2..5
+    TensorView m;
+    m.data = visible.data();
+    m.dtype = DType::boolean;
+    m.rank = 4;
+    m.shape = {1, 1, 1, pos};
+    m.strides = {pos, pos, pos, 1};
+    std::vector<float> out(heads * dim, std::nanf(""));
+    AttentionCall c;
+    c.q = view4(q, {1, heads, 1, dim}, {heads * dim, dim, heads * dim, 1});
+    c.k = view4(k, {1, kv, pos, dim}, {kv * pos * dim, pos * dim, dim, 1});
+    c.v = view4(v, {1, kv, pos, dim}, {kv * pos * dim, pos * dim, dim, 1});
+    c.out = view4(out, {1, 1, heads, dim}, {heads * dim, heads * dim, dim, 1});
+    c.mask = m;
+    c.scale = 0.25f;
+    ASSERT_EQ(att->call(c, false), Verdict::ran) << seat->ledger().last_reason;
+    // The reference over positions 2..5 alone: each kv head's rows 2..5.
+    std::vector<float> k4, v4;
+    for (int64_t g = 0; g < kv; ++g)
+      for (int64_t t = 2; t < 6; ++t)
+        for (int64_t i = 0; i < dim; ++i) {
+          k4.push_back(k[(g * pos + t) * dim + i]);
+          v4.push_back(v[(g * pos + t) * dim + i]);
+        }
+    const std::vector<double> want = attention_reference(q, k4, v4, heads, kv, 4, dim, 0.25, 0);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-5) << i;
+    // A hole in the range, then every position hidden: counted misses naming the mask.
+    visible = {1, 1, 0, 1, 1, 1, 1};
+    EXPECT_EQ(att->call(c, false), Verdict::fallback);
+    EXPECT_NE(seat->ledger().last_reason.find("not one range"), std::string::npos)
+        << seat->ledger().last_reason;
+    visible.assign(pos, 0);
+    EXPECT_EQ(att->call(c, false), Verdict::fallback);
+    EXPECT_NE(seat->ledger().last_reason.find("hides every position"), std::string::npos);
+    // An additive f32 mask: -inf hides, 0 attends; a bias of other values is refused.
+    std::vector<float> additive(pos, 0.0f);
+    additive[0] = -std::numeric_limits<float>::infinity();
+    additive[1] = std::numeric_limits<float>::lowest();
+    m.data = additive.data();
+    m.dtype = DType::f32;
+    c.mask = m;
+    EXPECT_EQ(att->call(c, false), Verdict::ran) << seat->ledger().last_reason;
+    additive[3] = -0.5f;
+    EXPECT_EQ(att->call(c, false), Verdict::fallback);
+    EXPECT_NE(seat->ledger().last_reason.find("a bias"), std::string::npos);
+  }
+  const int64_t misses = seat->ledger().fallbacks;
+  // Two query tokens, keys of another head size, a non-positive scale: each a counted miss.
+  std::vector<float> out(2 * heads * dim);
+  AttentionCall bad;
+  bad.q = view4(q, {1, heads, 2, dim}, {heads * dim, dim, heads * dim, 1});
+  bad.k = view4(k, {1, kv, pos, dim}, {kv * pos * dim, pos * dim, dim, 1});
+  bad.v = bad.k;
+  bad.out = view4(out, {1, 2, heads, dim}, {2 * heads * dim, heads * dim, dim, 1});
+  bad.scale = 1;
+  EXPECT_EQ(att->call(bad, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("expected [-1, 4, 1, 32]"), std::string::npos)
+      << seat->ledger().last_reason;
+  bad.q = view4(q, {1, heads, 1, dim}, {heads * dim, dim, heads * dim, 1});
+  bad.k = view4(k, {1, kv, pos, dim / 2}, {kv * pos * dim, pos * dim, dim / 2, 1});
+  EXPECT_EQ(att->call(bad, false), Verdict::fallback);
+  bad.k = bad.v;
+  bad.out = view4(out, {1, 1, heads, dim}, {heads * dim, heads * dim, dim, 1});
+  bad.scale = 0;
+  EXPECT_EQ(att->call(bad, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("expected a positive scale"), std::string::npos)
+      << seat->ledger().last_reason;
+  EXPECT_EQ(seat->ledger().fallbacks, misses + 3);
+  EXPECT_EQ(seat->admit_rows(5), Verdict::band);  // a prompt's call is the host's
+}
+
+TEST(BuildSeat, AnAttentionSeatReadsEachRowOfABatchAtItsOwnRange) {
+  // Two sequences over one kv head (multi-query), the cache [batch, 1, max_len, dim] with room
+  // beyond what is written (a static cache); row 0 attends positions 0..4, row 1 (left-padded)
+  // positions 2..5.
+  const int64_t heads = 2, kv = 1, dim = 16, max_len = 8, batch = 2;
+  std::vector<float> q = ramp(batch * heads * dim, 1.0f, 0.4f),
+                     k = ramp(batch * kv * max_len * dim, 1.0f, 0.8f),
+                     v = ramp(batch * kv * max_len * dim, 1.0f, 1.3f);
+  SeatPlan plan = seat_plan(OpKind::attention, "flashrt/decode", host_form());
+  plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
+  plan.band_max = 1;
+  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  auto* att = dynamic_cast<AttentionSeat*>(seat.get());
+  ASSERT_NE(att, nullptr);
+  std::vector<uint8_t> visible = {1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+  TensorView m;
+  m.data = visible.data();
+  m.dtype = DType::boolean;
+  m.rank = 4;
+  m.shape = {batch, 1, 1, max_len};
+  m.strides = {max_len, max_len, max_len, 1};
+  std::vector<float> out(batch * heads * dim, std::nanf(""));
+  AttentionCall c;
+  c.q = view4(q, {batch, heads, 1, dim}, {heads * dim, dim, heads * dim, 1});
+  c.k = view4(k, {batch, kv, max_len, dim}, {kv * max_len * dim, max_len * dim, dim, 1});
+  c.v = view4(v, {batch, kv, max_len, dim}, {kv * max_len * dim, max_len * dim, dim, 1});
+  c.out = view4(out, {batch, 1, heads, dim}, {heads * dim, heads * dim, dim, 1});
+  c.mask = m;
+  c.scale = 0.3f;
+  ASSERT_EQ(att->call(c, false), Verdict::ran) << seat->ledger().last_reason;
+  for (int64_t r = 0; r < batch; ++r) {
+    const int64_t first = r == 0 ? 0 : 2, last = r == 0 ? 5 : 6;
+    std::vector<float> qr(q.begin() + r * heads * dim, q.begin() + (r + 1) * heads * dim), kr, vr;
+    for (int64_t t = first; t < last; ++t)
+      for (int64_t i = 0; i < dim; ++i) {
+        kr.push_back(k[(r * max_len + t) * dim + i]);
+        vr.push_back(v[(r * max_len + t) * dim + i]);
+      }
+    const std::vector<double> want =
+        attention_reference(qr, kr, vr, heads, kv, last - first, dim, 0.3, 0);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(out[r * heads * dim + i], want[i], 1e-5) << r << "," << i;
   }
 }
 

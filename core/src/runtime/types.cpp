@@ -9,12 +9,13 @@ namespace {
 template <typename E, size_t N>
 using Table = std::array<std::pair<E, std::string_view>, N>;
 
-constexpr Table<DType, 6> kDTypes{{{DType::f32, "f32"},
+constexpr Table<DType, 7> kDTypes{{{DType::f32, "f32"},
                                    {DType::bf16, "bf16"},
                                    {DType::f16, "f16"},
                                    {DType::f64, "f64"},
                                    {DType::i64, "i64"},
-                                   {DType::other, "other"}}};
+                                   {DType::other, "other"},
+                                   {DType::boolean, "bool"}}};
 constexpr Table<Activation, 5> kActivations{{{Activation::silu, "silu"},
                                              {Activation::gelu_tanh, "gelu_tanh"},
                                              {Activation::gelu, "gelu"},
@@ -54,6 +55,10 @@ constexpr Table<RopeKind, 8> kRopeKinds{{{RopeKind::plain, "default"},
 constexpr Table<RecurrenceForm, 3> kRecurrenceForms{{{RecurrenceForm::unknown, "unknown"},
                                                      {RecurrenceForm::gated_delta, "gated_delta"},
                                                      {RecurrenceForm::other, "other"}}};
+constexpr Table<AttentionForm, 4> kAttentionForms{{{AttentionForm::unknown, "unknown"},
+                                                   {AttentionForm::softmax, "softmax"},
+                                                   {AttentionForm::softcapped, "softcapped"},
+                                                   {AttentionForm::other, "other"}}};
 
 template <typename E, size_t N>
 const char* name_in(const Table<E, N>& t, E v) {
@@ -86,6 +91,7 @@ const char* name_of(OutputKind v) { return name_in(kOutputKinds, v); }
 const char* name_of(NormForm v) { return name_in(kNormForms, v); }
 const char* name_of(RopeKind v) { return name_in(kRopeKinds, v); }
 const char* name_of(RecurrenceForm v) { return name_in(kRecurrenceForms, v); }
+const char* name_of(AttentionForm v) { return name_in(kAttentionForms, v); }
 std::optional<DType> parse_dtype(std::string_view n) { return parse_in(kDTypes, n); }
 std::optional<Activation> parse_activation(std::string_view n) { return parse_in(kActivations, n); }
 std::optional<WeightFormat> parse_weight_format(std::string_view n) {
@@ -99,6 +105,9 @@ std::optional<NormForm> parse_norm_form(std::string_view n) { return parse_in(kN
 std::optional<RopeKind> parse_rope_kind(std::string_view n) { return parse_in(kRopeKinds, n); }
 std::optional<RecurrenceForm> parse_recurrence_form(std::string_view n) {
   return parse_in(kRecurrenceForms, n);
+}
+std::optional<AttentionForm> parse_attention_form(std::string_view n) {
+  return parse_in(kAttentionForms, n);
 }
 const std::vector<std::string>& op_weight_operands(OpKind op) {
   static const std::vector<std::string> kLinear = {"weight"}, kGated = {"gate", "up", "down"},
@@ -153,6 +162,10 @@ template <>
 std::vector<std::pair<RecurrenceForm, std::string_view>> enum_entries<RecurrenceForm>() {
   return entries_of(kRecurrenceForms);
 }
+template <>
+std::vector<std::pair<AttentionForm, std::string_view>> enum_entries<AttentionForm>() {
+  return entries_of(kAttentionForms);
+}
 
 std::string known_dtypes() { return list_of(kDTypes); }
 std::string known_activations() { return list_of(kActivations); }
@@ -162,5 +175,6 @@ std::string known_output_kinds() { return list_of(kOutputKinds); }
 std::string known_norm_forms() { return list_of(kNormForms); }
 std::string known_rope_kinds() { return list_of(kRopeKinds); }
 std::string known_recurrence_forms() { return list_of(kRecurrenceForms); }
+std::string known_attention_forms() { return list_of(kAttentionForms); }
 
 }  // namespace frt

@@ -22,8 +22,9 @@ int32_t rmsnorm_run(const frt_rmsnorm_args* a, int32_t ith, int32_t nth, frt_err
   for (int64_t r = ith; r < a->rows; r += nth) {
     const float* x = a->x + r * a->ldx;
     float* y = a->y + r * a->ldy;
-    float ss = 0.0f;
-    for (int64_t i = 0; i < a->width; ++i) ss += x[i] * x[i];
+    // The variant's vector dot product: a serial sum of squares is one dependent add per
+    // element, four cycles each, which a 1024-wide row of a prompt feels.
+    const float ss = kPanels.dot_f32(x, x, a->width);
     const float inv = 1.0f / std::sqrt(ss / static_cast<float>(a->width) + a->eps);
     for (int64_t i = 0; i < a->width; ++i) y[i] = a->weight[i] * (x[i] * inv);
   }

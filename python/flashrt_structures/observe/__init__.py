@@ -10,6 +10,8 @@ model names; the planner in the core does the matching.
 * `calls`: the forwards run with those hooks (`CallRecorder`), their calls added to the graph;
 * `functions`: modules that call a recurrence or convolution function of their namespace, the
   functions measured, and their calls recorded while the forwards run (`FunctionWatch`).
+* `attention`: modules that call the host's attention interface, their calls recorded through a
+  router registered in it (`AttentionWatch`; the seats route through it too).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from torch import nn
 
 from .. import _core
+from .attention import AttentionWatch
 from .calls import CallRecorder, Forward, host_call, normalise_forwards, record_calls
 from .calls import _first_tensor as _first_tensor  # the vLLM door's seats unwrap (out, bias)
 from .functions import FunctionWatch
@@ -35,9 +38,11 @@ def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
     """The tree and what the forwards showed: rows, dtypes and which calls shared a tensor."""
     graph, hooked = describe_tree(model)
     watch = FunctionWatch(model, graph)
-    with watch.watching():
+    attention = AttentionWatch(model, graph)
+    with watch.watching(), attention.watching():
         record_calls(graph, hooked, forwards, model)
     watch.write()
+    attention.write()
     return graph
 
 

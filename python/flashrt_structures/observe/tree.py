@@ -106,6 +106,10 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         # A pack's module computes what its host projection does and nothing is read from its
         # core seat (several projections'), so it is described as that projection.
         mod = mod.host
+    if isinstance(mod, SeatModule) and mod.seat.form.op == _core.OpKind.rmsnorm:
+        # A norm's seat computes its host's form with its host's weight and epsilon: described
+        # as that norm (a decode program reads them from it).
+        mod = mod.host
     if isinstance(mod, SeatModule):
         # A seat stands here: it computes what its host did, with the op its form names.
         form = mod.seat.form
@@ -159,7 +163,7 @@ def _describe(path: str, mod: nn.Module) -> tuple[_core.HostModule, bool]:
         hm.in_features = norm[0]
         hm.weight_dtype = dtype_of(cast(torch.Tensor, mod.weight).dtype)
         hm.norm = norm[1]
-        return hm, False
+        return hm, True  # observed: a norm seat serves the calls it was seen to take
     if (recurrence := describe_recurrence(mod)) is not None:
         # Its calls of the rule give the dims (FunctionWatch); its own calls are recorded.
         hm.kind = _core.ModuleKind.recurrence

@@ -72,6 +72,14 @@ def describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[st
     projection's and seatable bank's tensors held by reference (a bank is described as a bank
     of experts: Note [The bank in the window])."""
     graph, hooked = observe.describe_tree(model)
+    # vLLM's norms add the residual in the same call, (x, residual) -> (norm(x + residual),
+    # x + residual): not the form norm_fused seats (a norm of x alone), so this door does not
+    # describe them as norms (its attention is vLLM's own backend, no attention interface).
+    modules = list(graph.modules)
+    for m in modules:
+        if m.kind == _core.ModuleKind.norm:
+            m.kind = _core.ModuleKind.module
+    graph.modules = modules
     held: dict[str, dict[str, torch.Tensor]] = {}
     for path, mod in model.named_modules():
         if observe.engine_projection(mod):
