@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -59,7 +60,9 @@ inline const frt_kernel_table* open_variant(const std::string& pkg, const std::s
   return t;
 }
 
+// A new seed per test (printed in its trace), or FRT_TEST_SEED's to replay a failure.
 inline uint64_t fresh_seed() {
+  if (const char* fixed = std::getenv("FRT_TEST_SEED")) return std::strtoull(fixed, nullptr, 10);
   static std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) | rd();
 }

@@ -78,8 +78,11 @@ class ThreadPool : public Parallel {
 
   std::vector<std::thread> workers_;
   std::mutex run_mu_;
-  const std::function<void(int, int)>* job_ = nullptr;
-  int job_threads_ = 0;
+  // The job and its team size, and the generation they were published with (0 while run()
+  // replaces them): Note [Whose job is it] in thread_pool.cpp.
+  std::atomic<const std::function<void(int, int)>*> job_{nullptr};
+  std::atomic<int> job_threads_{0};
+  std::atomic<uint64_t> job_gen_{0};
   int spin_us_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};

@@ -51,10 +51,23 @@ void ThreadPool::worker_main(int ith) {
         continue;
       }
     }
-    seen = gen;
     if (stop_.load()) return;
-    if (ith < job_threads_) {
-      (*job_)(ith, job_threads_);
+    // Note [Whose job is it]: a worker outside a job's team (ith >= its team size) may read the
+    // job after its team finished and run() began publishing the next one. It must not take the
+    // next job's fields for this generation's: it would run its share of the next job now, and
+    // again when it sees the next generation, counting itself out of `pending` twice, so run()
+    // would return while a teammate still works (a phase overlapping the next). The fields are
+    // read between two reads of job_gen_ (a sequence lock: run() zeroes it while it replaces
+    // them); a job is only replaced after its team is done, so a worker that finds them replaced
+    // had no share in this generation's.
+    const uint64_t before = job_gen_.load(std::memory_order_acquire);
+    const std::function<void(int, int)>* job = job_.load(std::memory_order_relaxed);
+    const int threads = job_threads_.load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const uint64_t after = job_gen_.load(std::memory_order_relaxed);
+    seen = gen;
+    if (before == gen && after == gen && ith < threads) {
+      (*job)(ith, threads);
       pending_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
@@ -67,14 +80,18 @@ void ThreadPool::run(int nth, const std::function<void(int, int)>& fn) {
     return;
   }
   nth = nth > size() ? size() : nth;
-  job_ = &fn;
-  job_threads_ = nth;
+  // Note [Whose job is it]: job_gen_ is 0 while the fields change, the new generation after.
+  const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  job_gen_.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  job_.store(&fn, std::memory_order_relaxed);
+  job_threads_.store(nth, std::memory_order_relaxed);
   pending_.store(nth - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
+  job_gen_.store(gen, std::memory_order_release);
+  generation_.store(gen, std::memory_order_release);
   if (sleepers_.load() > 0) generation_.notify_all();
   fn(0, nth);
   while (pending_.load(std::memory_order_acquire) > 0) cpu_relax();
-  job_ = nullptr;
 }
 
 std::string ThreadPool::describe() const {
