@@ -57,7 +57,8 @@ from _common import machine, write_result
 
 PROMPT, NEW = 128, 64
 # The structures at host precision (no weight form): what "projections only" leaves out.
-FUNCTION_STRUCTURES = {"gated_delta_core", "causal_conv", "norm_fused", "attention_core"}
+FUNCTION_STRUCTURES = {"gated_delta_core", "causal_conv", "norm_fused", "attention_core",
+                       "rotary_embed"}
 
 
 def qwen3_06b(layers: int) -> Qwen3ForCausalLM:
@@ -108,6 +109,38 @@ def run_arm(model, prompt: torch.Tensor, new: int) -> dict:  # new >= 1
             "tokens": tokens}
 
 
+def paired_steps(model, structures: dict[str, list[str] | None], scheme: str, step: torch.Tensor,
+                 prompt: torch.Tensor, steps: int) -> dict[str, list[float]]:
+    """Decode step seconds of two seat sets taking turns step by step: each on its own copy of
+    the model (same weights), attached for the whole run, its own cache, the order alternating
+    every step. A drift of the machine's speed (this VM's bandwidth moves by tens of percent
+    between minutes) then lands on both arms alike, so the per-step ratios are the comparison."""
+    arms = {}
+    for name, wanted in structures.items():
+        m = copy.deepcopy(model)
+        plan = S.auto_swaps(m, lambda m=m: m(step), scheme=scheme, structures=wanted)
+        arms[name] = (m, plan.attach(m))
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    try:
+        with torch.no_grad():
+            state = {}
+            for name, (m, _) in arms.items():
+                out = m(prompt, use_cache=True)
+                state[name] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
+            order = list(arms)
+            for i in range(steps):
+                for name in (order if i % 2 == 0 else order[::-1]):
+                    past, token = state[name]
+                    t0 = time.perf_counter()
+                    out = arms[name][0](token, past_key_values=past, use_cache=True)
+                    times[name].append(time.perf_counter() - t0)
+                    state[name] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
+    finally:
+        for _, handle in arms.values():
+            handle.detach()
+    return times
+
+
 def weight_bytes(model, plan_swaps: dict | None) -> int:
     """Bytes one decode step reads from weights: seated ones packed, the rest at host dtype.
     The input embedding reads one row per token and is not counted."""
@@ -139,6 +172,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="decode rounds (64 steps each)")
     parser.add_argument("--prefill-rounds", type=int, default=7)
     parser.add_argument("--no-compiled", action="store_true", help="skip the compiled arms")
+    parser.add_argument("--paired-steps", type=int, default=192,
+                        help="qwen3: steps of the step-by-step projections/every-family pairing")
     parser.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
                         help="the host's KV cache in every arm (dynamic: concatenated per step)")
     args = parser.parse_args()
@@ -274,6 +309,18 @@ def main() -> int:
         print(f"every family vs projections only (w8a16_decode): decode "
               f"{goals['decode_every_family_vs_projections']:.2f}x (goal >= 1.3x), prefill "
               f"{goals['prefill_every_family_vs_projections']:.2f}x")
+        # The same pair taking turns step by step (paired_steps): the ratio of each pair.
+        times = paired_steps(model, {"projections": projections, "every": None},
+                             "w8a16_decode", step, prompt, args.paired_steps)
+        ratios = [p / e for p, e in zip(times["projections"], times["every"], strict=True)]
+        quartiles = statistics.quantiles(ratios, n=4)
+        goals["decode_every_family_vs_projections_paired_steps"] = statistics.median(ratios)
+        goals["paired_steps_ratio_quartiles"] = quartiles
+        goals["paired_steps_median_seconds"] = {k: statistics.median(v) for k, v in times.items()}
+        print(f"  step by step ({args.paired_steps} pairs, own copies, alternating): median "
+              f"ratio {statistics.median(ratios):.3f}x (quartiles {quartiles[0]:.3f}-"
+              f"{quartiles[2]:.3f}); steps {1e3 * statistics.median(times['projections']):.2f} "
+              f"ms vs {1e3 * statistics.median(times['every']):.2f} ms")
     if qwen3_5:
         proj, every_row = rows[1], rows[2]
         goals = {"decode_every_family_vs_host": every_row["decode_speedup_vs_host"],

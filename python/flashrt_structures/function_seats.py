@@ -1,5 +1,6 @@
-"""Function seats: the gated delta rule and the causal convolution a module calls, replaced where
-it calls them (the module-level functions of its modeling namespace), not the module itself.
+"""Function seats: the gated delta rule and the causal convolution a module calls, and the rotary
+function attention modules call with their model's tables, replaced where they are called (the
+module-level functions of their modeling namespace), not the modules themselves.
 
 While a seat is placed, each function it serves is a dispatch in its namespace: a call from a
 seated module (Note [Whose call is it] in observe/functions.py) goes to the core seat, which
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -23,6 +25,7 @@ from torch import nn
 from . import _core
 from .observe.functions import CONV_ACTIVATIONS, Function, called_functions, push_hooks
 from .observe.functions import running_modules as _running
+from .observe.rotary import measure_rotary, rotary_functions, tables_of
 from .seats import BAND, RAISE, RAN, RESTORE, GuardRefused, SeatModule
 
 # (id(namespace), name) -> [the host's function, the seats dispatching from it]
@@ -76,6 +79,11 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]
     return bind
 
 
+def _key(fn: Callable[..., Any]) -> tuple[str, str]:
+    """A function by its module and name (two modeling files may each define one of a name)."""
+    return getattr(fn, "__module__", ""), getattr(fn, "__name__", "")
+
+
 class FunctionSeat(SeatModule):
     """A seated function: placed by `place()` (its dispatch installed), taken out by `undo()`."""
 
@@ -83,7 +91,7 @@ class FunctionSeat(SeatModule):
                  functions: list[Function]) -> None:
         super().__init__(site, host, seat)
         self.functions = functions
-        self._binders = {f.name: _binder(f.original()) for f in functions}
+        self._binders = {_key(f.original()): _binder(f.original()) for f in functions}
         self._hooks: list[Any] = []
 
     def place(self) -> None:
@@ -114,7 +122,7 @@ class FunctionSeat(SeatModule):
 
     def _bind(self, original: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> dict[str, Any]:
-        binder = self._binders.get(getattr(original, "__name__", ""))
+        binder = self._binders.get(_key(original))
         return (binder or _binder(original))(args, kwargs)
 
     def _host_call(self, verdict: int, original: Callable[..., Any], args: tuple[Any, ...],
@@ -230,13 +238,92 @@ class ConvFunctionSeat(FunctionSeat):
         return y
 
 
+class RotaryFunctionSeat(FunctionSeat):
+    """The rotary function every attention module of a model calls with one rotary module's
+    tables (Note [Whose tables are they] in observe/rotary.py): q and k rotated in one call."""
+
+    def __init__(self, site: str, host: nn.Module, seat: _core.Seat,
+                 functions: list[Function]) -> None:
+        super().__init__(site, host, seat, functions)
+        # The cos tables the rotary module returned lately (one per layer type where it computes
+        # several a forward: Gemma 3's local and global), held so no other tensor can be given
+        # their memory while they are matched against (Note [Whose tables are they]).
+        self._tables: deque[torch.Tensor] = deque(maxlen=8)
+
+    def place(self) -> None:
+        super().place()
+        self._hooks = [self.host.register_forward_hook(self._returned)]
+
+    def undo(self) -> None:
+        super().undo()
+        self._tables.clear()
+
+    def _returned(self, _module: nn.Module, _args: Any, output: Any) -> None:
+        tables = tables_of(output)
+        if tables is not None and not torch.compiler.is_compiling():
+            self._tables.append(tables[0])
+
+    def claims(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        if torch.compiler.is_compiling():  # traced: the host's function (a fake has no storage)
+            return False
+        cos = args[2] if len(args) > 2 else kwargs.get("cos")
+        if not isinstance(cos, torch.Tensor):
+            return False
+        ptr = cos.data_ptr()
+        return any(t.data_ptr() == ptr for t in self._tables)
+
+    def call(self, original: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+        if torch.compiler.is_compiling():
+            return original(*args, **kwargs)
+        given: list[str] = []  # other arguments given a value: they may change the result
+        if len(args) == 4 and not kwargs:  # the hosts' call: (q, k, cos, sin)
+            q, k, cos, sin = args
+            layout = 1
+        else:
+            a = self._bind(original, args, kwargs)
+            q, k, cos, sin = (a.pop(n, None) for n in ("q", "k", "cos", "sin"))
+            layout = a.pop("unsqueeze_dim", 1)
+            given = sorted(n for n, v in a.items() if v is not None)
+        seat = cast(_core.RotarySeat, self._seat)
+        why = ""
+        if given:
+            why = "the call passes " + ", ".join(given)
+        elif layout != 1:
+            why = f"unsqueeze_dim {layout}; the op reads q, k as [batch, heads, tokens, dim]"
+        elif not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+            why = "an operand is not a tensor"
+        elif q.dim() != 4 or k.dim() != 4:
+            why = f"q {tuple(q.shape)}, k {tuple(k.shape)}: expected [batch, heads, tokens, dim]"
+        elif torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, cos, sin)):
+            why = "an operand requires grad (autograd)"
+        if why:
+            return self._host_call(seat.miss(why), original, args, kwargs)
+        b, heads, tokens, dim = q.shape
+        # Heads head_dim apart per token (the op's layout), the memory order the host's own
+        # elementwise result has for q and k read from [batch, tokens, heads, dim] projections.
+        q_out = torch.empty((b, tokens, heads, dim), dtype=q.dtype).transpose(1, 2)
+        k_out = torch.empty((b, tokens, k.shape[1], dim), dtype=k.dtype).transpose(1, 2)
+        verdict = seat.call(q, k, cos, sin, q_out, k_out, self.host.training)
+        if verdict != RAN:
+            return self._host_call(verdict, original, args, kwargs)
+        return q_out, k_out
+
+
 def build_function_seat(model: nn.Module, plan: _core.SeatPlan, seat: _core.Seat) -> FunctionSeat:
     """The seat module of a function seat: the functions the site's module (or, for a
-    convolution, its parent) calls that the op replaces."""
+    convolution, its parent; for a rotary module, every module of the model) calls that the op
+    replaces."""
     host = model.get_submodule(plan.site)
+    if plan.op == _core.OpKind.rotary:
+        # Only functions measured to compute the op's form (a model naming another rotary
+        # function beside it keeps that one's calls with the host).
+        functions = [f for f in rotary_functions(model)
+                     if measure_rotary(f.original())[0] == _core.RotaryForm.half]
+        return RotaryFunctionSeat(plan.site, host, seat, functions)
     if plan.op == _core.OpKind.gated_delta:
         functions = [f for f in called_functions(host) if f.kind == "rule"]
         return GatedDeltaFunctionSeat(plan.site, host, seat, functions)
     parent = model.get_submodule(plan.site.rpartition(".")[0]) if "." in plan.site else model
-    functions = [f for f in called_functions(parent) if f.kind != "rule"]
+    functions = [f for f in called_functions(parent) if f.kind in ("conv", "conv_update")]
     return ConvFunctionSeat(plan.site, host, seat, functions)

@@ -190,6 +190,8 @@ class SeatModule(nn.Module):
             return self._miss(verdict, (x,))
         if x.requires_grad and torch.is_grad_enabled():
             return self._miss(self._seat.miss("input requires grad (autograd)"), (x,))
+        if x.dim() <= 4 and x.is_contiguous():  # the core reads the leading dims as rows
+            return self._compute(x, x, rows)
         try:
             x2 = x.view(rows, width)
         except RuntimeError:
@@ -202,10 +204,13 @@ class SeatModule(nn.Module):
 
     def _compute(self, x: torch.Tensor, x2: torch.Tensor, rows: int) -> torch.Tensor:
         """An admitted call: the core seat's run, the host on any other verdict."""
-        out = torch.empty((rows, self.out_width), dtype=x.dtype)
+        # The output in x's shape where the core reads it as rows (rank <= 4), else as rows.
+        shaped = x.dim() <= 4
+        out = torch.empty((*x.shape[:-1], self.out_width) if shaped else (rows, self.out_width),
+                          dtype=x.dtype)
         verdict = self._seat.run(x2, out, self.training)
         if verdict == RAN:
-            return self._ran(x, out.view(*x.shape[:-1], self.out_width))
+            return self._ran(x, out if shaped else out.view(*x.shape[:-1], self.out_width))
         return self._miss(verdict, (x,))
 
     def _ran(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -380,7 +385,7 @@ def build(model: nn.Module, plan: _core.SeatPlan,
     if plan.op == _core.OpKind.attention:
         from .attention_seats import build_attention_seat  # it builds on this module's classes
         module = build_attention_seat(model, plan, seat)
-    elif plan.op in (_core.OpKind.gated_delta, _core.OpKind.causal_conv1d):
+    elif plan.op in (_core.OpKind.gated_delta, _core.OpKind.causal_conv1d, _core.OpKind.rotary):
         from .function_seats import build_function_seat  # it builds on this module's classes
         module = build_function_seat(model, plan, seat)
     else:

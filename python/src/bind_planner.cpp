@@ -35,7 +35,13 @@ void bind_planner(nb::module_& m) {
       .def_rw("inv_freq", &RotaryFacts::inv_freq)
       .def_rw("attention_scaling", &RotaryFacts::attention_scaling)
       .def_rw("inv_freq_of", &RotaryFacts::inv_freq_of)
-      .def_rw("attention_scaling_of", &RotaryFacts::attention_scaling_of);
+      .def_rw("attention_scaling_of", &RotaryFacts::attention_scaling_of)
+      .def_rw("form", &RotaryFacts::form)
+      .def_rw("heads", &RotaryFacts::heads)
+      .def_rw("kv_heads", &RotaryFacts::kv_heads)
+      .def_rw("head_dim", &RotaryFacts::head_dim)
+      .def_rw("functions", &RotaryFacts::functions)
+      .def_rw("other", &RotaryFacts::other);
 
   nb::class_<HostConfig>(m, "HostConfig")
       .def(nb::init<>())

@@ -27,6 +27,28 @@ GuardMode guard_mode(const std::string& on_guard_fail) {
   throw InvalidArgument("on_guard_fail '" + on_guard_fail + "' not in {'fallback', 'raise'}");
 }
 
+// `t` as a matrix [rows, last dim] when its leading dims step by whole rows of each other (rank
+// 1 is one row); any other layout is left as it is, for the seat's own check to name.
+TensorView as_rows(const TensorView& t) {
+  if (t.rank == 2 || t.rank < 1) return t;
+  const int last = t.rank - 1;
+  int64_t rows = 1, row_stride = 0, outer = 0;  // outer: the stride the next outer dim must have
+  bool found = false;                           // a leading dim of more than one row seen
+  for (int i = last - 1; i >= 0; --i) {
+    if (t.shape[i] == 1) continue;
+    if (t.strides[i] <= 0 || (found && t.strides[i] != outer)) return t;  // not rows apart
+    if (!found) row_stride = t.strides[i];
+    found = true;
+    outer = t.strides[i] * t.shape[i];
+    rows *= t.shape[i];
+  }
+  TensorView m = t;
+  m.rank = 2;
+  m.shape = {rows, t.shape[last], 0, 0};
+  m.strides = {found ? row_stride : t.shape[last] * t.strides[last], t.strides[last], 0, 0};
+  return m;
+}
+
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
@@ -69,9 +91,11 @@ void bind_runtime(nb::module_& m) {
   // so the door's forward pays no exception or enum conversion on a hit.
   nb::class_<Seat>(m, "Seat")
       .def("admit_rows", [](Seat& s, int64_t rows) { return static_cast<int>(s.admit_rows(rows)); })
+      // x and y of any rank whose leading dims are one run of rows ([batch, tokens, width]
+      // contiguous) are read as rows: the door hands its tensors without viewing them first.
       .def("run",
            [](Seat& s, nb::handle x, nb::handle y, bool training) {
-             const TensorView xv = view_of(x, "input"), yv = view_of(y, "output");
+             const TensorView xv = as_rows(view_of(x, "input")), yv = as_rows(view_of(y, "output"));
              nb::gil_scoped_release release;
              return static_cast<int>(s.run(xv, yv, training));
            })
@@ -173,6 +197,28 @@ void bind_runtime(nb::module_& m) {
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask").none(), nb::arg("out"),
           nb::arg("scale"), nb::arg("softcap"), nb::arg("training"));
+
+  nb::class_<RotarySeat, Seat>(m, "RotarySeat")
+      .def(
+          "call",
+          [](RotarySeat& s, nb::handle q, nb::handle k, nb::handle cos, nb::handle sin,
+             nb::handle q_out, nb::handle k_out, bool training) {
+            RotaryCall c;
+            try {
+              c.q = view_of(q, "q");
+              c.k = view_of(k, "k");
+              c.cos = view_of(cos, "cos");
+              c.sin = view_of(sin, "sin");
+              c.q_out = view_of(q_out, "q_out");
+              c.k_out = view_of(k_out, "k_out");
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.call(c, training));
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("cos"), nb::arg("sin"), nb::arg("q_out"),
+          nb::arg("k_out"), nb::arg("training"));
 
   // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).

@@ -31,6 +31,7 @@ void bind_types(nb::module_& m) {
   bind_enum<RopeKind>(m, "RopeKind");
   bind_enum<RecurrenceForm>(m, "RecurrenceForm");
   bind_enum<AttentionForm>(m, "AttentionForm");
+  bind_enum<RotaryForm>(m, "RotaryForm");
   nb::enum_<ModuleKind>(m, "ModuleKind")
       .value("linear", ModuleKind::linear)
       .value("embedding", ModuleKind::embedding)
@@ -40,6 +41,7 @@ void bind_types(nb::module_& m) {
       .value("recurrence", ModuleKind::recurrence)
       .value("conv", ModuleKind::conv)
       .value("attention", ModuleKind::attention)
+      .value("rotary", ModuleKind::rotary)
       .value("module", ModuleKind::module);
   nb::enum_<RouterForm>(m, "RouterForm")
       .value("unknown", RouterForm::unknown)

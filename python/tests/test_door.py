@@ -25,7 +25,7 @@ def decode_forward(model, n=1, seed=0):
 
 # The structures whose seats hold packed weights (a scheme's forms): the projection contract.
 # The function structures (norms, attention, the gated delta rule) run at host precision.
-FUNCTIONS = {"norm_fused", "attention_core", "gated_delta_core", "causal_conv"}
+FUNCTIONS = {"norm_fused", "attention_core", "gated_delta_core", "causal_conv", "rotary_embed"}
 PROJECTIONS = [s for s in S.list_structures() if s not in FUNCTIONS]
 
 
@@ -43,7 +43,8 @@ def counts(plan):
 def test_catalog_lists_the_shipped_structures():
     assert S.list_structures() == ["attention_core", "causal_conv", "decoder_ffn", "encoder_ffn",
                                    "gated_delta_core", "linear_proj", "lm_head",
-                                   "modnorm_qkv_chain", "moe_experts", "norm_fused", "qkv_pack"]
+                                   "modnorm_qkv_chain", "moe_experts", "norm_fused", "qkv_pack",
+                                   "rotary_embed"]
 
 
 @pytest.mark.parametrize("make,layers,norms", [(hosts.qwen3, 3, 4), (hosts.llama, 2, 2),
@@ -52,9 +53,10 @@ def test_discovery_counts_match_the_architecture(make, layers, norms):
     model = make(layers)
     plan = all_seats(model)
     # Per layer: four projections, the feed-forward, its attention and its norms (Qwen3's q/k
-    # norms too); the final norm and the head.
+    # norms too); the final norm, the head and the model's rotary.
     assert counts(plan) == {"linear_proj": 4 * layers, "decoder_ffn": layers, "lm_head": 1,
-                            "attention_core": layers, "norm_fused": norms * layers + 1}
+                            "attention_core": layers, "norm_fused": norms * layers + 1,
+                            "rotary_embed": 1}
     assert plan.notes["refused"] == []
     sites = set(plan.swaps)
     for i in range(layers):
@@ -116,7 +118,7 @@ def test_explain_prints_every_seat_keep_and_refusal_with_counts():
     model = hosts.qwen3()
     plan = S.auto_swaps(model, decode_forward(model), scheme="w4a16_decode")
     text = S.explain(plan)
-    assert text.startswith("flashrt plan: scheme w4a16_decode, 22 seams found")
+    assert text.startswith("flashrt plan: scheme w4a16_decode, 23 seams found")
     assert "kept at host:" in text and "below the 65536" in text
     # The default w4 scheme: the offset int4 grid, the head at Q8_0-class int8.
     assert "int4 g32 asymmetric f16 scales" in text and "int8 g32 f16 scales" in text
@@ -128,7 +130,7 @@ def test_scheme_none_keeps_everything_at_host_and_outputs_are_the_hosts():
     with torch.no_grad():
         want = model(x).logits
     plan = S.auto_swaps(model, lambda: model(x), scheme="none")
-    assert plan.swaps == {} and len(plan.notes["scheme"]["keep_host"]) == 22
+    assert plan.swaps == {} and len(plan.notes["scheme"]["keep_host"]) == 23
     with pytest.raises(ValueError, match="no swaps"):
         plan.attach(model)
     with torch.no_grad():
@@ -166,7 +168,7 @@ def test_attach_detach_is_bit_exact_and_keeps_the_hosts_objects():
     with torch.no_grad():
         got = model(x).logits
     assert not torch.equal(got, want)  # int8 weights: close, not equal
-    assert handle.summary()["seams"] == 22 and handle.summary()["clean"]
+    assert handle.summary()["seams"] == 23 and handle.summary()["clean"]
     # Its attention is routed where the host's call resolves: the configuration keeps its name.
     sdpa = attention_interface._interfaces()._global_mapping["sdpa"]
     assert hasattr(sdpa, "_flashrt_original") and model.config._attn_implementation == "sdpa"
@@ -240,8 +242,8 @@ def test_a_second_thread_falls_back_and_is_counted():
     rep = {r["site"]: r for r in handle.report()}
     assert rep["lm_head"]["fallbacks"] == 1
     assert rep["lm_head"]["last_reason"] == "called from a second thread"
-    # q, k, v, o, mlp, head, the attention, four norms and the final one
-    assert handle.summary()["fallbacks"] == handle.summary()["seams"] == 12
+    # q, k, v, o, mlp, head, the attention, four norms and the final one, the rotary
+    assert handle.summary()["fallbacks"] == handle.summary()["seams"] == 13
     assert theirs["logits"].shape == mine.shape
     handle.detach()
 
@@ -258,7 +260,7 @@ def test_thirty_two_consecutive_fallbacks_put_the_host_back():
             for _ in range(32):
                 model(x)
     assert model.lm_head is head
-    assert handle.summary()["restored"] == 12
+    assert handle.summary()["restored"] == 13
     model.eval()
     with torch.no_grad():
         model(x)
@@ -308,7 +310,7 @@ def test_every_door_logs_one_line(caplog):
     model = hosts.qwen3(1)
     with caplog.at_level(logging.WARNING, logger="flashrt"):
         handle = all_seats(model).attach(model)
-    assert "[flashrt] 12 seats, 0 refused" in caplog.text
+    assert "[flashrt] 13 seats, 0 refused" in caplog.text
     handle.detach()
 
 
@@ -477,7 +479,7 @@ def test_gated_attach_reports_units_and_refuses_the_whole_host_when_nothing_pass
     result = S.attach(model, lambda: model(x), floors={"top1_agreement": 1.01}, rounds=2)
     assert not result.active and not S.attached(model)
     assert set(result.units) == {"linear_proj", "decoder_ffn", "lm_head", "norm_fused",
-                                 "attention_core"}
+                                 "attention_core", "rotary_embed"}
     # auto measured every candidate scheme; each was refused by the floor
     for u in result.units.values():
         assert u["decision"].startswith("refused: no candidate passed")
@@ -627,9 +629,9 @@ def test_with_every_kernel_package_unavailable_everything_is_refused_and_outputs
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    # The norms and the attention are flashrt/decode's: seated (four norms, the final, the
-    # attention); the host's outputs unchanged by planning.
-    assert out["swaps"] == 6 and out["same"]
+    # The norms, the attention and the rotary are flashrt/decode's: seated (four norms, the
+    # final, the attention, the rotary); the host's outputs unchanged by planning.
+    assert out["swaps"] == 7 and out["same"]
     assert len(out["refused"]) == 6  # q, k, v, o, the FFN, the head
     assert all("kernel package flashrt/linear unavailable" in r for _, r in out["refused"])
     assert {e["repo"] for e in out["unavailable"]} == {"flashrt/linear", "flashrt/ffn"}
@@ -648,3 +650,31 @@ def test_every_seat_reports_the_packed_bytes_it_streams():
     assert grouped["model.layers.0.mlp"].seat.nbytes == (
         2 * (768 * 256 + 768 * 256 // 64 * 2) + (256 * 768 + 256 * 768 // 64 * 2))
     assert grouped["lm_head"].seat.nbytes == hosts.VOCAB * 256 + hosts.VOCAB * 256 // 64 * 2
+
+
+def test_a_seat_reads_leading_dims_as_rows_only_where_they_are_rows_apart():
+    """The core reads a tensor's leading dims as rows where they step by whole rows: a batch of
+    sequences is one matrix, an expanded (stride 0) or padded layout is never read as one."""
+    model = hosts.qwen3(1)
+    plan = all_seats(model, structures=["linear_proj"])
+    site = "model.layers.0.self_attn.q_proj"
+    seat, host = plan.swaps[site], model.get_submodule(site)
+    handle = plan.attach(model)
+    try:
+        width = host.in_features
+        x = torch.randn(2, 3, width)
+        with torch.no_grad():
+            got, want = seat(x), host(x)
+        assert got.shape == want.shape and ops_close(got, want)
+        fallbacks = seat.seat.ledger.fallbacks
+        for bad in (torch.randn(1, 1, width).expand(1, 4, width),  # one row read four times
+                    torch.randn(3, 2, width).transpose(0, 1)):  # rows not one stride apart
+            out = torch.empty(*bad.shape[:-1], host.out_features)
+            assert seat.seat.run(bad, out, False) != S.seats.RAN
+        assert seat.seat.ledger.fallbacks == fallbacks + 2
+    finally:
+        handle.detach()
+
+
+def ops_close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item() > 0.999

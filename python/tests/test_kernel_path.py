@@ -186,7 +186,7 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
         "out = S.decode_loop(m, max_len=32).generate(x, max_new_tokens=3)\n"
         "gated = S.attach(m, lambda: m(x), rounds=1, iters=1)\n"
         "linear_seats = sum(c['seats'] for n_, u in gated.units.items()\n"
-        "                   if n_ not in ('norm_fused', 'attention_core')\n"
+        "                   if n_ not in ('norm_fused', 'attention_core', 'rotary_embed')\n"
         "                   for n, c in u.get('candidates', {}).items() if n == 'w8a16_decode')\n"
         "print(json.dumps({'swaps': sorted(plan.swaps), 'explain': text,\n"
         "  'unavailable': impls.unavailable_report(), 'generated': out.shape[1],\n"
@@ -203,12 +203,13 @@ def test_a_host_still_plans_and_decodes_past_a_package_with_bad_bytes(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    # flashrt/ffn serves the feed-forward seam and flashrt/decode the norms and the attention;
+    # flashrt/ffn serves the feed-forward seam and flashrt/decode the norms, the attention and
+    # the rotary;
     # the projections and the head, which need flashrt/linear, are refused naming it.
     assert out["swaps"] == ["model.layers.0.input_layernorm", "model.layers.0.mlp",
                             "model.layers.0.post_attention_layernorm", "model.layers.0.self_attn",
                             "model.layers.0.self_attn.k_norm", "model.layers.0.self_attn.q_norm",
-                            "model.norm"]
+                            "model.norm", "model.rotary_emb"]
     assert "flashrt/linear" in out["explain"]
     row = next(e for e in out["unavailable"] if e["repo"] == "flashrt/linear")
     assert row["error"] == "corrupt metadata" and "\\xff" in row["detail"]

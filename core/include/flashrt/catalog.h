@@ -71,7 +71,19 @@ struct GateSpec {
 // replaces: it binds width.
 // An `attention` node is a module that calls the host's attention interface (kind attention): it
 // binds heads, kv_heads, head_dim, and its measured form must be one of its attribute's values.
-enum class NodeKind : int32_t { linear, activation, norm, experts, recurrence, conv, attention };
+// A `rotary` node is a rotary embedding module whose cos/sin a rotary function was called with
+// (kind rotary): it binds heads, kv_heads, head_dim, and its measured pairing form must be one of
+// its attribute's values.
+enum class NodeKind : int32_t {
+  linear,
+  activation,
+  norm,
+  experts,
+  recurrence,
+  conv,
+  attention,
+  rotary
+};
 enum class FlowKind : int32_t { same_input, feeds, not_feeds, modulates };
 enum class SiteKind : int32_t { node, parent };
 

@@ -22,6 +22,7 @@ enum class ModuleKind : int32_t {
   recurrence,  // a module whose forward calls a recurrence function; `recurrence` says which
   conv,        // a depthwise 1-D convolution whose weight a convolution function is called with
   attention,   // a module that calls the host's attention interface; `attention` says how
+  rotary,      // a rotary embedding whose cos/sin a rotary function was called with; `rotary`
   module,      // anything else (a container)
 };
 
@@ -102,13 +103,20 @@ struct NormFacts {
   std::string modulation;  // where its output's modulation is computed; "" when none was located
 };
 
-// A rotary embedding module's own (a module exposing its frequencies).
+// A rotary embedding module's own (a module exposing its frequencies) and, where the observed
+// forward called a rotary function of an attention module's namespace with the cos/sin this
+// module returned (transformers' apply_rotary_pos_emb(q, k, cos, sin)), what those calls showed:
+// q [batch, heads, tokens, head_dim], k [batch, kv_heads, tokens, head_dim], the measured form.
 struct RotaryFacts {
   std::vector<float> inv_freq;     // the frequencies it rotates by, scaled as the host scales them
   double attention_scaling = 1.0;  // its cos/sin scale
   // A module holding a table per layer type (Gemma 3: local and global bases), by type.
   std::map<std::string, std::vector<float>> inv_freq_of;
   std::map<std::string, double> attention_scaling_of;
+  RotaryForm form = RotaryForm::unknown;  // unknown: no rotary function call showed its tables
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  std::vector<std::string> functions;  // the rotary functions called with its tables
+  std::string other;                   // form other: what the measurement showed, for the refusal
 };
 
 // What the host's configuration declares that its modules cannot show.

@@ -284,6 +284,37 @@ class AttentionSeat : public Seat {
   std::vector<float> scores_;  // [heads][positions], grown as the cache grows
 };
 
+// One call of a rotary function as an attention module makes it (transformers'
+// apply_rotary_pos_emb(q, k, cos, sin)): q [batch, heads, tokens, head_dim] and k [batch,
+// kv_heads, tokens, head_dim] (any strides, head_dim contiguous), the cos and sin its rotary
+// module returned [batch or 1, tokens, head_dim] (head_dim contiguous; each row's two halves
+// equal, the rotate-half table), and q_out, k_out of q's and k's shapes whose heads are head_dim
+// apart at each (batch, token), written: x[i] cos[i] - x[i + half] sin[i] and
+// x[i + half] cos[i] + x[i] sin[i].
+struct RotaryCall {
+  TensorView q, k, cos, sin, q_out, k_out;
+};
+
+// The seat of a model's rotary function (op rotary): it holds no weight; every call brings the
+// tables its rotary module computed for those positions.
+class RotarySeat : public Seat {
+ public:
+  RotarySeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, int64_t heads,
+             int64_t kv_heads, int64_t head_dim)
+      : Seat(std::move(form), table, mode), heads_(heads), kv_heads_(kv_heads), dim_(head_dim) {}
+  Verdict call(const RotaryCall& c, bool training);
+  std::string call_refusal(const RotaryCall& c) const;  // "" when the kernel takes it
+  int64_t nbytes() const override { return 0; }
+
+ private:
+  std::string refusal(const TensorView&, const TensorView&, const Routing*) const override {
+    return "a rotary takes its own call (call())";
+  }
+  void execute(const TensorView&, const TensorView&, const Routing*) override {}
+  void run_rows(const RotaryCall& c) const;
+  int64_t heads_, kv_heads_, dim_;
+};
+
 // The seat of a norm module's forward (op rmsnorm): y = x / rms(x) * w, rows of its width, the
 // weight copied from the module at bind (rms_one_plus: 1 + w, so the op's x*w form computes
 // Gemma's x*(1+w)) and the module's epsilon.

@@ -59,7 +59,7 @@ enum class OpKind : int32_t {
 // module that is one (rmsnorm: a norm's forward).
 inline bool function_op(OpKind op) {
   return op == OpKind::gated_delta || op == OpKind::causal_conv1d || op == OpKind::rmsnorm ||
-         op == OpKind::attention;
+         op == OpKind::attention || op == OpKind::rotary;
 }
 
 // How a gate scores a forward's output (DESIGN §7).
@@ -93,6 +93,12 @@ enum class RecurrenceForm : int32_t { unknown, gated_delta, other };
 // (`other`: attention sinks, a position bias, value heads of another size).
 enum class AttentionForm : int32_t { unknown, softmax, softcapped, other };
 
+// How a module's rotary function pairs a head's dims, as the door measured it by calling the
+// function on inputs of its own: element i with i + head_dim/2 (`half`: transformers'
+// rotate_half), neighbours 2i and 2i+1 (`interleaved`), or something else (`other`: a partial
+// rotary, another layout).
+enum class RotaryForm : int32_t { unknown, half, interleaved, other };
+
 const char* name_of(DType v);
 const char* name_of(Activation v);
 const char* name_of(WeightFormat v);
@@ -102,10 +108,11 @@ const char* name_of(NormForm v);
 const char* name_of(RopeKind v);
 const char* name_of(RecurrenceForm v);
 const char* name_of(AttentionForm v);
+const char* name_of(RotaryForm v);
 
 // Every value of an enum with its name, in table order: the one definition bindings read (for
 // DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind, RecurrenceForm,
-// AttentionForm).
+// AttentionForm, RotaryForm).
 template <typename E>
 std::vector<std::pair<E, std::string_view>> enum_entries();
 
@@ -119,6 +126,7 @@ std::optional<NormForm> parse_norm_form(std::string_view name);
 std::optional<RopeKind> parse_rope_kind(std::string_view name);
 std::optional<RecurrenceForm> parse_recurrence_form(std::string_view name);
 std::optional<AttentionForm> parse_attention_form(std::string_view name);
+std::optional<RotaryForm> parse_rotary_form(std::string_view name);
 std::string known_dtypes();
 std::string known_activations();
 std::string known_weight_formats();
@@ -128,6 +136,7 @@ std::string known_norm_forms();
 std::string known_rope_kinds();
 std::string known_recurrence_forms();
 std::string known_attention_forms();
+std::string known_rotary_forms();
 
 // The weight operands an op reads, by the ABI's names (frt_linear_args.w is "weight";
 // frt_ffn_args' gate, up, down); a region op's structure must have slots of these names.

@@ -301,7 +301,7 @@ class SpecParser : YamlFields {
     // The attribute a node's measured value must take: declared, and each allowed value one the
     // core names (an activation, or a norm form).
     // (a recurrence form for a recurrence node; "none" also for a conv node, called without one).
-    enum class Values { activation, norm, recurrence, conv, attention };
+    enum class Values { activation, norm, recurrence, conv, attention, rotary };
     const auto node_attribute = [&](const YAML::Node& node, const std::string& field, Values kind) {
       const std::string a = text(require(node, field, "attribute"), child(field, "attribute"));
       if (!s.attributes.count(a))
@@ -312,17 +312,20 @@ class SpecParser : YamlFields {
         const bool known =
             kind == Values::norm         ? parse_norm_form(v).has_value()
             : kind == Values::recurrence ? parse_recurrence_form(v).has_value()
-            : kind == Values::attention
-                ? parse_attention_form(v).has_value()
+            : kind == Values::attention  ? parse_attention_form(v).has_value()
+            : kind == Values::rotary
+                ? parse_rotary_form(v).has_value()
                 : parse_activation(v).has_value() || (kind == Values::conv && v == kNoActivation);
         if (known) continue;
         const std::string what = kind == Values::norm         ? "norm form"
                                  : kind == Values::recurrence ? "recurrence form"
                                  : kind == Values::attention  ? "attention form"
+                                 : kind == Values::rotary     ? "rotary form"
                                                               : "activation";
         const std::string list = kind == Values::norm         ? known_norm_forms()
                                  : kind == Values::recurrence ? known_recurrence_forms()
                                  : kind == Values::attention  ? known_attention_forms()
+                                 : kind == Values::rotary     ? known_rotary_forms()
                                                               : known_activations();
         fail("attributes." + a + "[" + std::to_string(i) + "]",
              "unknown " + what + " '" + v + "' (known: " + list + ")");
@@ -406,15 +409,18 @@ class SpecParser : YamlFields {
         n.weight_slot = n.bank_slots[0];
         n.attribute = node_attribute(kv.second, field, Values::activation);
         has_no_weight(kv.second, field, "an experts node");
-      } else if (kind == "recurrence" || kind == "conv" || kind == "attention") {
+      } else if (kind == "recurrence" || kind == "conv" || kind == "attention" ||
+                 kind == "rotary") {
         // A module whose function the seat replaces; the dims it binds are its kind's own.
-        n.kind = kind == "recurrence" ? NodeKind::recurrence
-                 : kind == "conv"     ? NodeKind::conv
-                                      : NodeKind::attention;
+        n.kind = kind == "recurrence"  ? NodeKind::recurrence
+                 : kind == "conv"      ? NodeKind::conv
+                 : kind == "attention" ? NodeKind::attention
+                                       : NodeKind::rotary;
         n.attribute = node_attribute(kv.second, field,
-                                     kind == "recurrence" ? Values::recurrence
-                                     : kind == "conv"     ? Values::conv
-                                                          : Values::attention);
+                                     kind == "recurrence"  ? Values::recurrence
+                                     : kind == "conv"      ? Values::conv
+                                     : kind == "attention" ? Values::attention
+                                                           : Values::rotary);
         has_no_weight(kv.second, field, "a " + kind + " node");
         for (const std::string& dim : node_dims(n.kind))
           if (s.dim(dim) == nullptr)
@@ -424,7 +430,8 @@ class SpecParser : YamlFields {
       } else {
         fail(child(field, "kind"),
              "'" + kind +
-                 "' is not linear, activation, norm, experts, recurrence, conv or attention");
+                 "' is not linear, activation, norm, experts, recurrence, conv, attention or "
+                 "rotary");
       }
       if (n.kind != NodeKind::experts)
         for (const char* k : {"gate", "up", "down"})
@@ -439,8 +446,10 @@ class SpecParser : YamlFields {
     if (s.kind == "function") {
       if (m.nodes.size() != 1 ||
           (m.nodes[0].kind != NodeKind::recurrence && m.nodes[0].kind != NodeKind::conv &&
-           m.nodes[0].kind != NodeKind::norm && m.nodes[0].kind != NodeKind::attention))
-        fail("match.nodes", "a function structure is one recurrence, conv, norm or attention node");
+           m.nodes[0].kind != NodeKind::norm && m.nodes[0].kind != NodeKind::attention &&
+           m.nodes[0].kind != NodeKind::rotary))
+        fail("match.nodes",
+             "a function structure is one recurrence, conv, norm, attention or rotary node");
     } else if (std::none_of(m.nodes.begin(), m.nodes.end(), [](const MatchNode& n) {
                  return n.kind == NodeKind::linear || n.kind == NodeKind::experts;
                })) {
@@ -580,11 +589,11 @@ const std::vector<std::string>& node_dims(NodeKind kind) {
   static const std::vector<std::string> kRecurrence = {"k_heads", "v_heads", "k_dim", "v_dim"},
                                         kConv = {"channels", "taps"}, kNorm = {"width"},
                                         kAttention = {"heads", "kv_heads", "head_dim"}, kNone = {};
-  return kind == NodeKind::recurrence  ? kRecurrence
-         : kind == NodeKind::conv      ? kConv
-         : kind == NodeKind::norm      ? kNorm
-         : kind == NodeKind::attention ? kAttention
-                                       : kNone;
+  return kind == NodeKind::recurrence                              ? kRecurrence
+         : kind == NodeKind::conv                                  ? kConv
+         : kind == NodeKind::norm                                  ? kNorm
+         : kind == NodeKind::attention || kind == NodeKind::rotary ? kAttention
+                                                                   : kNone;
 }
 
 const MatchNode* MatchSpec::node(std::string_view node_name) const {

@@ -580,7 +580,8 @@ TEST_F(CatalogFiles, NormNodesOptionalNodesAndModulatesAreCheckedAtLoad) {
                "match.nodes.proj.optional", "the first node is not");
   expect_error(
       replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
-      "'layernorm' is not linear, activation, norm, experts, recurrence, conv or attention");
+      "'layernorm' is not linear, activation, norm, experts, recurrence, conv, attention or "
+      "rotary");
   expect_error(replaced(with_norm, "site: parent", "site: parent\n  siblings: maybe"),
                "match.siblings", "");
 }
@@ -659,7 +660,9 @@ TEST_F(CatalogFiles, RegionOpReadsASlotTheStructureLacks) {
   expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: rmsnorm"),
                       "ladders.demo[0].op", "op 'rmsnorm' does not replace the function 'demo'");
   expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: rotary"),
-                      "ladders.demo[0].op", "'rotary' is not an op a seat runs");
+                      "ladders.demo[0].op", "op 'rotary' does not replace the function 'demo'");
+  expect_policy_error("ladders.yaml", replaced(kLadders, "op: linear", "op: dense"),
+                      "ladders.demo[0].op", "'dense' is not an op a seat runs");
   // The shipped catalog with linear_proj's rung turned into the gated ffn op.
   fs::remove_all(dir_);
   fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);

@@ -338,14 +338,15 @@ void check_ladders(const Catalog& c, const fs::path& root) {
                             "' has nodes of other kinds");
         continue;
       }
-      // A function op replaces the function a recurrence or conv node calls, or a norm node's
-      // forward: no slots to fill, no activation of its own to check.
+      // A function op replaces the function a recurrence, conv, attention or rotary node calls,
+      // or a norm node's forward: no slots to fill, no activation of its own to check.
       const bool function_node =
           spec.kind == "function" && !spec.match.nodes.empty() &&
           (spec.match.nodes[0].kind == NodeKind::recurrence) == (r.op == OpKind::gated_delta) &&
           (spec.match.nodes[0].kind == NodeKind::conv) == (r.op == OpKind::causal_conv1d) &&
           (spec.match.nodes[0].kind == NodeKind::norm) == (r.op == OpKind::rmsnorm) &&
-          (spec.match.nodes[0].kind == NodeKind::attention) == (r.op == OpKind::attention);
+          (spec.match.nodes[0].kind == NodeKind::attention) == (r.op == OpKind::attention) &&
+          (spec.match.nodes[0].kind == NodeKind::rotary) == (r.op == OpKind::rotary);
       if (function_op(r.op) || spec.kind == "function") {
         if (!function_op(r.op) || !function_node)
           f.fail(field, std::string("op '") + name_of(r.op) + "' does not replace the function '" +

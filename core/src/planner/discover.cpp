@@ -44,6 +44,7 @@ std::vector<int64_t> function_dims(const HostModule& m, NodeKind kind) {
     const AttentionFacts& f = m.attention;
     return {f.heads, f.kv_heads, f.head_dim};
   }
+  if (kind == NodeKind::rotary) return {m.rotary.heads, m.rotary.kv_heads, m.rotary.head_dim};
   return {m.conv.channels, m.conv.taps};
 }
 
@@ -72,6 +73,11 @@ std::string function_shape(const HostModule& m) {
     if (f.softcap > 0) s += ", softcap " + eps_text(f.softcap);
     if (f.sliding_window > 0) s += ", window " + std::to_string(f.sliding_window);
     return s;
+  }
+  if (m.kind == ModuleKind::rotary) {
+    const RotaryFacts& f = m.rotary;
+    return "q " + std::to_string(f.heads) + " / k " + std::to_string(f.kv_heads) + " heads of " +
+           std::to_string(f.head_dim);
   }
   if (m.kind == ModuleKind::norm)
     return "[" + std::to_string(m.in_features) + "] " + name_of(m.norm.form) + ", eps " +
@@ -156,6 +162,7 @@ class Matcher {
     if (n.kind == NodeKind::recurrence) return m.kind == ModuleKind::recurrence;
     if (n.kind == NodeKind::conv) return m.kind == ModuleKind::conv;
     if (n.kind == NodeKind::attention) return m.kind == ModuleKind::attention;
+    if (n.kind == NodeKind::rotary) return m.kind == ModuleKind::rotary;
     return m.kind == ModuleKind::linear &&
            (!n.output_head || (!g_.output_head.empty() && m.path == g_.output_head));
   }
@@ -349,6 +356,7 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
         n.kind == NodeKind::norm         ? name_of(m.norm.form)
         : n.kind == NodeKind::recurrence ? name_of(m.recurrence.form)
         : n.kind == NodeKind::attention  ? name_of(m.attention.form)
+        : n.kind == NodeKind::rotary     ? name_of(m.rotary.form)
         : n.kind == NodeKind::conv && !m.conv.activated
             ? std::string(kNoActivation)
             : name_of(n.kind == NodeKind::conv ? m.conv.activation : m.activation);
@@ -360,6 +368,7 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
         why += ": " + m.recurrence.other;
       if (n.kind == NodeKind::attention && !m.attention.other.empty())
         why += ": " + m.attention.other;
+      if (n.kind == NodeKind::rotary && !m.rotary.other.empty()) why += ": " + m.rotary.other;
       return why;
     }
   }
@@ -476,6 +485,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
                          : lead.kind == NodeKind::recurrence ? m.kind == ModuleKind::recurrence
                          : lead.kind == NodeKind::conv       ? m.kind == ModuleKind::conv
                          : lead.kind == NodeKind::attention  ? m.kind == ModuleKind::attention
+                         : lead.kind == NodeKind::rotary     ? m.kind == ModuleKind::rotary
                                                              : m.kind == ModuleKind::norm;
     if (!kind_ok || (lead.output_head && (g.output_head.empty() || m.path != g.output_head)))
       continue;

@@ -248,7 +248,7 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
       d.n = dim("v_dim");
     } else if (rung.op == OpKind::rmsnorm) {
       d.k = d.n = dim("width");
-    } else if (rung.op == OpKind::attention) {
+    } else if (rung.op == OpKind::attention || rung.op == OpKind::rotary) {
       d.k = d.n = dim("head_dim");
     } else {
       d.n = dim("channels");

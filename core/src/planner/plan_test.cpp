@@ -1103,5 +1103,58 @@ TEST(Plan, NormsAndAttentionOutsideTheirFormsAreRefusedByFormAndShape) {
   EXPECT_EQ(none.keep_host.size(), 3u) << explain(none);
 }
 
+// A model's rotary module whose tables the door saw a rotary function called with, in `form`.
+GraphBuilder rotary_host(RotaryForm form) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  HostModule& r = b.module("model.rotary_emb", ModuleKind::rotary);
+  r.rotary.form = form;
+  r.rotary.heads = 16;
+  r.rotary.kv_heads = 8;
+  r.rotary.head_dim = 128;
+  r.rotary.functions = {"transformers.models.qwen3.modeling_qwen3.apply_rotary_pos_emb"};
+  if (form == RotaryForm::other) r.rotary.other = "its calls' tables are 64 wide (partial)";
+  for (int64_t rows : {7, 1}) {
+    b.call("model.rotary_emb", b.next_id, b.next_id + 1, rows);
+    b.next_id += 2;
+  }
+  return b;
+}
+
+TEST(Plan, ARotaryIsSeatedAtHostPrecisionForEveryTokenCountWhereItRotatesHalves) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.structures = {"rotary_embed"};
+  const Plan p = plan(rotary_host(RotaryForm::half).g, catalog(), o, hub());
+  ASSERT_EQ(p.seats.size(), 1u) << explain(p);
+  const SeatPlan& s = p.seats[0];
+  EXPECT_TRUE(s.form.host);
+  EXPECT_EQ(s.op, OpKind::rotary);
+  EXPECT_EQ(s.impl, "rotary_f32");
+  EXPECT_EQ(s.site, "model.rotary_emb");
+  EXPECT_EQ(s.band_min, 1);
+  EXPECT_EQ(s.band_max, kUnboundedRows);  // a prompt's rows and a decode row alike
+  EXPECT_EQ(s.seam.dims.at("kv_heads"), 8);
+  EXPECT_NE(explain(p).find("rotary_embed q 16 / k 8 heads of 128 -> rotary_f32"),
+            std::string::npos)
+      << explain(p);
+  // Interleaved pairs, and a form the door could not name, are refused by form and shape; the
+  // scheme none keeps it with the host.
+  for (RotaryForm form : {RotaryForm::interleaved, RotaryForm::other}) {
+    const Plan r = plan(rotary_host(form).g, catalog(), o, hub());
+    EXPECT_TRUE(r.seats.empty()) << explain(r);
+    ASSERT_EQ(r.refused.size(), 1u) << explain(r);
+    const std::string want = std::string("rotary_embed: form '") + name_of(form) +
+                             "' outside {half} (q 16 / k 8 heads of 128)";
+    EXPECT_NE(r.refused[0].second.find(want), std::string::npos) << r.refused[0].second;
+    if (form == RotaryForm::other) {
+      EXPECT_NE(r.refused[0].second.find("64 wide (partial)"), std::string::npos);
+    }
+  }
+  o.scheme = "none";
+  const Plan none = plan(rotary_host(RotaryForm::half).g, catalog(), o, hub());
+  EXPECT_TRUE(none.seats.empty()) << explain(none);
+}
+
 }  // namespace
 }  // namespace frt

@@ -1,7 +1,7 @@
 // The function seats: a module's gated delta rule and its causal convolution, replaced where the
-// module calls them, and a norm module's forward. None packs a weight; each call's views are
-// checked against the dims the plan bound (the core's part), then against the kernel's own
-// per-call supports().
+// module calls them, its attention and rotary functions, and a norm module's forward. None packs a
+// weight; each call's views are checked against the dims the plan bound (the core's part), then
+// against the kernel's own per-call supports().
 #include <flashrt/errors.h>
 #include <flashrt/seat.h>
 #include <flashrt/thread_pool.h>
@@ -9,6 +9,8 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "runtime/run_on_threads.h"
 
@@ -347,6 +349,92 @@ void AttentionSeat::run_rows(const AttentionCall& c) {
 }
 
 Verdict AttentionSeat::call(const AttentionCall& c, bool training) {
+  return run_call(
+      training, c.q.dtype, [&] { return call_refusal(c); }, [&] { run_rows(c); });
+}
+
+namespace {
+
+// A [batch or 1, tokens, head_dim] table's row for (b, t).
+const float* table_row(const TensorView& t, int64_t b, int64_t tok) {
+  return static_cast<const float*>(t.data) + (t.shape[0] == 1 ? 0 : b * t.strides[0]) +
+         tok * t.strides[1];
+}
+
+}  // namespace
+
+std::string RotarySeat::call_refusal(const RotaryCall& c) const {
+  if (std::string why = shape_refusal("q", c.q, {-1, heads_, -1, dim_}); !why.empty()) return why;
+  const int64_t b = c.q.shape[0], tokens = c.q.shape[2];
+  if (std::string why = shape_refusal("k", c.k, {b, kv_heads_, tokens, dim_}); !why.empty())
+    return why;
+  for (const auto& [what, out, heads] :
+       {std::tuple{"q_out", &c.q_out, heads_}, std::tuple{"k_out", &c.k_out, kv_heads_}}) {
+    if (std::string why = shape_refusal(what, *out, {b, heads, tokens, dim_}); !why.empty())
+      return why;
+    if (out->strides[3] != 1 || (heads > 1 && out->strides[1] != dim_))
+      return std::string(what) + " " + out->describe() + ": a row's heads are not head_dim apart";
+  }
+  for (const auto& [what, t] : {std::pair{"cos", &c.cos}, std::pair{"sin", &c.sin}}) {
+    if (t->data == nullptr || t->rank != 3 || (t->shape[0] != 1 && t->shape[0] != b) ||
+        t->shape[1] != tokens || t->shape[2] != dim_ || t->strides[2] != 1)
+      return std::string(what) + " " + (t->data ? t->describe() : std::string("missing")) +
+             ": expected [" + std::to_string(b) + " or 1, " + std::to_string(tokens) + ", " +
+             std::to_string(dim_) + "], head_dim contiguous";
+  }
+  for (const TensorView* t : {&c.q, &c.k, &c.cos, &c.sin, &c.q_out, &c.k_out})
+    if (t->dtype != DType::f32) return t->describe() + ": the op reads and writes f32";
+  if (c.q.strides[3] != 1 || c.k.strides[3] != 1)
+    return "q " + c.q.describe() + ", k " + c.k.describe() + ": head_dim not contiguous";
+  if (dim_ % 2 != 0) return "head_dim " + std::to_string(dim_) + " is odd";
+  // The op applies cos[i] to both halves of a pair: the table's halves must be one table twice.
+  const int64_t half = dim_ / 2;
+  for (const TensorView* tab : {&c.cos, &c.sin})
+    for (int64_t r = 0; r < tab->shape[0]; ++r)
+      for (int64_t t = 0; t < tokens; ++t) {
+        const float* row = table_row(*tab, r, t);
+        if (std::memcmp(row, row + half, static_cast<size_t>(half) * sizeof(float)) != 0)
+          return "the cos/sin halves differ (row " + std::to_string(r) + ", token " +
+                 std::to_string(t) + "): not the rotate-half table the op applies";
+      }
+  frt_rotary_args a{};
+  a.heads = heads_;
+  a.head_dim = dim_;
+  a.x = static_cast<float*>(c.q_out.data);
+  a.cos = table_row(c.cos, 0, 0);
+  a.sin = table_row(c.sin, 0, 0);
+  return kernel_refusal(table_, OpKind::rotary, a);
+}
+
+// Per (batch, token): each head's vector gathered into the output row, then rotated there in
+// place (the op rotates heads laid head_dim apart). A row is a few hundred multiply-adds: the
+// calling thread does it.
+void RotarySeat::run_rows(const RotaryCall& c) const {
+  const frt_op& op = *find_op(table_, OpKind::rotary);
+  const int64_t b = c.q.shape[0], tokens = c.q.shape[2];
+  const size_t bytes = static_cast<size_t>(dim_) * sizeof(float);
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t t = 0; t < tokens; ++t)
+      for (const auto& [in, out, heads] :
+           {std::tuple{&c.q, &c.q_out, heads_}, std::tuple{&c.k, &c.k_out, kv_heads_}}) {
+        const float* src =
+            static_cast<const float*>(in->data) + r * in->strides[0] + t * in->strides[2];
+        float* dst = static_cast<float*>(out->data) + r * out->strides[0] + t * out->strides[2];
+        for (int64_t h = 0; h < heads; ++h)
+          std::memcpy(dst + h * dim_, src + h * in->strides[1], bytes);
+        frt_rotary_args a{};
+        a.heads = heads;
+        a.head_dim = dim_;
+        a.x = dst;
+        a.cos = table_row(c.cos, r, t);
+        a.sin = table_row(c.sin, r, t);
+        frt_error err{};
+        if (op.run(&a, 0, 0, 1, &err) != FRT_OK)
+          throw InvalidArgument(std::string("kernel failed: ") + err.message);
+      }
+}
+
+Verdict RotarySeat::call(const RotaryCall& c, bool training) {
   return run_call(
       training, c.q.dtype, [&] { return call_refusal(c); }, [&] { run_rows(c); });
 }

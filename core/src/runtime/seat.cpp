@@ -444,6 +444,11 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
       return std::make_unique<AttentionSeat>(form, table, mode, dim("heads"), dim("kv_heads"),
                                              dim("head_dim"));
     }
+    if (plan.op == OpKind::rotary) {
+      form.width = form.out = dim("heads") * dim("head_dim");
+      return std::make_unique<RotarySeat>(form, table, mode, dim("heads"), dim("kv_heads"),
+                                          dim("head_dim"));
+    }
     if (plan.op == OpKind::gated_delta) {
       form.width = dim("k_heads") * dim("k_dim");
       form.out = dim("v_heads") * dim("v_dim");

@@ -679,6 +679,94 @@ TEST(BuildSeat, AnAttentionSeatReadsTheHostsCacheWhereItStands) {
   EXPECT_EQ(seat->admit_rows(5), Verdict::band);  // a prompt's call is the host's
 }
 
+// x cos + rotate_half(x) sin in float64, rotate_half(x) = (-x[half:], x[:half]).
+std::vector<double> rotary_reference(const float* x, const float* cos, const float* sin,
+                                     int64_t dim) {
+  std::vector<double> y(static_cast<size_t>(dim));
+  const int64_t half = dim / 2;
+  for (int64_t i = 0; i < dim; ++i) {
+    const double rot = i < half ? -static_cast<double>(x[i + half]) : x[i - half];
+    y[i] = static_cast<double>(x[i]) * cos[i] + rot * sin[i];
+  }
+  return y;
+}
+
+TEST(BuildSeat, ARotarySeatRotatesHalvesWithTheCallsOwnTables) {
+  const int64_t b = 2, heads = 4, kv = 2, tokens = 3, dim = 16, half = dim / 2;
+  SeatPlan plan = seat_plan(OpKind::rotary, "flashrt/decode", host_form());
+  plan.seam.structure = "rotary_embed";
+  plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
+  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  auto* rot = dynamic_cast<RotarySeat*>(seat.get());
+  ASSERT_NE(rot, nullptr);
+  // q as the host hands it: [b, tokens, heads, dim] memory seen as [b, heads, tokens, dim]; k
+  // contiguous [b, kv, tokens, dim]; one table for the whole batch ([1, tokens, dim]).
+  std::vector<float> q = ramp(b * tokens * heads * dim, 1.0f, 0.3f),
+                     k = ramp(b * kv * tokens * dim, 1.0f, 1.3f), cos(tokens * dim),
+                     sin(tokens * dim);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t + 1) * std::pow(10.0f, -static_cast<float>(i) / 4);
+      cos[t * dim + i] = cos[t * dim + i + half] = std::cos(angle);
+      sin[t * dim + i] = sin[t * dim + i + half] = std::sin(angle);
+    }
+  std::vector<float> q_out(q.size(), std::nanf("")), k_out(k.size(), std::nanf(""));
+  RotaryCall c;
+  c.q = view4(q, {b, heads, tokens, dim}, {tokens * heads * dim, dim, heads * dim, 1});
+  c.k = view4(k, {b, kv, tokens, dim}, {kv * tokens * dim, tokens * dim, dim, 1});
+  const auto table = [&](std::vector<float>& v) {
+    TensorView t;
+    t.data = v.data();
+    t.rank = 3;
+    t.shape = {1, tokens, dim};
+    t.strides = {tokens * dim, dim, 1};
+    return t;
+  };
+  c.cos = table(cos);
+  c.sin = table(sin);
+  c.q_out = view4(q_out, {b, heads, tokens, dim}, {tokens * heads * dim, dim, heads * dim, 1});
+  c.k_out = view4(k_out, {b, kv, tokens, dim}, {tokens * kv * dim, dim, kv * dim, 1});
+  ASSERT_EQ(rot->call(c, false), Verdict::ran) << seat->ledger().last_reason;
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const size_t at = static_cast<size_t>(((r * tokens + t) * heads + h) * dim);
+        const std::vector<double> want =
+            rotary_reference(&q[at], &cos[t * dim], &sin[t * dim], dim);
+        for (int64_t i = 0; i < dim; ++i) EXPECT_NEAR(q_out[at + i], want[i], 1e-6) << h << i;
+      }
+      for (int64_t h = 0; h < kv; ++h) {
+        const std::vector<double> want =
+            rotary_reference(&k[static_cast<size_t>(((r * kv + h) * tokens + t) * dim)],
+                             &cos[t * dim], &sin[t * dim], dim);
+        const size_t at = static_cast<size_t>(((r * tokens + t) * kv + h) * dim);
+        for (int64_t i = 0; i < dim; ++i) EXPECT_NEAR(k_out[at + i], want[i], 1e-6) << h << i;
+      }
+    }
+  // A table whose halves differ (not the rotate-half one), a table narrower than the head (a
+  // partial rotary), heads not head_dim apart in the output: counted misses, nothing written.
+  const std::vector<float> before = q_out;
+  sin[3 * 1 + half] += 0.5f;
+  EXPECT_EQ(rot->call(c, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("halves differ"), std::string::npos)
+      << seat->ledger().last_reason;
+  sin[3 * 1 + half] -= 0.5f;
+  RotaryCall narrow = c;
+  narrow.cos.shape = {1, tokens, half};
+  EXPECT_EQ(rot->call(narrow, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("cos"), std::string::npos);
+  RotaryCall spread = c;
+  spread.q_out =
+      view4(q_out, {b, heads, tokens, dim}, {heads * tokens * dim, tokens * dim, dim, 1});
+  EXPECT_EQ(rot->call(spread, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("not head_dim apart"), std::string::npos);
+  RotaryCall other_heads = c;
+  other_heads.k = view4(k, {b, heads, tokens, dim}, {kv * tokens * dim, tokens * dim, dim, 1});
+  EXPECT_EQ(rot->call(other_heads, false), Verdict::fallback);
+  EXPECT_EQ(seat->ledger().fallbacks, 4);
+  for (size_t i = 0; i < q_out.size(); ++i) ASSERT_EQ(std::memcmp(&q_out[i], &before[i], 4), 0);
+}
+
 TEST(BuildSeat, AnAttentionSeatReadsEachRowOfABatchAtItsOwnRange) {
   // Two sequences over one kv head (multi-query), the cache [batch, 1, max_len, dim] with room
   // beyond what is written (a static cache); row 0 attends positions 0..4, row 1 (left-padded)

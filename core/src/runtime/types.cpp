@@ -59,6 +59,10 @@ constexpr Table<AttentionForm, 4> kAttentionForms{{{AttentionForm::unknown, "unk
                                                    {AttentionForm::softmax, "softmax"},
                                                    {AttentionForm::softcapped, "softcapped"},
                                                    {AttentionForm::other, "other"}}};
+constexpr Table<RotaryForm, 4> kRotaryForms{{{RotaryForm::unknown, "unknown"},
+                                             {RotaryForm::half, "half"},
+                                             {RotaryForm::interleaved, "interleaved"},
+                                             {RotaryForm::other, "other"}}};
 
 template <typename E, size_t N>
 const char* name_in(const Table<E, N>& t, E v) {
@@ -92,6 +96,7 @@ const char* name_of(NormForm v) { return name_in(kNormForms, v); }
 const char* name_of(RopeKind v) { return name_in(kRopeKinds, v); }
 const char* name_of(RecurrenceForm v) { return name_in(kRecurrenceForms, v); }
 const char* name_of(AttentionForm v) { return name_in(kAttentionForms, v); }
+const char* name_of(RotaryForm v) { return name_in(kRotaryForms, v); }
 std::optional<DType> parse_dtype(std::string_view n) { return parse_in(kDTypes, n); }
 std::optional<Activation> parse_activation(std::string_view n) { return parse_in(kActivations, n); }
 std::optional<WeightFormat> parse_weight_format(std::string_view n) {
@@ -108,6 +113,9 @@ std::optional<RecurrenceForm> parse_recurrence_form(std::string_view n) {
 }
 std::optional<AttentionForm> parse_attention_form(std::string_view n) {
   return parse_in(kAttentionForms, n);
+}
+std::optional<RotaryForm> parse_rotary_form(std::string_view n) {
+  return parse_in(kRotaryForms, n);
 }
 const std::vector<std::string>& op_weight_operands(OpKind op) {
   static const std::vector<std::string> kLinear = {"weight"}, kGated = {"gate", "up", "down"},
@@ -166,6 +174,10 @@ template <>
 std::vector<std::pair<AttentionForm, std::string_view>> enum_entries<AttentionForm>() {
   return entries_of(kAttentionForms);
 }
+template <>
+std::vector<std::pair<RotaryForm, std::string_view>> enum_entries<RotaryForm>() {
+  return entries_of(kRotaryForms);
+}
 
 std::string known_dtypes() { return list_of(kDTypes); }
 std::string known_activations() { return list_of(kActivations); }
@@ -176,5 +188,6 @@ std::string known_norm_forms() { return list_of(kNormForms); }
 std::string known_rope_kinds() { return list_of(kRopeKinds); }
 std::string known_recurrence_forms() { return list_of(kRecurrenceForms); }
 std::string known_attention_forms() { return list_of(kAttentionForms); }
+std::string known_rotary_forms() { return list_of(kRotaryForms); }
 
 }  // namespace frt

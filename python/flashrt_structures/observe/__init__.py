@@ -12,6 +12,8 @@ model names; the planner in the core does the matching.
   functions measured, and their calls recorded while the forwards run (`FunctionWatch`).
 * `attention`: modules that call the host's attention interface, their calls recorded through a
   router registered in it (`AttentionWatch`; the seats route through it too).
+* `rotary`: the rotary function attention modules call with their model's cos and sin, measured,
+  its calls attributed to the rotary module whose tables they carry (`RotaryWatch`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .probes import (
     measure_norm,
     measure_wrapped,
 )
+from .rotary import RotaryWatch
 from .tree import config_facts, describe_tree, engine_projection
 
 
@@ -39,10 +42,12 @@ def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
     graph, hooked = describe_tree(model)
     watch = FunctionWatch(model, graph)
     attention = AttentionWatch(model, graph)
-    with watch.watching(), attention.watching():
+    rotary = RotaryWatch(model, graph)
+    with watch.watching(), attention.watching(), rotary.watching():
         record_calls(graph, hooked, forwards, model)
     watch.write()
     attention.write()
+    rotary.write()
     return graph
 
 

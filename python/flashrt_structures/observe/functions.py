@@ -17,7 +17,7 @@ import inspect
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,7 @@ from .calls import host_call
 RULE_PARAMS = frozenset({"query", "key", "value", "g", "beta", "initial_state",
                          "output_final_state", "use_qk_l2norm_in_kernel"})
 CONV_PARAMS = frozenset({"hidden_states", "weight", "bias", "activation"})
+ROTARY_PARAMS = frozenset({"q", "k", "cos", "sin"})
 # The activation names a convolution call may pass that the op applies (None: no activation).
 CONV_ACTIVATIONS = {"silu": _core.Activation.silu, "swish": _core.Activation.silu}
 
@@ -42,7 +43,7 @@ class Function:
     namespace: dict[str, Any] = field(repr=False, compare=False, hash=False)
     module_name: str  # the namespace's module (`transformers.models.qwen3_next.modeling_...`)
     name: str
-    kind: str  # "rule", "conv" or "conv_update"
+    kind: str  # "rule", "conv", "conv_update" or "rotary"
 
     @property
     def qualname(self) -> str:
@@ -72,6 +73,8 @@ def _kind_of(fn: object) -> str | None:
         return "rule"
     if CONV_PARAMS <= params:
         return "conv_update" if "conv_state" in params else "conv"
+    if ROTARY_PARAMS <= params:
+        return "rotary"  # observe/rotary.py
     return None
 
 
@@ -284,6 +287,33 @@ def push_hooks(mod: nn.Module) -> list[Any]:
             mod.register_forward_hook(post, always_call=True)]
 
 
+Record = Callable[[Function, tuple[Any, ...], dict[str, Any]], None]
+
+
+@contextmanager
+def wrapping(functions: Iterable[Function], record: Record) -> Iterator[None]:
+    """Each function wrapped where its namespace holds it, so `record` sees every call before
+    the function runs; the very objects that stood there are back on exit."""
+    installed: list[tuple[Function, Callable[..., Any]]] = []
+
+    def wrap(fn: Function, original: Callable[..., Any]) -> Callable[..., Any]:
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            record(fn, args, kwargs)
+            return original(*args, **kwargs)
+        watched._flashrt_original = original  # type: ignore[attr-defined]
+        return watched
+
+    try:
+        for fn in functions:
+            original = fn.current()
+            fn.namespace[fn.name] = wrap(fn, original)
+            installed.append((fn, original))
+        yield
+    finally:
+        for fn, original in installed:
+            fn.namespace[fn.name] = original
+
+
 @dataclass
 class _Seen:
     """What one module's calls of its functions showed."""
@@ -309,7 +339,7 @@ class FunctionWatch:
                       for m in graph.modules if m.kind == _core.ModuleKind.conv}
         self.seen: dict[str, _Seen] = {}
         self.functions = {f.qualname: f for mod in self.rules.values()
-                          for f in called_functions(mod)}
+                          for f in called_functions(mod) if f.kind != "rotary"}
 
     def _record_rule(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         stack = running_modules()
@@ -340,29 +370,16 @@ class FunctionWatch:
         seen.activations.add(bound.arguments.get("activation"))
         seen.calls.append((x, x))
 
+    def _record(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        (self._record_rule if fn.kind == "rule" else self._record_conv)(fn, args, kwargs)
+
     @contextmanager
     def watching(self) -> Iterator[None]:
         handles = [h for mod in self.rules.values() for h in push_hooks(mod)]
-        installed: list[tuple[Function, Callable[..., Any]]] = []
-
-        def wrap(fn: Function, original: Callable[..., Any]) -> Callable[..., Any]:
-            record = self._record_rule if fn.kind == "rule" else self._record_conv
-
-            def watched(*args: Any, **kwargs: Any) -> Any:
-                record(fn, args, kwargs)
-                return original(*args, **kwargs)
-            watched._flashrt_original = original  # type: ignore[attr-defined]
-            return watched
-
         try:
-            for fn in self.functions.values():
-                original = fn.current()
-                fn.namespace[fn.name] = wrap(fn, original)
-                installed.append((fn, original))
-            yield
+            with wrapping(self.functions.values(), self._record):
+                yield
         finally:
-            for fn, original in installed:
-                fn.namespace[fn.name] = original
             for h in handles:
                 h.remove()
             running_modules().clear()
@@ -397,7 +414,8 @@ class FunctionWatch:
                 # observed forwards reached (a prompt shows the prompt form, never the update):
                 # the seat replaces them all.
                 measured = all(measure_conv(f.original(), f.kind)
-                               for f in self.functions.values() if f.kind != "rule")
+                               for f in self.functions.values()
+                               if f.kind in ("conv", "conv_update"))
                 acts = seen.activations
                 facts.activated = acts != {None}
                 named = {CONV_ACTIVATIONS.get(a) if isinstance(a, str) else None for a in acts}
