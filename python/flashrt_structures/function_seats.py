@@ -325,5 +325,5 @@ def build_function_seat(model: nn.Module, plan: _core.SeatPlan, seat: _core.Seat
         functions = [f for f in called_functions(host) if f.kind == "rule"]
         return GatedDeltaFunctionSeat(plan.site, host, seat, functions)
     parent = model.get_submodule(plan.site.rpartition(".")[0]) if "." in plan.site else model
-    functions = [f for f in called_functions(parent) if f.kind in ("conv", "conv_update")]
+    functions = [f for f in called_functions(parent) if f.is_conv]
     return ConvFunctionSeat(plan.site, host, seat, functions)

@@ -49,6 +49,11 @@ class Function:
     def qualname(self) -> str:
         return f"{self.module_name}.{self.name}"
 
+    @property
+    def is_conv(self) -> bool:
+        """A convolution function, either form (the prompt's or the one-token update)."""
+        return self.kind in ("conv", "conv_update")
+
     def current(self) -> Callable[..., Any]:
         return self.namespace[self.name]
 
@@ -135,7 +140,8 @@ def _reference_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     return out, s
 
 
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest absolute difference over the largest magnitude of `want` (float64)."""
     return float((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30))
 
 
@@ -173,7 +179,7 @@ def measure_rule(fn: Callable[..., Any]) -> tuple[_core.RecurrenceForm, str]:
             result = (_core.RecurrenceForm.other, "its output or state has another shape than "
                       "the gated delta rule's")
             break
-        err = max(_rel(out, want_out), _rel(final, want_state))
+        err = max(relative_error(out, want_out), relative_error(final, want_state))
         if err > 1e-4:
             result = (_core.RecurrenceForm.other, f"it differs from the gated delta rule by "
                       f"{err:.2g} (relative) on a probe")
@@ -215,14 +221,16 @@ def measure_conv(fn: Callable[..., Any], kind: str) -> bool:
                     before = state.clone()
                     y = fn(x, state, w, bias, act)
                     want = _reference_conv(x, w, before[..., 1:], act is not None, bias)
-                    ok &= _rel(state, torch.cat([before, x], -1)[..., -4:].double()) < 1e-6
+                    shifted = torch.cat([before, x], -1)[..., -4:].double()
+                    ok &= relative_error(state, shifted) < 1e-6
                 else:
                     y = fn(x, w, bias, activation=act)
                     want = _reference_conv(x, w, None, act is not None, bias)
         except Exception:  # noqa: BLE001 - not a convolution of this form
             ok = False
             break
-        ok &= isinstance(y, torch.Tensor) and y.shape == want.shape and _rel(y, want) < 1e-5
+        ok &= (isinstance(y, torch.Tensor) and y.shape == want.shape
+               and relative_error(y, want) < 1e-5)
     _CONV_MEASURED[fn] = ok
     return ok
 
@@ -414,8 +422,7 @@ class FunctionWatch:
                 # observed forwards reached (a prompt shows the prompt form, never the update):
                 # the seat replaces them all.
                 measured = all(measure_conv(f.original(), f.kind)
-                               for f in self.functions.values()
-                               if f.kind in ("conv", "conv_update"))
+                               for f in self.functions.values() if f.is_conv)
                 acts = seen.activations
                 facts.activated = acts != {None}
                 named = {CONV_ACTIVATIONS.get(a) if isinstance(a, str) else None for a in acts}

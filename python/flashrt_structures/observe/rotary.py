@@ -32,7 +32,7 @@ from torch import nn
 
 from .. import _core
 from .calls import host_call
-from .functions import Function, called_functions, wrapping
+from .functions import Function, called_functions, relative_error, wrapping
 
 
 def rotary_functions(model: nn.Module) -> list[Function]:
@@ -101,7 +101,7 @@ def measure_rotary(fn: Callable[..., Any]) -> tuple[_core.RotaryForm, str]:
             if y.shape != want.shape:
                 err = float("inf")
                 break
-            err = max(err, float((y.double() - want).abs().max() / want.abs().max()))
+            err = max(err, relative_error(y, want))
         if err <= 1e-5:
             result = (form, "")
             break

@@ -250,7 +250,7 @@ def describe_tree(model: nn.Module) -> tuple[_core.HostGraph, list[tuple[str, nn
             hm.experts = bank
         parent = by_path[path.rpartition(".")[0]]
         if (hm.kind == _core.ModuleKind.module and (conv := describe_conv(mod)) is not None
-                and any(f.kind in ("conv", "conv_update") for f in called_functions(parent))):
+                and any(f.is_conv for f in called_functions(parent))):
             # A convolution whose parent hands its weight to a convolution function: the
             # function's calls are its calls (FunctionWatch).
             w = cast(torch.Tensor, mod.weight)
