@@ -25,6 +25,8 @@ they are measured when importable and reported as not installed otherwise.
     .venv/bin/python bench/decode.py                  # writes bench/results/<tier>/decode.json
     FRT_CPU_CAP=avx2 .venv/bin/python bench/decode.py # the AVX2 tier on an AVX-512 machine
     .venv/bin/python bench/decode.py --model smollm2  # bench/results/<tier>/decode_smollm2.json
+    .venv/bin/python bench/decode.py --model qwen3-kquant  # decode_q4_k_m.json: llama.cpp's
+                                                      # Q4_K_M of the same weights, adopted
     .venv/bin/python bench/decode.py --family all --layers 4  # decode_families.json
 """
 
@@ -228,6 +230,131 @@ def smollm2_main(args) -> int:
     return 0
 
 
+def k_quant_file(model, folder: Path, ftype: str) -> Path:
+    """The host's weights as llama.cpp's own quantizer writes them in mix `ftype` ("Q4_K_M"):
+    bench/gguf_export.py writes them F16, llama_model_quantize does the rest."""
+    import llama_cpp
+
+    from gguf_export import export_qwen3
+
+    source = export_qwen3(model, folder / "f16.gguf", "F16")
+    out = folder / f"{ftype.lower()}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = os.cpu_count() or 1
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} to {ftype}")
+    source.unlink()
+    return out
+
+
+def tensor_types(path: Path) -> dict[str, int]:
+    """How many tensors of each block type the file holds."""
+    import gguf
+
+    counts: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return counts
+
+
+def perplexities(model, loop, ids: list[int]) -> dict:
+    """Perplexity of `ids` under the host (one forward) and under decode_loop (one step a
+    token, each step's logits scored): the adopted blocks must give the host's figure."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), -1)
+    host_nll = [-float(logp[i, ids[i + 1]]) for i in range(len(ids) - 1)]
+    loop_nll = []
+    tok = loop.program.prefill(ids[:1], 0)
+    for i in range(1, len(ids)):
+        lp = torch.log_softmax(torch.from_numpy(loop.program.logits()).double(), -1)
+        loop_nll.append(-float(lp[ids[i]]))
+        if i < len(ids) - 1:
+            tok = loop.program.step(ids[i], i)
+    del tok
+    host = float(torch.tensor(host_nll).mean().exp())
+    mine = float(torch.tensor(loop_nll).mean().exp())
+    return {"tokens": len(ids), "host": host, "decode_loop": mine,
+            "equal_to_4_digits": f"{host:.4g}" == f"{mine:.4g}"}
+
+
+def k_quant_main(args) -> int:
+    """A Qwen3-0.6B-shaped host's weights quantized by llama.cpp's own quantizer to a K-quant
+    mix (--kquant, default Q4_K_M); the host loaded from that file by transformers (its
+    dequantised values), its blocks adopted (adopt_prequantized) and run by decode_loop, against
+    llama.cpp on the same file: prefill and decode tok/s, alternated round by round, both decodes
+    held against the file's bytes per token over the bracketing bandwidth (the floor); and the
+    perplexity of a token sequence under the host and under the loop."""
+    import llama_cpp
+    from transformers import AutoModelForCausalLM
+
+    from door import qwen3_06b
+
+    folder = Path(tempfile.mkdtemp(prefix="frt-kquant-"))
+    try:
+        path = k_quant_file(qwen3_06b(args.layers), folder, args.kquant)
+        types = tensor_types(path)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name,
+                                                     dtype=torch.float32).eval()
+        cfg = model.config
+        max_len = PROMPT + NEW
+        report = S.adopt_prequantized(model, "gguf", path)
+        loop = S.decode_loop(model, max_len)
+        report.handle.detach()
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=PROMPT,
+                              n_threads=os.cpu_count(), logits_all=False, verbose=False)
+        size = path.stat().st_size
+        prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT),
+                               generator=torch.Generator().manual_seed(1))
+        # One numerator for both: the file's bytes per token (and the KV cache each reads).
+        arms = {"loop_adopted": lambda: loop_arm(loop, prompt, NEW,
+                                                 lambda pos: size + kv_bytes(cfg, pos, 4)),
+                "llama.cpp": lambda: llama_arm(llm, prompt, NEW,
+                                               lambda pos: size + kv_bytes(cfg, pos, 2))}
+        samples: dict[str, list] = {n: [] for n in arms}
+        for _ in range(args.rounds):
+            for name, fn in arms.items():
+                samples[name].append(fn())
+        rows = []
+        for name in arms:
+            pre = statistics.median(s[0] for s in samples[name])
+            dec = statistics.median(s[1] for s in samples[name]) / (NEW - 1)
+            fl = summarize([b for s in samples[name] for b in s[3]])
+            rows.append({"arm": name, "prefill_tok_s": PROMPT / pre, "decode_tok_s": 1 / dec,
+                         "floor": fl, "frac_of_floor": fl["frac_of_bandwidth"]})
+        mine, theirs = rows
+        ratios = {"decode_vs_llama_cpp": mine["decode_tok_s"] / theirs["decode_tok_s"],
+                  "prefill_vs_llama_cpp": mine["prefill_tok_s"] / theirs["prefill_tok_s"]}
+        same = sum(a == b for a, b in zip(samples["loop_adopted"][0][2],
+                                          samples["llama.cpp"][0][2])) / NEW
+        ppl = perplexities(model, loop, prompt[0].tolist())
+        forms = sorted({f for f in report.forms.values()})
+        print(f"machine: {machine()}")
+        print(f"Qwen3-0.6B-shaped, {args.layers} layers, llama.cpp {args.kquant} file "
+              f"{size / 1e6:.1f} MB ({types}); adopted forms {forms}")
+        print(f"decode_loop weight bytes/token {loop.weight_bytes / 1e6:.1f} MB, "
+              f"worst conversion {report.worst_conversion}, refused {len(report.plan.refused)}")
+        print(f"{'arm':<14}{'prefill tok/s':>14}{'decode tok/s':>14}{'of floor':>10}")
+        for r in rows:
+            print(f"{r['arm']:<14}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.2f}"
+                  f"{r['frac_of_floor']:>10.0%}")
+        print(f"decode {ratios['decode_vs_llama_cpp']:.2f}x llama.cpp, prefill "
+              f"{ratios['prefill_vs_llama_cpp']:.2f}x; greedy tokens equal {same:.0%}; "
+              f"perplexity host {ppl['host']:.6g} loop {ppl['decode_loop']:.6g}")
+        write_result(result_path(args.json, f"decode_{args.kquant.lower()}"), {
+            "bench": "decode_kquant", "machine": machine(), "mix": args.kquant,
+            "layers": args.layers, "file_bytes": size, "tensor_types": types,
+            "loop_weight_bytes": loop.weight_bytes, "adopted_forms": forms,
+            "worst_conversion": report.worst_conversion,
+            "refused": [list(r) for r in report.plan.refused], "rounds": args.rounds,
+            "prompt": PROMPT, "new_tokens": NEW, "rows": rows, **ratios,
+            "greedy_tokens_equal": same, "perplexity": ppl,
+            "llama_cpp": f"llama-cpp-python {llama_cpp.__version__}; " + llama_isa(llama_cpp)})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
 FAMILY_SCHEMES = {"loop_w8": "w8a16_decode", "loop_w4a8": "w4a8_decode"}
 
 
@@ -428,7 +555,10 @@ def main() -> int:
                         help="default bench/results/<tier>/decode.json (decode_smollm2.json)")
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--model", choices=["qwen3-shaped", "smollm2"], default="qwen3-shaped")
+    parser.add_argument("--model", choices=["qwen3-shaped", "smollm2", "qwen3-kquant"],
+                        default="qwen3-shaped")
+    parser.add_argument("--kquant", default="Q4_K_M",
+                        help="--model qwen3-kquant: llama.cpp's mix (Q4_K_M, Q4_K_S, Q6_K...)")
     parser.add_argument("--arms", default="all",
                         help="'all' or a comma list of arms to run (the host always runs: the "
                              "other arms' tokens and speedups are judged against it)")
@@ -443,6 +573,8 @@ def main() -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     if args.model == "smollm2":
         return smollm2_main(args)
+    if args.model == "qwen3-kquant":
+        return k_quant_main(args)
     if args.family:
         return family_main(args)
 

@@ -42,8 +42,8 @@ def _header(w: gguf.GGUFWriter, cfg, weights: str) -> None:
     params = params.get("full_attention", params)  # one per layer type: the global layers'
     w.add_rope_freq_base(float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if weights == "Q8_0"
-                    else gguf.LlamaFileType.MOSTLY_Q4_0)
+    w.add_file_type({"Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "F16": gguf.LlamaFileType.MOSTLY_F16}
+                    .get(weights, gguf.LlamaFileType.MOSTLY_Q4_0))
     vocab = cfg.vocab_size
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -54,21 +54,22 @@ def _header(w: gguf.GGUFWriter, cfg, weights: str) -> None:
     w.add_eos_token_id(1)
 
 
-def _stack_ends(w: gguf.GGUFWriter, model, final_norm: torch.Tensor) -> None:
-    """The embedding (Q8_0), the final norm's weight as the architecture stores it, and the head
-    (Q8_0) unless it is the embedding."""
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    _tensor(w, "token_embd.weight", model.model.embed_tokens.weight, q8)
+def _stack_ends(w: gguf.GGUFWriter, model, final_norm: torch.Tensor,
+                ends=gguf.GGMLQuantizationType.Q8_0) -> None:
+    """The embedding (Q8_0, or F16 in an F16 file), the final norm's weight as the architecture
+    stores it, and the head (the same) unless it is the embedding."""
+    _tensor(w, "token_embd.weight", model.model.embed_tokens.weight, ends)
     _tensor(w, "output_norm.weight", final_norm, gguf.GGMLQuantizationType.F32)
     if not model.config.tie_word_embeddings:
-        _tensor(w, "output.weight", model.lm_head.weight, q8)
+        _tensor(w, "output.weight", model.lm_head.weight, ends)
 
 
 def _common_tensors(w: gguf.GGUFWriter, model, qtype) -> None:
     """Embedding, final norm, head, and each layer's norms and attention."""
     f32 = gguf.GGMLQuantizationType.F32
     inner = model.model
-    _stack_ends(w, model, inner.norm.weight)
+    f16, q8 = gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.Q8_0
+    _stack_ends(w, model, inner.norm.weight, f16 if qtype == f16 else q8)
     for i, layer in enumerate(inner.layers):
         a = layer.self_attn
         for name, t in (("attn_norm", layer.input_layernorm.weight),
@@ -89,7 +90,9 @@ def _finish(w: gguf.GGUFWriter, path: Path) -> Path:
 
 
 def export_qwen3(model, path: Path, weights: str) -> Path:
-    """weights: "Q8_0" or "Q4_0" (projections and FFN); the embedding/head is Q8_0."""
+    """weights: "Q8_0" or "Q4_0" (projections and FFN; the embedding/head Q8_0), or "F16"
+    (every matrix F16: the input llama.cpp's own quantizer takes, bench/decode.py's K-quant
+    run)."""
     qtype = getattr(gguf.GGMLQuantizationType, weights)
     w = gguf.GGUFWriter(str(path), "qwen3")
     _header(w, model.config, weights)

@@ -32,7 +32,8 @@ const std::vector<Format> kFormats = {
     {"int4_g64_asym", WeightFormat::int4_group, 64, false, DType::f32},
     {"int4_g128_sym_f16", WeightFormat::int4_group, 128, true, DType::f16},
     {"int4_g128_asym", WeightFormat::int4_group, 128, false, DType::f32},
-    {"int8_g16", WeightFormat::int8_group, 16, true, DType::f32}};
+    {"int8_g16", WeightFormat::int8_group, 16, true, DType::f32},
+    {"int4_super", WeightFormat::int4_super, 32, false, DType::f16}};
 
 // |got - want| within fp32 accumulation error over sum |x w| (plus bf16 output rounding).
 void expect_close(double got, double want, double magnitude, DType out, const std::string& where) {
@@ -60,7 +61,8 @@ TEST_P(LinearKernel, MatchesFloat64ReferenceEveryFormatShapeAndDtype) {
   std::mt19937_64 rng(seed);
   for (const Format& f : kFormats)
     for (const LinearCase& c : kLinearCases)
-      for (DType xd : {DType::f32, DType::bf16})
+      for (DType xd : {DType::f32, DType::bf16}) {
+        if (!takes(f, c.k)) continue;
         for (DType yd : {DType::f32, DType::bf16})
           for (bool with_bias : {false, true}) {
             std::vector<float> w = random_weight(c.n, c.k, rng);
@@ -88,6 +90,7 @@ TEST_P(LinearKernel, MatchesFloat64ReferenceEveryFormatShapeAndDtype) {
                 ASSERT_TRUE(y.gap_untouched(r, col)) << "wrote past the row at " << col;
             }
           }
+      }
 }
 
 TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
@@ -105,6 +108,58 @@ TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
     run_linear(*t, pool, packed, nullptr, x.view(), b.view(), 2);
     EXPECT_EQ(0, std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4)) << f.name;
   }
+}
+
+// A Q4_K tensor's values held in super-blocks (int4_super: 6-bit codes under f16 d and dmin) and
+// the same values re-expressed as int4 g32 with f32 scale d*sc and min -(dmin*m): every product
+// is exact in f32, so both packs must give the same bits, row counts 1..16, any thread count.
+TEST_P(LinearKernel, SuperBlocksComputeTheBitsOfTheirExactReExpression) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int64_t n = 72, k = 768, groups = k / 32, supers = k / FRT_SUPER_K;
+  std::vector<int8_t> q(n * k);
+  std::vector<uint8_t> sc(n * groups), mn(n * groups);
+  std::vector<uint16_t> d(n * supers), dmin(n * supers);
+  std::vector<float> scale(n * groups), min(n * groups);
+  for (auto& v : q) v = static_cast<int8_t>(rng() % 16);
+  for (int64_t i = 0; i < n * groups; ++i) sc[i] = rng() % 64, mn[i] = rng() % 64;
+  for (int64_t i = 0; i < n * supers; ++i) {
+    // Normal halves about 1e-3 (the weights' scale); their mantissas random.
+    d[i] = static_cast<uint16_t>(0x1000 | (rng() % 0x800));
+    dmin[i] = static_cast<uint16_t>(0x0c00 | (rng() % 0x800));
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t at = r * groups + g, su = r * supers + g / FRT_SUPER4_GROUPS;
+      scale[at] = frt_f16_to_f32(d[su]) * static_cast<float>(sc[at]);
+      min[at] = -(frt_f16_to_f32(dmin[su]) * static_cast<float>(mn[at]));
+    }
+  QuantizedParts super{
+      WeightFormat::int4_super, 32, n, k, q.data(), DType::f16, sc.data(), mn.data()};
+  super.super_scales = d.data();
+  super.super_mins = dmin.data();
+  const QuantizedParts group{
+      WeightFormat::int4_group, 32, n, k, q.data(), DType::f32, scale.data(), min.data()};
+  const PackedLinear a = PackedLinear::from_quantized(super),
+                     b = PackedLinear::from_quantized(group);
+  EXPECT_EQ(a.form(), kInt4SuperForm);
+  EXPECT_EQ(a.nbytes() * 8 * 1000 / (n / FRT_PANEL * FRT_PANEL + FRT_PANEL) / k, 4625)
+      << "bits a weight, panels padded";
+  EXPECT_EQ(a.dequantize(), b.dequantize());
+  for (int64_t m : {1, 2, 3, 4, 5, 16})
+    for (int threads : {1, 2}) {
+      Rows x(DType::f32, m, k, k + 3, rng);
+      Out ya(DType::f32, m, n), yb(DType::f32, m, n);
+      run_linear(*t, pool, a, nullptr, x.view(), ya.view(), threads);
+      run_linear(*t, pool, b, nullptr, x.view(), yb.view(), threads);
+      ASSERT_EQ(0, std::memcmp(ya.f32.data(), yb.f32.data(), ya.f32.size() * 4))
+          << "m" << m << " threads " << threads;
+    }
 }
 
 TEST_P(LinearKernel, NonFiniteInputsPropagateWithoutCrashing) {
@@ -204,9 +259,11 @@ TEST_P(FfnKernel, MatchesFloat64ReferenceEveryFormatActivationAndDtype) {
     int64_t m, hidden, inter;
   };
   for (const Format& f : kFormats)
-    for (Case c : {Case{1, 128, 384}, Case{3, 256, 128}, Case{8, 128, 256}, Case{16, 384, 128}})
+    for (Case c : {Case{1, 128, 384}, Case{3, 256, 128}, Case{8, 128, 256}, Case{16, 384, 128},
+                   Case{2, 256, 512}})
       for (Activation act : {Activation::silu, Activation::gelu_tanh})
         for (DType dt : {DType::f32, DType::bf16}) {
+          if (!takes(f, c.hidden) || !takes(f, c.inter)) continue;
           std::vector<float> wg = random_weight(c.inter, c.hidden, rng);
           std::vector<float> wu = random_weight(c.inter, c.hidden, rng);
           std::vector<float> wdn = random_weight(c.hidden, c.inter, rng);
@@ -303,11 +360,11 @@ TEST_P(FfnKernel, UngatedMatchesFloat64ReferenceEveryFormatActivationBiasAndDtyp
   // Odd widths (not a multiple of the panel, or of any group) run on int8 only: an int4 pack
   // needs every input width divisible by its group.
   const std::vector<Case> cases = {{1, 128, 384}, {3, 256, 128}, {8, 128, 256}, {16, 384, 128},
-                                   {2, 100, 75},  {5, 33, 200},  {16, 17, 9}};
+                                   {2, 100, 75},  {5, 33, 200},  {16, 17, 9},   {4, 512, 256}};
   int runs = 0;
   for (const Format& f : kFormats)
     for (const Case& c : cases) {
-      if (f.group != 0 && (c.hidden % f.group != 0 || c.inter % f.group != 0)) continue;
+      if (!takes(f, c.hidden) || !takes(f, c.inter)) continue;
       for (Activation act : {Activation::silu, Activation::gelu_tanh, Activation::gelu})
         for (DType dt : {DType::f32, DType::bf16}) {
           // Bit 0: up bias, bit 1: down bias. The six runs of a format and case cycle through
@@ -410,9 +467,9 @@ TEST_P(FfnKernel, UngatedOneThreadAndTwoThreadsAgreeBitwise) {
   ThreadPool pool(2);
   std::mt19937_64 rng(fresh_seed());
   for (const Format& f : kFormats) {
-    std::vector<float> wu = random_weight(384, 256, rng), wd = random_weight(256, 384, rng);
-    std::vector<float> bu(384, 0.25f), bd(256, -0.5f);
-    const PackedLinear u = pack(f, wu, 384, 256), d = pack(f, wd, 256, 384);
+    std::vector<float> wu = random_weight(512, 256, rng), wd = random_weight(256, 512, rng);
+    std::vector<float> bu(512, 0.25f), bd(256, -0.5f);
+    const PackedLinear u = pack(f, wu, 512, 256), d = pack(f, wd, 256, 512);
     Rows x(DType::f32, 3, 256, 256, rng);
     Out a(DType::f32, 3, 256), b(DType::f32, 3, 256);
     const FfnOperands ops = ungated(u, d, bu.data(), bd.data(), Activation::gelu);
@@ -501,6 +558,21 @@ TEST_P(FfnKernel, FormRefusalAnswersForTheDescribedForm) {
   g8.wformat = FRT_W_INT8_GROUP;
   g8.group = 8;
   EXPECT_NE(form_refusal(*t, g8).find("int8 group 8 not in {16, 32, 64, 128}"), std::string::npos);
+  // int4 super-blocks (GGUF Q4_K): group 32, f16 super scales, widths in whole super-blocks.
+  frt_op_desc super = good;
+  super.wformat = FRT_W_INT4_SUPER;
+  super.scale_dtype = FRT_F16;
+  super.k = 256;
+  super.inner = 512;
+  EXPECT_EQ(form_refusal(*t, super), "");
+  super.k = 128;
+  EXPECT_NE(form_refusal(*t, super).find("int4 super-block width k=128 is not a multiple of 256"),
+            std::string::npos)
+      << form_refusal(*t, super);
+  super.k = 256;
+  super.scale_dtype = FRT_F32;
+  EXPECT_NE(form_refusal(*t, super).find("group 32 and f16 super scales"), std::string::npos)
+      << form_refusal(*t, super);
 
   // An op kind the package does not own: the message names the package and the op.
   frt_op_desc linear_desc = good;

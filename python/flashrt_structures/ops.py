@@ -44,6 +44,12 @@ def pack_int4(
     return _core.pack_int4(weight.detach(), group, symmetric, scales)
 
 
+def pack_int4_super(weight: torch.Tensor) -> PackedLinear:
+    """Weight-only int4 in super-blocks of 256 (GGUF Q4_K's form): a min-max grid per group of
+    32 inputs whose scale and offset are 6-bit codes under the super-block's f16 d and dmin."""
+    return _core.pack_int4_super(weight.detach())
+
+
 def _out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         out = torch.empty((x.shape[0], n), dtype=x.dtype)

@@ -38,6 +38,32 @@ void check_parts_shape(const ScaleArray& a, int64_t n, int64_t groups, const cha
                           std::to_string(groups) + "]");
 }
 
+// int4_super's parts: uint8 codes [n, k/32] and f16 super scales [n, k/256].
+void super_parts(QuantizedParts& parts, const ScaleArray& codes,
+                 const std::optional<ScaleArray>& mins, const std::optional<ScaleArray>& d,
+                 const std::optional<ScaleArray>& dmin) {
+  if (!mins || !d || !dmin)
+    throw InvalidArgument(
+        "adopt: int4_super needs scale codes, min codes, super_scales and "
+        "super_mins");
+  const int64_t groups = parts.k / 32, supers = parts.k / 256;
+  for (const ScaleArray* a : {&codes, &*mins})
+    if (a->dtype() != nb::dtype<uint8_t>())
+      throw InvalidArgument("adopt: int4_super scale and min codes must be uint8 arrays");
+  for (const ScaleArray* a : {&*d, &*dmin})
+    if (array_dtype(*a) != DType::f16)
+      throw InvalidArgument("adopt: int4_super super scales must be float16 arrays");
+  check_parts_shape(codes, parts.n, groups, "scales");
+  check_parts_shape(*mins, parts.n, groups, "mins");
+  check_parts_shape(*d, parts.n, supers, "super_scales");
+  check_parts_shape(*dmin, parts.n, supers, "super_mins");
+  parts.scale_dtype = DType::f16;
+  parts.scales = codes.data();
+  parts.mins = mins->data();
+  parts.super_scales = static_cast<const uint16_t*>(d->data());
+  parts.super_mins = static_cast<const uint16_t*>(dmin->data());
+}
+
 }  // namespace
 
 void bind_quant(nb::module_& m) {
@@ -95,6 +121,14 @@ void bind_quant(nb::module_& m) {
       },
       nb::arg("weight"), nb::arg("symmetric") = true);
   m.def(
+      "pack_int4_super",
+      [](nb::handle w) {
+        const TensorView v = view_of(w, "weight");
+        nb::gil_scoped_release release;
+        return PackedLinear::int4_super(v);
+      },
+      nb::arg("weight"));
+  m.def(
       "pack_int4",
       [](nb::handle w, int group, bool symmetric, const std::string& scales) {
         const TensorView v = view_of(w, "weight");
@@ -108,13 +142,21 @@ void bind_quant(nb::module_& m) {
   m.def(
       "from_quantized",
       [](WeightFormat format, int group, QArray q, ScaleArray scales,
-         std::optional<ScaleArray> mins) {
+         std::optional<ScaleArray> mins, std::optional<ScaleArray> super_scales,
+         std::optional<ScaleArray> super_mins) {
         QuantizedParts parts;
         parts.format = format;
         parts.group = group;
         parts.n = static_cast<int64_t>(q.shape(0));
         parts.k = static_cast<int64_t>(q.shape(1));
         parts.q = q.data();
+        if (format == WeightFormat::int4_super) {
+          super_parts(parts, scales, mins, super_scales, super_mins);
+          nb::gil_scoped_release release;
+          return PackedLinear::from_quantized(parts);
+        }
+        if (super_scales || super_mins)
+          throw InvalidArgument("adopt: super scales belong to int4_super");
         parts.scale_dtype = array_dtype(scales);
         parts.scales = scales.data();
         const int64_t groups =
@@ -130,7 +172,8 @@ void bind_quant(nb::module_& m) {
         return PackedLinear::from_quantized(parts);
       },
       nb::arg("format"), nb::arg("group"), nb::arg("q"), nb::arg("scales"),
-      nb::arg("mins").none() = nb::none());
+      nb::arg("mins").none() = nb::none(), nb::arg("super_scales").none() = nb::none(),
+      nb::arg("super_mins").none() = nb::none());
 }
 
 }  // namespace frt::py

@@ -41,6 +41,8 @@ def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, ma
     assert report.conversion, text
     exact = qtype in ("Q5_0", "Q4_K", "Q6_K")
     assert report.worst_conversion <= (0.0 if exact else 1e-6), report.conversion
+    if qtype == "Q4_K":  # its own form, near the file's 4.5 bits a weight
+        assert "super-blocks of 256" in text, text
     hosts.computes_then_detaches(report, model, x, want, 0.99999)
 
 
@@ -92,9 +94,10 @@ def test_unknown_formats_and_a_missing_source_are_clear_errors():
 
 
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
-def test_decode_loop_runs_over_re_expressed_blocks_and_passes_its_self_check(tmp_path, qtype):
-    """Q5_0, Q4_K and Q6_K are laid out in the int8 g32, int4 g32 and int8 g16 forms: the
-    decode program takes the adopted packs like any seat's, and its self-check against the
+def test_decode_loop_runs_over_adopted_k_quant_blocks_and_passes_its_self_check(tmp_path, qtype):
+    """Q4_K is laid out in its own super-block form, Q5_0 and Q6_K re-expressed in the int8 g32
+    and int8 g16 forms: the decode program takes the adopted packs like any seat's, and its
+    self-check against the
     seated host passes; Q4_K_M is llama.cpp's mix (Q6_K for the head, attn_v and half the
     ffn_down, Q4_K for the rest), each projection seated in its own form."""
     model = hosts.qwen3()

@@ -29,6 +29,15 @@ def qwen3_moe_narrow() -> Qwen3MoeForCausalLM:
     return Qwen3MoeForCausalLM(cfg).eval()
 
 
+def qwen3_moe_wide() -> Qwen3MoeForCausalLM:
+    """A Qwen3-MoE host whose experts' widths are whole K-quant super-blocks (256)."""
+    torch.manual_seed(12)
+    cfg = Qwen3MoeConfig(**moe_hosts._COMMON, head_dim=64, num_hidden_layers=2,
+                         intermediate_size=512, moe_intermediate_size=256, num_experts=8,
+                         num_experts_per_tok=2)
+    return Qwen3MoeForCausalLM(cfg).eval()
+
+
 @pytest.mark.parametrize("make,qtype,band", [
     (moe_hosts.qwen3_moe, "Q8_0", 0.99999),
     (moe_hosts.qwen3_moe, "Q4_0", 0.99999),
@@ -36,8 +45,9 @@ def qwen3_moe_narrow() -> Qwen3MoeForCausalLM:
     (moe_hosts.qwen3_moe, "Q5_0", 0.99999),
     (moe_hosts.qwen2_moe, "Q8_0", 0.99999),
     (moe_hosts.qwen2_moe, "Q4_0", 0.99999),
+    (qwen3_moe_wide, "Q4_K", 0.99999),
 ], ids=["qwen3_moe-Q8_0", "qwen3_moe-Q4_0", "qwen3_moe-Q4_1", "qwen3_moe-Q5_0",
-        "qwen2_moe-Q8_0", "qwen2_moe-Q4_0"])
+        "qwen2_moe-Q8_0", "qwen2_moe-Q4_0", "qwen3_moe_wide-Q4_K"])
 def test_a_gguf_moe_file_seats_every_bank_with_its_own_blocks(tmp_path, make, qtype, band):
     model = make()
     path = gguf_files.write(model, tmp_path / "m.gguf", qtype)

@@ -33,6 +33,10 @@ struct QuantizedParts {
   DType scale_dtype = DType::f32;  // f32 or f16 (group formats)
   const void* scales = nullptr;    // [n] (int8 per-channel) or [n][k / group]
   const void* mins = nullptr;      // int4: [n][k / group], W = q * scale + min
+  // int4_super (GGUF Q4_K, group 32): scales and mins are uint8 codes 0..63 [n][k / 32] under
+  // f16 super scales d and dmin [n][k / 256]; W = q * (d * sc) - dmin * m.
+  const uint16_t* super_scales = nullptr;
+  const uint16_t* super_mins = nullptr;
 };
 
 class PackedLinear {
@@ -44,6 +48,10 @@ class PackedLinear {
   static PackedLinear int8(const TensorView& weight, int group = 0, DType scale_dtype = DType::f32);
   static PackedLinear int4(const TensorView& weight, int group, bool symmetric,
                            DType scale_dtype = DType::f32);
+  // int4 in super-blocks of 256 (FRT_W_INT4_SUPER, GGUF Q4_K's form): each group of 32 gets a
+  // min-max grid, and the eight groups' scales and offsets are coded in 6 bits under f16 d and
+  // dmin. Throws InvalidArgument as int4() does, and for a width k not a multiple of 256.
+  static PackedLinear int4_super(const TensorView& weight);
   // Throws InvalidArgument when the parts do not describe a valid form (values out of range,
   // missing mins, non-finite scales).
   static PackedLinear from_quantized(const QuantizedParts& parts);

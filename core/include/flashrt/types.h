@@ -32,12 +32,22 @@ enum class WeightFormat : int32_t {
   int8_channel = FRT_W_INT8_CHANNEL,
   int4_group = FRT_W_INT4_GROUP,
   int8_group = FRT_W_INT8_GROUP,
-  int8_gemm = FRT_W_INT8_GEMM,  // the w8a8 GEMM's layout (activations quantized per row)
-  int4_gemm = FRT_W_INT4_GEMM,  // int4 g32 for the same GEMM (activations per block of 32)
+  int4_super = FRT_W_INT4_SUPER,  // GGUF Q4_K: int4 g32 under 6-bit codes and f16 super scales
+  int8_gemm = FRT_W_INT8_GEMM,    // the w8a8 GEMM's layout (activations quantized per row)
+  int4_gemm = FRT_W_INT4_GEMM,    // int4 g32 for the same GEMM (activations per block of 32)
 };
+// How plans and packs describe int4_super (the same words on both sides, so an adopted pack is
+// recognised as the form the plan seats).
+inline constexpr const char* kInt4SuperForm =
+    "int4 g32 in super-blocks of 256, 6-bit scale and min codes under f16 scales";
+// The multiple every input width of a group form must be: its group, or int4_super's
+// super-block of 256.
+inline int64_t width_multiple(WeightFormat f, int group) {
+  return f == WeightFormat::int4_super ? FRT_SUPER_K : group;
+}
 inline bool is_group_format(WeightFormat f) {
   return f == WeightFormat::int4_group || f == WeightFormat::int8_group ||
-         f == WeightFormat::int4_gemm;
+         f == WeightFormat::int4_gemm || f == WeightFormat::int4_super;
 }
 
 // The ops kernel packages own (frt_op_kind).

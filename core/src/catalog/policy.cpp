@@ -55,8 +55,9 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   }
   if (is_group_format(w.format)) {
     const int64_t g = f.integer(f.require(node, field, "group"), child(field, "group"));
-    // The GEMM's int4 groups are its activation blocks too (frt_kernel_abi.h, FRT_W_INT4_GEMM).
-    const bool gemm = w.format == WeightFormat::int4_gemm;
+    // The GEMM's int4 groups are its activation blocks too (frt_kernel_abi.h, FRT_W_INT4_GEMM);
+    // the super-block form's groups are Q4_K's sub-blocks. Both keep f16 scales.
+    const bool gemm = w.format == WeightFormat::int4_gemm || w.format == WeightFormat::int4_super;
     if (gemm ? g != 32 : (g != 32 && g != 64 && g != 128))
       f.fail(child(field, "group"), gemm ? "not in {32}" : "not in {32, 64, 128}");
     w.group = static_cast<int>(g);
@@ -69,7 +70,9 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
       w.scale_dtype = dt == "f16" ? DType::f16 : DType::f32;
     }
   } else if (node["group"] || node["scales"]) {
-    f.fail(field, "group and scales belong to the group forms (int8_group, int4_group, int4_gemm)");
+    f.fail(field,
+           "group and scales belong to the group forms (int8_group, int4_group, int4_gemm, "
+           "int4_super)");
   }
   if (const YAML::Node block = node["act_block"]) {
     // The int8_gemm layout's activation blocks travel in the ABI's group field (Note [W8A8
@@ -83,7 +86,7 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   }
   if (const YAML::Node sym = node["symmetric"]) {
     if (w.format != WeightFormat::int4_group && w.format != WeightFormat::int4_gemm)
-      f.fail(child(field, "symmetric"), "belongs to int4 forms");
+      f.fail(child(field, "symmetric"), "belongs to int4 forms with a min or a zero point");
     w.symmetric = f.boolean(sym, child(field, "symmetric"));
   }
   return w;
@@ -424,6 +427,7 @@ std::string WeightForm::describe() const {
     return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales +
            ", activations int8 per " + std::to_string(group);
   if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
+  if (format == WeightFormat::int4_super) return kInt4SuperForm;
   return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;
 }
 

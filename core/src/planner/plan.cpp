@@ -533,21 +533,22 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     WeightForm form = adopting ? *source_form : form_it->second;
     std::vector<std::string> steps;
     if (!adopting && is_group_format(form.format)) {
+      const int64_t multiple = width_multiple(form.format, form.group);
       bool divides = true;
       for (const MatchNode& n : spec.match.nodes) {
         // A bank's down reads the intermediate width: both of its widths are inputs.
         if ((n.kind == NodeKind::linear || n.kind == NodeKind::experts) &&
-            seam.dims.count(n.in_dim) && seam.dims.at(n.in_dim) % form.group != 0)
+            seam.dims.count(n.in_dim) && seam.dims.at(n.in_dim) % multiple != 0)
           divides = false;
         if (n.kind == NodeKind::experts && seam.dims.count(n.out_dim) &&
-            seam.dims.at(n.out_dim) % form.group != 0)
+            seam.dims.at(n.out_dim) % multiple != 0)
           divides = false;
       }
       const std::string& fallback = catalog.schemes().schemes.at(p.scheme.name).indivisible;
       if (!divides && !fallback.empty()) {
         const WeightForm& instead = catalog.schemes().forms.at(fallback);
-        steps.push_back(form.describe() + " needs widths divisible by " +
-                        std::to_string(form.group) + " (" + seam.shape + "): " +
+        steps.push_back(form.describe() + " needs widths divisible by " + std::to_string(multiple) +
+                        " (" + seam.shape + "): " +
                         instead.describe().substr(0, instead.describe().find(' ')) + " instead");
         form = instead;
       }

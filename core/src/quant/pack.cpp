@@ -96,6 +96,21 @@ void check_group(int group, int64_t k, bool int4, const std::string& what) {
                           ")");
 }
 
+// One panel's record of super-block sb (frt_kernel_abi.h, FRT_W_INT4_SUPER).
+uint8_t* super_record(void* scales, int64_t panel, int64_t sb, int64_t k) {
+  return static_cast<uint8_t*>(scales) + (panel * (k / FRT_SUPER_K) + sb) * FRT_SUPER4_RECORD;
+}
+uint16_t* super_half(uint8_t* record, int64_t at, int64_t j) {
+  return reinterpret_cast<uint16_t*>(record + at) + j;
+}
+
+void check_super_width(int64_t k, const std::string& what) {
+  if (k % FRT_SUPER_K != 0)
+    throw InvalidArgument("pack: int4 super-block width k=" + std::to_string(k) +
+                          " is not a multiple of " + std::to_string(FRT_SUPER_K) + " (" + what +
+                          ")");
+}
+
 void check_scale_dtype(DType dt) {
   if (dt != DType::f32 && dt != DType::f16)
     throw InvalidArgument(std::string("pack: scales in ") + name_of(dt) + "; supported: f32, f16");
@@ -127,8 +142,12 @@ struct PackAccess {
                                DType scale_dtype) {
     const int64_t panels = (n + kPanel - 1) / kPanel;
     PackedLinear p;
-    p.qbytes_ = panels * (format == WeightFormat::int4_group ? k / 2 : k) * kPanel;
+    const bool nibbles = format == WeightFormat::int4_group || format == WeightFormat::int4_super;
+    p.qbytes_ = panels * (nibbles ? k / 2 : k) * kPanel;
     p.scale_count_ = panels * (format == WeightFormat::int8_channel ? 1 : k / group) * kPanel;
+    // int4_super's scale buffer is its super records, counted in halves (its scale dtype).
+    if (format == WeightFormat::int4_super)
+      p.scale_count_ = panels * (k / FRT_SUPER_K) * FRT_SUPER4_RECORD / 2;
     p.qdata_.reset(alloc_weight_memory(p.qbytes_));
     p.scales_.reset(alloc_weight_memory(p.scale_count_ * scale_bytes(scale_dtype)));
     if (format == WeightFormat::int4_group)
@@ -232,6 +251,7 @@ std::string PackedLinear::form() const {
                ? "int8 per-channel, w8a8 gemm, activations per " + std::to_string(view_.group)
                : "int8 per-channel, w8a8 gemm";
   if (view_.format == FRT_W_INT8_GROUP) return "int8 g" + std::to_string(view_.group) + scales;
+  if (view_.format == FRT_W_INT4_SUPER) return kInt4SuperForm;
   if (view_.format == FRT_W_INT4_GEMM)
     return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
            scales + ", w4a8 gemm, activations per " + std::to_string(view_.group);
@@ -307,16 +327,135 @@ PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric, 
   return p;
 }
 
+// Per super-block: each group's min-max grid (offset o = -min(w, 0) >= 0, scale s = range / 15),
+// then the eight scales and offsets as 6-bit codes of d = max s / 63 and dmin = max o / 63 held
+// in f16, and the nibbles against the coded grid (the values the kernels compute with).
+PackedLinear PackedLinear::int4_super(const TensorView& w) {
+  check_weight(w);
+  const int64_t n = w.shape[0], k = w.shape[1];
+  check_super_width(k, w.describe());
+  PackedLinear p = PackAccess::allocate(WeightFormat::int4_super, 32, n, k, DType::f16);
+  p.symmetric_ = false;
+  auto* q = static_cast<uint8_t*>(p.qdata_.get());
+  constexpr int kGroups = FRT_SUPER4_GROUPS;
+  for_each_row(n, [&](int64_t r, std::vector<float>& row) {
+    load_row(w, r, row);
+    const int64_t panel = r / kPanel, j = r % kPanel;
+    uint8_t* qp = q + panel * (k / 2) * kPanel;
+    for (int64_t sb = 0; sb < k / FRT_SUPER_K; ++sb) {
+      const float* x = row.data() + sb * FRT_SUPER_K;
+      float scale[kGroups], offset[kGroups], smax = 0, omax = 0;
+      for (int g = 0; g < kGroups; ++g) {
+        float lo = 0, hi = 0;
+        for (int i = 0; i < 32; ++i)
+          lo = std::min(lo, x[g * 32 + i]), hi = std::max(hi, x[g * 32 + i]);
+        scale[g] = (hi - lo) / 15.0f;
+        offset[g] = -lo;
+        smax = std::max(smax, scale[g]);
+        omax = std::max(omax, offset[g]);
+      }
+      uint8_t* rec = super_record(p.scales_.get(), panel, sb, k);
+      const uint16_t dh = f32_to_f16(smax / 63.0f), mh = f32_to_f16(omax / 63.0f);
+      const float d = frt_f16_to_f32(dh), dmin = frt_f16_to_f32(mh);
+      if (!std::isfinite(d) || !std::isfinite(dmin))
+        throw InvalidArgument("pack: int4 super-block " + std::to_string(sb) + " of row " +
+                              std::to_string(r) + " needs a scale past f16's range in " +
+                              w.describe());
+      *super_half(rec, 0, j) = dh;
+      *super_half(rec, FRT_SUPER4_DMIN_AT, j) = mh;
+      for (int g = 0; g < kGroups; ++g) {
+        const auto code = [](float v, float unit) {
+          return unit > 0 ? static_cast<uint8_t>(std::clamp(std::nearbyint(v / unit), 0.0f, 63.0f))
+                          : uint8_t{0};
+        };
+        const uint8_t sc = code(scale[g], d), m = code(offset[g], dmin);
+        rec[FRT_SUPER4_SC_AT + g * kPanel + j] = sc;
+        rec[FRT_SUPER4_M_AT + g * kPanel + j] = m;
+        const float s = d * static_cast<float>(sc), o = dmin * static_cast<float>(m);
+        const float inv = s > 0 ? 1.0f / s : 0.0f;
+        for (int i = 0; i < 32; ++i) {
+          const int64_t kk = sb * FRT_SUPER_K + g * 32 + i;
+          const float level = std::clamp(std::nearbyint((x[g * 32 + i] + o) * inv), 0.0f, 15.0f);
+          qp[(kk / 2) * kPanel + j] |=
+              static_cast<uint8_t>(static_cast<int>(level) << ((kk % 2) * 4));
+        }
+      }
+    }
+  });
+  PackAccess::finish_stats(p, w);
+  return p;
+}
+
+namespace {
+
+std::string shape_of(const QuantizedParts& in) {
+  return "[" + std::to_string(in.n) + ", " + std::to_string(in.k) + "]";
+}
+
+// What a Q4_K checkpoint's parts must hold before anything is allocated for them.
+void check_super_parts(const QuantizedParts& in) {
+  if (in.group != 32 || in.scale_dtype != DType::f16 || in.mins == nullptr ||
+      in.super_scales == nullptr || in.super_mins == nullptr)
+    throw InvalidArgument("adopt: int4_super " + shape_of(in) +
+                          " takes group 32, uint8 scale and min codes and f16 d and dmin");
+  check_super_width(in.k, "adopted int4_super weight " + shape_of(in));
+}
+
+// A Q4_K checkpoint's parts (QuantizedParts, int4_super, checked) into the super records.
+void adopt_super(const QuantizedParts& in, uint8_t* q, void* scales) {
+  const int64_t n = in.n, k = in.k, groups = k / 32, supers = k / FRT_SUPER_K;
+  const auto* sc = static_cast<const uint8_t*>(in.scales);
+  const auto* mn = static_cast<const uint8_t*>(in.mins);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t panel = r / kPanel, j = r % kPanel;
+    uint8_t* qp = q + panel * (k / 2) * kPanel;
+    for (int64_t i = 0; i < k; ++i) {
+      const int v = in.q[r * k + i];
+      if (v < 0 || v > 15)
+        throw InvalidArgument("adopt: value " + std::to_string(v) + " at [" + std::to_string(r) +
+                              ", " + std::to_string(i) + "] of int4_super " + shape_of(in) +
+                              " is outside 0..15");
+      qp[(i / 2) * kPanel + j] |= static_cast<uint8_t>(v << ((i % 2) * 4));
+    }
+    for (int64_t sb = 0; sb < supers; ++sb) {
+      uint8_t* rec = super_record(scales, panel, sb, k);
+      const uint16_t d = in.super_scales[r * supers + sb], dmin = in.super_mins[r * supers + sb];
+      if (!std::isfinite(frt_f16_to_f32(d)) || !std::isfinite(frt_f16_to_f32(dmin)))
+        throw InvalidArgument("adopt: super scale of row " + std::to_string(r) + " super-block " +
+                              std::to_string(sb) + " is not finite");
+      *super_half(rec, 0, j) = d;
+      *super_half(rec, FRT_SUPER4_DMIN_AT, j) = dmin;
+      for (int g = 0; g < FRT_SUPER4_GROUPS; ++g) {
+        const int64_t at = r * groups + sb * FRT_SUPER4_GROUPS + g;
+        if (sc[at] > 63 || mn[at] > 63)
+          throw InvalidArgument("adopt: a scale or min code of row " + std::to_string(r) +
+                                " group " + std::to_string(at - r * groups) + " is past 63");
+        rec[FRT_SUPER4_SC_AT + g * kPanel + j] = sc[at];
+        rec[FRT_SUPER4_M_AT + g * kPanel + j] = mn[at];
+      }
+    }
+  }
+}
+
+}  // namespace
+
 PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
   const int64_t n = in.n, k = in.k;
   if (n <= 0 || k <= 0 || in.q == nullptr || in.scales == nullptr)
     throw InvalidArgument("adopt: empty quantised weight [" + std::to_string(n) + ", " +
                           std::to_string(k) + "]");
   check_scale_dtype(in.scale_dtype);
+  if (in.format == WeightFormat::int4_super) {
+    check_super_parts(in);
+    PackedLinear p = PackAccess::allocate(in.format, 32, n, k, DType::f16);
+    adopt_super(in, static_cast<uint8_t*>(p.qdata_.get()), p.scales_.get());
+    p.symmetric_ = false;
+    return p;
+  }
   if (in.format != WeightFormat::int8_channel && in.format != WeightFormat::int8_group &&
       in.format != WeightFormat::int4_group)
     throw InvalidArgument(std::string("adopt: a checkpoint's weights arrive as int8_channel, ") +
-                          "int8_group or int4_group, not " + name_of(in.format));
+                          "int8_group, int4_group or int4_super, not " + name_of(in.format));
   const bool int4 = in.format == WeightFormat::int4_group;
   if (in.format == WeightFormat::int8_channel) {
     if (in.scale_dtype != DType::f32)
@@ -383,6 +522,17 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
       const float s = read_scale(view_.scales, at, dt);
       v = view_.mins == nullptr ? static_cast<float>(nib - 8) * s
                                 : static_cast<float>(nib) * s + read_scale(view_.mins, at, dt);
+    } else if (view_.format == FRT_W_INT4_SUPER) {
+      const uint8_t byte =
+          static_cast<const uint8_t*>(view_.qdata)[(panel * (k / 2) + i / 2) * kPanel + j];
+      const int nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+      uint8_t* rec = super_record(const_cast<void*>(view_.scales), panel, i / FRT_SUPER_K, k);
+      const int64_t g = (i % FRT_SUPER_K) / 32;
+      const float s = frt_f16_to_f32(*super_half(rec, 0, j)) *
+                      static_cast<float>(rec[FRT_SUPER4_SC_AT + g * kPanel + j]);
+      const float o = frt_f16_to_f32(*super_half(rec, FRT_SUPER4_DMIN_AT, j)) *
+                      static_cast<float>(rec[FRT_SUPER4_M_AT + g * kPanel + j]);
+      v = static_cast<float>(nib) * s - o;  // product then difference, as GGUF's dequantiser
     } else if (view_.format == FRT_W_INT8_CHANNEL) {
       v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
           static_cast<const float*>(view_.scales)[r];

@@ -99,6 +99,74 @@ TEST(Pack, AdoptedPartsOutOfRangeOrIncompleteAreRefusedByName) {
   }
 }
 
+// GGUF Q4_K's parts (nibbles, 6-bit scale and min codes per 32, f16 d and dmin per 256) held as
+// int4_super: the pack computes with exactly q * (d * sc) - dmin * m, as gguf's dequantiser.
+TEST(Pack, AdoptedSuperBlocksDequantiseToExactlyTheirCodedValues) {
+  const int64_t n = 21, k = 512, groups = k / 32, supers = k / 256;
+  std::mt19937 rng(11);
+  std::vector<int8_t> q(n * k);
+  for (auto& v : q) v = static_cast<int8_t>(rng() % 16);
+  std::vector<uint8_t> sc(n * groups), mn(n * groups);
+  for (int64_t i = 0; i < n * groups; ++i) sc[i] = rng() % 64, mn[i] = rng() % 64;
+  std::vector<uint16_t> d(n * supers), dmin(n * supers);
+  for (int64_t i = 0; i < n * supers; ++i)
+    d[i] = half_bits(std::ldexp(static_cast<float>(1 + rng() % 1000), -20)),
+    dmin[i] = half_bits(std::ldexp(static_cast<float>(rng() % 1000), -21));
+  QuantizedParts parts{
+      WeightFormat::int4_super, 32, n, k, q.data(), DType::f16, sc.data(), mn.data()};
+  parts.super_scales = d.data();
+  parts.super_mins = dmin.data();
+  const PackedLinear p = PackedLinear::from_quantized(parts);
+  EXPECT_EQ(p.form(), kInt4SuperForm);
+  EXPECT_EQ(p.format(), WeightFormat::int4_super);
+  const std::vector<float> w = p.dequantize();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t g = r * groups + i / 32, su = r * supers + i / 256;
+      const float s = frt_f16_to_f32(d[su]) * static_cast<float>(sc[g]);
+      const float o = frt_f16_to_f32(dmin[su]) * static_cast<float>(mn[g]);
+      ASSERT_EQ(w[r * k + i], static_cast<float>(q[r * k + i]) * s - o) << r << "," << i;
+    }
+
+  // Codes past 6 bits, a width outside whole super-blocks, a missing super scale, an infinite
+  // one: each refused by name, nothing packed.
+  sc[3] = 64;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  sc[3] = 63;
+  parts.k = 384;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  parts.k = k;
+  parts.super_mins = nullptr;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  parts.super_mins = dmin.data();
+  d[1] = 0x7c00;  // +inf
+  try {
+    PackedLinear::from_quantized(parts);
+    FAIL() << "an infinite super scale was adopted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("super scale of row 0 super-block 1"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Packing a host weight into super-blocks: its 6-bit coded grids cost little against int4 g32
+// with its own f32 grid per group, and a width outside whole super-blocks is refused.
+TEST(Pack, Int4SuperBlocksQuantiseCloseToPerGroupGrids) {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  const int64_t n = 40, k = 512;
+  std::vector<float> w(n * k);
+  for (float& v : w) v = dist(rng);
+  const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
+  const PackedLinear s = PackedLinear::int4_super(v), g = PackedLinear::int4(v, 32, false);
+  EXPECT_LT(s.stats().rel_err, 0.15);
+  EXPECT_LT(s.stats().rel_err, 1.25 * g.stats().rel_err);
+  EXPECT_LT(s.nbytes(), g.nbytes() * 4625 / 6000 + 1);  // 4.625 bits a weight against 6
+  std::vector<float> narrow(n * 384, 0.1f);
+  EXPECT_THROW(PackedLinear::int4_super(TensorView::matrix(narrow.data(), DType::f32, n, 384, 384)),
+               InvalidArgument);
+}
+
 // The plain grids of earlier packs, for comparison: min-max with 0 in the range (a whole zero
 // point) and max|w| / 7 about level 8. Returns the squared error of the whole matrix.
 double plain_int4_error(const std::vector<float>& w, int64_t k, bool symmetric) {

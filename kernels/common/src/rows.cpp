@@ -15,6 +15,17 @@ int32_t check_weight_form(int32_t wformat, int32_t group, int32_t scale_dtype, i
                   dtype_name(scale_dtype));
     return ok(err);
   }
+  if (wformat == FRT_W_INT4_SUPER) {
+    if (group != 32 || scale_dtype != FRT_F16)
+      return fail(err, FRT_REASON_FORMAT,
+                  "%s: int4 super-blocks take group 32 and f16 super scales, not group %d %s", what,
+                  group, dtype_name(scale_dtype));
+    if (k % FRT_SUPER_K != 0)
+      return fail(err, FRT_REASON_SHAPE,
+                  "%s: int4 super-block width k=%lld is not a multiple of %d", what,
+                  static_cast<long long>(k), FRT_SUPER_K);
+    return ok(err);
+  }
   if (wformat != FRT_W_INT4_GROUP && wformat != FRT_W_INT8_GROUP)
     return fail(err, FRT_REASON_FORMAT, "%s: unknown weight format %d", what, wformat);
   const bool int4 = wformat == FRT_W_INT4_GROUP;
@@ -53,7 +64,7 @@ int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err) 
 int64_t prepared_floats(const frt_packed_weight* w, int32_t x_dtype, int64_t m) {
   int64_t floats = 0;
   if (x_dtype != FRT_F32) floats += align64(m * w->k * 4) / 4;
-  if (w->format == FRT_W_INT4_GROUP) floats += align64(m * (w->k / w->group) * 4) / 4;
+  if (sums_groups(w->format)) floats += align64(m * (w->k / w->group) * 4) / 4;
   return floats;
 }
 
@@ -65,7 +76,7 @@ PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_
     rows.ldx = w->k;
     space += align64(m * w->k * 4) / 4;
   }
-  if (w->format == FRT_W_INT4_GROUP) rows.xsum = space;
+  if (sums_groups(w->format)) rows.xsum = space;
   return rows;
 }
 
@@ -99,6 +110,8 @@ void run_panel(const frt_packed_weight* w, int64_t p, const PreparedRows& rows, 
     kPanels.int8(w, p, rows.x, rows.ldx, m, tile);
   else if (w->format == FRT_W_INT8_GROUP)
     kPanels.int8g(w, p, rows.x, rows.ldx, m, tile);
+  else if (w->format == FRT_W_INT4_SUPER)
+    kPanels.int4s(w, p, rows.x, rows.ldx, rows.xsum, m, tile);
   else
     kPanels.int4(w, p, rows.x, rows.ldx, rows.xsum, m, tile);
 }

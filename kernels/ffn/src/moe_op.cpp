@@ -55,7 +55,7 @@ struct MoeSizes {
 MoeSizes sizes(const frt_moe_args* a) {
   const frt_packed_weight& g = a->gate[0];
   const int64_t slots = a->m * a->top_k, k = g.k, inner = g.n;
-  const bool int4 = g.format == FRT_W_INT4_GROUP && g.group > 0;
+  const bool int4 = sums_groups(g.format) && g.group > 0;
   return {align64(slots * k * 4), int4 ? align64(slots * (k / g.group) * 4) : 0,
           align64(slots * inner * 4), int4 ? align64(slots * (inner / g.group) * 4) : 0,
           align64(slots * part_stride(a) * 4)};
@@ -82,6 +82,8 @@ void form_name(const frt_packed_weight* w, char* out, size_t size) {
   else if (w->format == FRT_W_INT8_GROUP || w->format == FRT_W_INT4_GROUP)
     std::snprintf(out, size, "%s g%d (%s scales)", w->format == FRT_W_INT8_GROUP ? "int8" : "int4",
                   w->group, dtype_name(w->scale_dtype));
+  else if (w->format == FRT_W_INT4_SUPER)
+    std::snprintf(out, size, "int4 g32 super-blocks (f16 super scales)");
   else
     std::snprintf(out, size, "format %d", w->format);
 }

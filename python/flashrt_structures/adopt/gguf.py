@@ -4,8 +4,8 @@ routed experts (llama.cpp's ``blk.N.ffn_{gate,up,down}_exps``), as a Source.
 The tensor-name map, the row permutation and the placement of expert tensors (gate and up into
 the halves of a fused gate_up_proj) are transformers' own (its GGUF loader's), found by running
 its tensor processor on row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels
-unchanged, Q5_0, Q4_K and Q6_K re-expressed exactly (below), other block types are refused by name,
-per tensor.
+unchanged, Q4_K in its own super-block form, Q5_0 and Q6_K re-expressed exactly (below), other
+block types are refused by name, per tensor.
 """
 
 from __future__ import annotations
@@ -34,20 +34,21 @@ class _Block(NamedTuple):
     f16: bool
 
 
-# Q8_0, Q4_0 and Q4_1 are laid out unchanged (f16 scales). The others are re-expressed exactly in
-# an existing form, at more bits a weight than the file's own (native forms are issue 31's next
-# step): Q5_0 (W = d * (q - 16), q of 5 bits) is int8 g32 with the file's d (8 bits against 5.5);
-# Q4_K (super-blocks of 256: f16 d and dmin, eight 6-bit scales and mins, 4-bit values) is int4
-# g32 with f32 scale d * sc_j and min -dmin * m_j (6 bits against 4.5); Q6_K (super-blocks of
-# 256: f16 d, sixteen int8 scales, 6-bit values) is int8 g16 with f32 scale d * sc_j (10 bits
-# against 6.56). Every scale and min is a product exact in f32, and W = scale * q (+ min) is then
-# the product-then-sum the kernels and gguf's own dequantiser compute, bit for bit.
+# Q8_0, Q4_0 and Q4_1 are laid out unchanged (f16 scales), Q4_K in its own form, int4_super: the
+# nibbles, the eight 6-bit scale and min codes of each super-block of 256 (a byte each) and its
+# f16 d and dmin, 4.625 bits a weight against the file's 4.5. Q5_0 and Q6_K are re-expressed
+# exactly in an existing form, at more bits a weight than the file's own (their native forms are
+# issue 31's next step): Q5_0 (W = d * (q - 16), q of 5 bits) is int8 g32 with the file's d (8
+# bits against 5.5); Q6_K (super-blocks of 256: f16 d, sixteen int8 scales, 6-bit values) is
+# int8 g16 with f32 scale d * sc_j (10 bits against 6.56). Every scale is a product exact in f32,
+# and W = scale * q (+ min) is then the product-then-sum the kernels and gguf's own dequantiser
+# compute, bit for bit.
 _BLOCKS = {
     "Q8_0": _Block(32, 34, _core.WeightFormat.int8_group, 32, True, True),
     "Q4_0": _Block(32, 18, _core.WeightFormat.int4_group, 32, True, True),
     "Q4_1": _Block(32, 20, _core.WeightFormat.int4_group, 32, False, True),
     "Q5_0": _Block(32, 22, _core.WeightFormat.int8_group, 32, True, True),
-    "Q4_K": _Block(256, 144, _core.WeightFormat.int4_group, 32, False, False),
+    "Q4_K": _Block(256, 144, _core.WeightFormat.int4_super, 32, False, True),
     "Q6_K": _Block(256, 210, _core.WeightFormat.int8_group, 16, True, False),
 }
 _UNQUANTISED = {"F32", "F16", "BF16", "F64"}
@@ -61,10 +62,31 @@ def _form(block_type: str) -> _core.WeightForm:
                        b.symmetric, f16=b.f16)
 
 
-def _q4_k(blocks: np.ndarray, n: int, k: int) -> tuple:
-    """Q4_K super-blocks [n, k/256, 144] -> (nibbles [n, k], scales f32 [n, k/32], mins f32)."""
-    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)
-    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+class _Parts(NamedTuple):
+    """One [n, k] tensor's values as from_quantized takes them (rows in the file's order)."""
+
+    q: np.ndarray
+    scales: np.ndarray
+    mins: np.ndarray | None = None
+    super_scales: np.ndarray | None = None
+    super_mins: np.ndarray | None = None
+
+    def rows(self, order: np.ndarray | None) -> _Parts:
+        """The parts with their rows in `order` (None: as they are), each C-contiguous."""
+        def take(a: np.ndarray | None) -> np.ndarray | None:
+            if a is None:
+                return None
+            return np.ascontiguousarray(a if order is None else a[order])
+        q, scales = take(self.q), take(self.scales)
+        assert q is not None and scales is not None
+        return _Parts(q, scales, take(self.mins), take(self.super_scales), take(self.super_mins))
+
+
+def _q4_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
+    """Q4_K super-blocks [n, k/256, 144] -> nibbles [n, k], scale and min codes uint8 [n, k/32],
+    d and dmin f16 [n, k/256]."""
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).reshape(n, k // 256)
+    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).reshape(n, k // 256)
     packed = blocks[..., 4:16].astype(np.uint8)  # 12 bytes: eight 6-bit scales and mins
     lo, hi = packed[..., 0:4], packed[..., 4:8]
     tail = packed[..., 8:12]
@@ -72,16 +94,14 @@ def _q4_k(blocks: np.ndarray, n: int, k: int) -> tuple:
     # 4..7 take a nibble of bytes 8..11 and the top 2 bits of bytes 0..3 (scale) or 4..7 (min).
     sc = np.concatenate([lo & 63, (tail & 15) | ((lo >> 6) << 4)], axis=-1)
     mn = np.concatenate([hi & 63, (tail >> 4) | ((hi >> 6) << 4)], axis=-1)
-    scales = (d * sc.astype(np.float32)).reshape(n, k // 32)
-    mins = -(dmin * mn.astype(np.float32)).reshape(n, k // 32)
     # 128 bytes of values: four runs of 32 bytes, run r holding sub-block 2r in its low nibbles
     # and sub-block 2r + 1 in its high nibbles.
     qs = blocks[..., 16:].reshape(n, k // 256, 4, 1, 32)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).astype(np.int8).reshape(n, k)
-    return q, scales, mins
+    return _Parts(q, sc.reshape(n, k // 32), mn.reshape(n, k // 32), d, dmin)
 
 
-def _q6_k(blocks: np.ndarray, n: int, k: int) -> tuple:
+def _q6_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
     """Q6_K super-blocks [n, k/256, 210] -> (q int8 [n, k] in -32..31, scales f32 [n, k/16])."""
     nb = k // 256
     # Each half of 128 values: 64 bytes of low nibbles (values 0..63 low, then 64..127 high)
@@ -93,13 +113,13 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> tuple:
     q = (low | (high << 4)).astype(np.int8) - np.int8(32)
     sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
     d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16).astype(np.float32)
-    return q.reshape(n, k), (d * sc).reshape(n, k // 16), None
+    return _Parts(q.reshape(n, k), (d * sc).reshape(n, k // 16))
 
 
-def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> tuple:
-    """GGUF blocks of one [n, k] tensor -> (q int8 [n, k], scales [n, k/group], mins or None):
-    scales f16, or f32 for the K-quants. int4 values come out as nibbles 0..15 with W = q*d + m
-    (Q4_0: m = -8 d)."""
+def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> _Parts:
+    """GGUF blocks of one [n, k] tensor -> q int8 [n, k], scales [n, k/group], mins or None
+    (Q4_K: codes and super scales, above): scales f16, or f32 for Q6_K. int4 values come out as
+    nibbles 0..15 with W = q*d + m (Q4_0: m = -8 d)."""
     b = _BLOCKS[block_type]
     blocks = np.ascontiguousarray(raw).reshape(n, k // b.per, b.size)
     if block_type == "Q4_K":
@@ -109,13 +129,13 @@ def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> tuple:
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).reshape(n, k // 32)
     if block_type == "Q8_0":
         q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k)
-        return q, d, None
+        return _Parts(q, d)
     if block_type == "Q5_0":  # d, 32 fifth bits (little-endian), 16 bytes of nibbles
         high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")
         packed = blocks[..., 6:]
         low = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
         q = (low | (high << 4)).astype(np.int8) - np.int8(16)
-        return q.reshape(n, k), d, None
+        return _Parts(q.reshape(n, k), d)
     packed = blocks[..., 4:] if block_type == "Q4_1" else blocks[..., 2:]
     # Byte j of a block holds element j (low nibble) and element j + 16 (high nibble).
     q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8).reshape(n, k)
@@ -123,19 +143,16 @@ def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> tuple:
         m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).reshape(n, k // 32)
     else:
         m = (-8.0 * d.astype(np.float32)).astype(np.float16)
-    return q, d, np.ascontiguousarray(m)
+    return _Parts(q, d, np.ascontiguousarray(m))
 
 
 def _pack(block_type: str, raw: np.ndarray, n: int, k: int, order: np.ndarray) -> Any:
     """One [n, k] tensor's blocks laid out for the kernels, its rows in the host's order."""
-    q, d, m = _unpack_blocks(block_type, raw, n, k)
-    if not np.array_equal(order, np.arange(n)):
-        q, d = q[order], d[order]
-        m = m[order] if m is not None else None
+    parts = _unpack_blocks(block_type, raw, n, k)
+    parts = parts.rows(None if np.array_equal(order, np.arange(n)) else order)
     b = _BLOCKS[block_type]
-    return _core.from_quantized(b.format, b.group, np.ascontiguousarray(q),
-                                np.ascontiguousarray(d),
-                                None if m is None else np.ascontiguousarray(m))
+    return _core.from_quantized(b.format, b.group, parts.q, parts.scales, parts.mins,
+                                super_scales=parts.super_scales, super_mins=parts.super_mins)
 
 
 def _refusal(name: str, block_type: str) -> str:

@@ -32,9 +32,11 @@ extern "C" {
  * 4.2: FRT_OP_CAPPED_ATTENTION, attention whose scores are softcapped (Gemma 2), a kind of its
  *   own so that no caller of 4.1 hands a package a struct shorter than it reads.
  * 4.3: FRT_OP_GATED_DELTA (the gated delta rule, frt_gated_delta_args) and FRT_OP_CAUSAL_CONV1D
- *   (a depthwise causal convolution with its state, frt_causal_conv1d_args): kinds appended. */
+ *   (a depthwise causal convolution with its state, frt_causal_conv1d_args): kinds appended.
+ * 4.4: FRT_W_INT4_SUPER, int4 in super-blocks of 256 with 6-bit sub-block scale and min codes
+ *   under f16 super scales (GGUF Q4_K's own values, a format appended). */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 3
+#define FRT_KERNEL_ABI_MINOR 4
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -65,6 +67,15 @@ static inline float frt_f16_to_f32(uint16_t h) {
 /* Width of one weight panel: every packed format stores output channels in panels of this many
  * columns, so one packed buffer serves every variant (generic, avx2, avx512vnni). */
 #define FRT_PANEL 16
+
+/* FRT_W_INT4_SUPER: inputs per super-block, groups in one, and the bytes of one panel's record
+ * of a super-block (d and dmin in f16, then the eight scale and eight min codes, a byte each). */
+#define FRT_SUPER_K 256
+#define FRT_SUPER4_GROUPS 8
+#define FRT_SUPER4_RECORD (FRT_PANEL * (2 + 2 + 2 * FRT_SUPER4_GROUPS))
+#define FRT_SUPER4_DMIN_AT (2 * FRT_PANEL) /* byte offsets in a record */
+#define FRT_SUPER4_SC_AT (4 * FRT_PANEL)
+#define FRT_SUPER4_M_AT (FRT_SUPER4_SC_AT + FRT_SUPER4_GROUPS * FRT_PANEL)
 
 enum frt_status { FRT_OK = 0, FRT_E_INVALID = 1, FRT_E_UNSUPPORTED = 2, FRT_E_INTERNAL = 3 };
 
@@ -109,6 +120,13 @@ enum frt_op_kind {
  *   qdata uint8 [P][k/2][FRT_PANEL], byte = q(c, 2r) | q(c, 2r+1) << 4;
  *   scales, mins [P][k/g][FRT_PANEL] in scale_dtype;  W[c][i] = q * scale + min.
  *   Symmetric packs have min == -8 * scale (GGUF Q4_0); asymmetric ones any min (Q4_1).
+ * FRT_W_INT4_SUPER (4.4): GGUF Q4_K's values at their stored precision. group == 32, k % 256 == 0;
+ *   nibbles as FRT_W_INT4_GROUP (qdata uint8 [P][k/2][FRT_PANEL]); scales points to [P][k/256]
+ *   super records of FRT_SUPER4_RECORD bytes: d f16 [FRT_PANEL], dmin f16 [FRT_PANEL], then
+ *   sc uint8 [8][FRT_PANEL] and m uint8 [8][FRT_PANEL], codes 0..63 for the eight groups of 32
+ *   in the super-block; mins is NULL; scale_dtype is FRT_F16 (the dtype of d and dmin).
+ *   With s = f32(d) * sc and o = f32(dmin) * m (both exact in f32): W[c][i] = q * s - o.
+ *   4.625 bits a weight (the file's 4.5, its 6-bit codes held in bytes).
  * scale_dtype is FRT_F32 or FRT_F16 for the group formats and FRT_F32 for per-channel int8.
  */
 /* FRT_W_INT8_GEMM: the w8a8 GEMM's layout (flashrt/gemm); symmetric int8 per output channel,
@@ -140,6 +158,7 @@ enum frt_wformat {
   FRT_W_INT8_CHANNEL = 1,
   FRT_W_INT4_GROUP = 2,
   FRT_W_INT8_GROUP = 3,
+  FRT_W_INT4_SUPER = 4, /* 4.4 */
   FRT_W_INT8_GEMM = 16,
   FRT_W_INT4_GEMM = 17
 };

@@ -20,6 +20,9 @@ struct PanelTable {
                 float* out);
   void (*int4)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                const float* xsum, int64_t m, float* out);
+  // int4_super: the int4 panel with each group's scale and min decoded from its super record.
+  void (*int4s)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                const float* xsum, int64_t m, float* out);
   // sum_i x[i] w[i] over n elements, w fp32 or bf16 (the host's own weight rows).
   float (*dot_f32)(const float* x, const float* w, int64_t n);
   float (*dot_bf16)(const float* x, const uint16_t* w, int64_t n);
@@ -59,6 +62,8 @@ void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int6
                      float* out);
 void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                     const float* xsum, int64_t m, float* out);
+void int4s_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                     const float* xsum, int64_t m, float* out);
 float dot_f32_ref(const float* x, const float* w, int64_t n);
 float dot_bf16_ref(const float* x, const uint16_t* w, int64_t n);
 void activate_ref(int32_t act, const float* g, const float* bias, const float* mul, float* out,
@@ -73,6 +78,8 @@ void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int
                       float* out);
 void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                      const float* xsum, int64_t m, float* out);
+void int4s_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                      const float* xsum, int64_t m, float* out);
 float dot_f32_avx512(const float* x, const float* w, int64_t n);
 float dot_bf16_avx512(const float* x, const uint16_t* w, int64_t n);
 void int8_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
@@ -81,5 +88,7 @@ void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, i
                         int64_t m, float* out);
 void int4_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                        const float* xsum, int64_t m, float* out);
+void int4s_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                        const float* xsum, int64_t m, float* out);
 
 }  // namespace frt::kern

@@ -8,6 +8,12 @@
 
 namespace frt::kern {
 
+// Whether panels of this format take the rows' group sums (their mins or offsets enter once per
+// group through them).
+inline bool sums_groups(int32_t format) {
+  return format == FRT_W_INT4_GROUP || format == FRT_W_INT4_SUPER;
+}
+
 // FRT_REASON_OK or the reason (message names the form and the shape).
 int32_t check_weight(const frt_packed_weight* w, const char* what, frt_error* err);
 int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err);

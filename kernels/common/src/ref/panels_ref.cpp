@@ -39,25 +39,52 @@ void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int6
   }
 }
 
-void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
-                    const float* /*xsum*/, int64_t m, float* out) {
-  const int64_t k = w->k, groups = k / w->group;
+namespace {
+
+// out[r][j] = sum_i x[r][i] * value(nibble, i, j): the int4 forms differ only in where a
+// nibble's scale and min come from.
+template <typename Value>
+void int4_panel_by(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                   float* out, Value value) {
+  const int64_t k = w->k;
   const auto* q = static_cast<const uint8_t*>(w->qdata) + p * (k / 2) * FRT_PANEL;
-  const int64_t s0 = p * groups * FRT_PANEL;
   for (int64_t r = 0; r < m; ++r) {
     for (int j = 0; j < FRT_PANEL; ++j) {
       float acc = 0.0f;
       for (int64_t i = 0; i < k; ++i) {
         const uint8_t byte = q[(i / 2) * FRT_PANEL + j];
         const int nibble = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-        const int64_t at = s0 + (i / w->group) * FRT_PANEL + j;
-        const float wv = static_cast<float>(nibble) * scale_at(w->scales, at, w->scale_dtype) +
-                         scale_at(w->mins, at, w->scale_dtype);
-        acc += x[r * ldx + i] * wv;
+        acc += x[r * ldx + i] * value(static_cast<float>(nibble), i, j);
       }
       out[r * FRT_PANEL + j] = acc;
     }
   }
+}
+
+}  // namespace
+
+void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                    const float* /*xsum*/, int64_t m, float* out) {
+  const int64_t s0 = p * (w->k / w->group) * FRT_PANEL;
+  int4_panel_by(w, p, x, ldx, m, out, [&](float nibble, int64_t i, int j) {
+    const int64_t at = s0 + (i / w->group) * FRT_PANEL + j;
+    return nibble * scale_at(w->scales, at, w->scale_dtype) + scale_at(w->mins, at, w->scale_dtype);
+  });
+}
+
+void int4s_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                     const float* /*xsum*/, int64_t m, float* out) {
+  const auto* records =
+      static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER4_RECORD;
+  int4_panel_by(w, p, x, ldx, m, out, [&](float nibble, int64_t i, int j) {
+    const uint8_t* rec = records + (i / FRT_SUPER_K) * FRT_SUPER4_RECORD;
+    const int64_t g = (i % FRT_SUPER_K) / 32;
+    const float s =
+        scale_at(rec, j, FRT_F16) * static_cast<float>(rec[FRT_SUPER4_SC_AT + g * FRT_PANEL + j]);
+    const float o = scale_at(rec + FRT_SUPER4_DMIN_AT, j, FRT_F16) *
+                    static_cast<float>(rec[FRT_SUPER4_M_AT + g * FRT_PANEL + j]);
+    return nibble * s - o;
+  });
 }
 
 float dot_f32_ref(const float* x, const float* w, int64_t n) {

@@ -164,24 +164,56 @@ inline Nibbles load_nibbles(const uint8_t* row) {
       _mm256_cvtepi32_ps(_mm256_and_si256(v1, low4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4))};
 }
 
-// out += s * acc + mn * xs for one group of one row, both column halves (scales and mins from
-// element `at`). The running result lives in `out` (L1), not in registers: the group loop needs
-// all sixteen ymm registers.
-inline void apply_group(const frt_packed_weight* w, int64_t at, float xs, __m256 acc0, __m256 acc1,
+// Where an int4 group's scales and mins come from: stored per group (int4_group), or as 6-bit
+// codes under the super-block's f16 d and dmin (int4_super: s = d * sc, mn = -(dmin * m), both
+// products exact in f32, so a pack of either form holding the same values computes the same bits).
+struct StoredScales {
+  const frt_packed_weight* w;
+  int64_t s0;  // the panel's first group scale
+  __m256 scale(int64_t g, int h) const {
+    return load_scales8(w->scales, s0 + g * FRT_PANEL + 8 * h, w->scale_dtype);
+  }
+  // res + mn * xs
+  __m256 add_min(int64_t g, int h, __m256 xs, __m256 res) const {
+    return _mm256_fmadd_ps(load_scales8(w->mins, s0 + g * FRT_PANEL + 8 * h, w->scale_dtype), xs,
+                           res);
+  }
+};
+struct SuperScales {
+  const uint8_t* records;  // the panel's first super record
+  static __m256 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g, int h) {
+    const __m256 unit =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + unit_at + 16 * h)));
+    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+        rec + codes_at + (g % FRT_SUPER4_GROUPS) * FRT_PANEL + 8 * h));
+    return _mm256_mul_ps(unit, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)));
+  }
+  const uint8_t* record(int64_t g) const {
+    return records + (g / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
+  }
+  __m256 scale(int64_t g, int h) const { return coded(record(g), 0, FRT_SUPER4_SC_AT, g, h); }
+  // res - (dmin * m) * xs: the same rounding as res + (-(dmin * m)) * xs.
+  __m256 add_min(int64_t g, int h, __m256 xs, __m256 res) const {
+    return _mm256_fnmadd_ps(coded(record(g), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, g, h), xs, res);
+  }
+};
+
+// out += s * acc + mn * xs for one group of one row, both column halves. The running result
+// lives in `out` (L1), not in registers: the group loop needs all sixteen ymm registers.
+template <typename Scales>
+inline void apply_group(const Scales& sc, int64_t g, float xs, __m256 acc0, __m256 acc1,
                         float* out) {
   const __m256 xsv = _mm256_set1_ps(xs);
-  const int32_t dt = w->scale_dtype;
-  _mm256_storeu_ps(out, _mm256_fmadd_ps(load_scales8(w->scales, at, dt), acc0,
-                                        _mm256_fmadd_ps(load_scales8(w->mins, at, dt), xsv,
-                                                        _mm256_loadu_ps(out))));
-  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(load_scales8(w->scales, at + 8, dt), acc1,
-                                            _mm256_fmadd_ps(load_scales8(w->mins, at + 8, dt), xsv,
-                                                            _mm256_loadu_ps(out + 8))));
+  _mm256_storeu_ps(
+      out, _mm256_fmadd_ps(sc.scale(g, 0), acc0, sc.add_min(g, 0, xsv, _mm256_loadu_ps(out))));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(sc.scale(g, 1), acc1,
+                                            sc.add_min(g, 1, xsv, _mm256_loadu_ps(out + 8))));
 }
 
 // One row: two packed rows (four k) per step, even and odd k in separate accumulators (Note
 // [Accumulator chains]), named rather than in arrays for the reason given at int8_row1.
-void int4_row1(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+template <typename Scales>
+void int4_row1(const uint8_t* q, const frt_packed_weight* w, const Scales& sc, const float* x,
                const float* xsum, float* out) {
   const int64_t k = w->k, group = w->group;
   const int64_t groups = k / group, pairs = group / 2;
@@ -207,15 +239,14 @@ void int4_row1(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const f
       p0 = _mm256_fmadd_ps(b.odd0, x3, p0);
       p1 = _mm256_fmadd_ps(b.odd1, x3, p1);
     }
-    apply_group(w, s0 + g * FRT_PANEL, xsum[g],
-                _mm256_add_ps(_mm256_add_ps(e0, o0), _mm256_add_ps(f0, p0)),
+    apply_group(sc, g, xsum[g], _mm256_add_ps(_mm256_add_ps(e0, o0), _mm256_add_ps(f0, p0)),
                 _mm256_add_ps(_mm256_add_ps(e1, o1), _mm256_add_ps(f1, p1)), out);
   }
 }
 
 // MR rows share each unpacked row; results gather in `out` group by group.
-template <int MR>
-void int4_rows(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+template <int MR, typename Scales>
+void int4_rows(const uint8_t* q, const frt_packed_weight* w, const Scales& sc, const float* x,
                int64_t ldx, const float* xsum, float* out) {
   const int64_t k = w->k, group = w->group;
   const int64_t groups = k / group, pairs = group / 2;
@@ -239,7 +270,7 @@ void int4_rows(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const f
       }
     }
     for (int r = 0; r < MR; ++r)
-      apply_group(w, s0 + g * FRT_PANEL, xsum[r * groups + g], _mm256_add_ps(ev[r][0], od[r][0]),
+      apply_group(sc, g, xsum[r * groups + g], _mm256_add_ps(ev[r][0], od[r][0]),
                   _mm256_add_ps(ev[r][1], od[r][1]), out + r * FRT_PANEL);
   }
 }
@@ -273,14 +304,31 @@ void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int
       [&](int64_t r) { int8g_row1(q, w, s0, x + r * ldx, out + r * FRT_PANEL); });
 }
 
-void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
-                     const float* xsum, int64_t m, float* out) {
-  const int64_t k = w->k, groups = k / w->group, s0 = p * groups * FRT_PANEL;
+namespace {
+
+template <typename Scales>
+void int4_panel(const frt_packed_weight* w, int64_t p, const Scales& sc, const float* x,
+                int64_t ldx, const float* xsum, int64_t m, float* out) {
+  const int64_t k = w->k, groups = k / w->group;
   const auto* q = static_cast<const uint8_t*>(w->qdata) + p * (k / 2) * FRT_PANEL;
   int64_t r = 0;
   for (; r + 2 <= m; r += 2)
-    int4_rows<2>(q, w, s0, x + r * ldx, ldx, xsum + r * groups, out + r * FRT_PANEL);
-  if (r < m) int4_row1(q, w, s0, x + r * ldx, xsum + r * groups, out + r * FRT_PANEL);
+    int4_rows<2>(q, w, sc, x + r * ldx, ldx, xsum + r * groups, out + r * FRT_PANEL);
+  if (r < m) int4_row1(q, w, sc, x + r * ldx, xsum + r * groups, out + r * FRT_PANEL);
+}
+
+}  // namespace
+
+void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                     const float* xsum, int64_t m, float* out) {
+  int4_panel(w, p, StoredScales{w, p * (w->k / w->group) * FRT_PANEL}, x, ldx, xsum, m, out);
+}
+
+void int4s_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                      const float* xsum, int64_t m, float* out) {
+  const auto* records =
+      static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER4_RECORD;
+  int4_panel(w, p, SuperScales{records}, x, ldx, xsum, m, out);
 }
 
 // Four accumulators (Note [Accumulator chains]); the tail is scalar.

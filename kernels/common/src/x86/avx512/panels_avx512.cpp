@@ -85,16 +85,47 @@ inline Nibbles load_nibbles(const uint8_t* row) {
           _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4))};
 }
 
-// res += s * acc + mn * xs for one group (scales and mins from element `at`): the min enters
-// once per group through the row's group sum, sum (q s + mn) x = s sum q x + mn sum x.
-inline __m512 apply_group(const frt_packed_weight* w, int64_t at, float xs, __m512 acc,
-                          __m512 res) {
-  const int32_t dt = w->scale_dtype;
-  return _mm512_fmadd_ps(load_scales16(w->scales, at, dt), acc,
-                         _mm512_fmadd_ps(load_scales16(w->mins, at, dt), _mm512_set1_ps(xs), res));
+// Where an int4 group's scales and mins come from (as in panels_avx2.cpp): stored per group, or
+// 6-bit codes under the super-block's f16 d and dmin, s = d * sc and mn = -(dmin * m).
+struct StoredScales {
+  const frt_packed_weight* w;
+  int64_t s0;  // the panel's first group scale
+  __m512 scale(int64_t g) const {
+    return load_scales16(w->scales, s0 + g * FRT_PANEL, w->scale_dtype);
+  }
+  // res + mn * xs
+  __m512 add_min(int64_t g, __m512 xs, __m512 res) const {
+    return _mm512_fmadd_ps(load_scales16(w->mins, s0 + g * FRT_PANEL, w->scale_dtype), xs, res);
+  }
+};
+struct SuperScales {
+  const uint8_t* records;  // the panel's first super record
+  static __m512 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g) {
+    const __m512 unit =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + unit_at)));
+    const __m128i codes = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(rec + codes_at + (g % FRT_SUPER4_GROUPS) * FRT_PANEL));
+    return _mm512_mul_ps(unit, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)));
+  }
+  const uint8_t* record(int64_t g) const {
+    return records + (g / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
+  }
+  __m512 scale(int64_t g) const { return coded(record(g), 0, FRT_SUPER4_SC_AT, g); }
+  // res - (dmin * m) * xs: the same rounding as res + (-(dmin * m)) * xs.
+  __m512 add_min(int64_t g, __m512 xs, __m512 res) const {
+    return _mm512_fnmadd_ps(coded(record(g), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, g), xs, res);
+  }
+};
+
+// res += s * acc + mn * xs for one group: the min enters once per group through the row's group
+// sum, sum (q s + mn) x = s sum q x + mn sum x.
+template <typename Scales>
+inline __m512 apply_group(const Scales& sc, int64_t g, float xs, __m512 acc, __m512 res) {
+  return _mm512_fmadd_ps(sc.scale(g), acc, sc.add_min(g, _mm512_set1_ps(xs), res));
 }
 
-void int4_row1(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+template <typename Scales>
+void int4_row1(const uint8_t* q, const frt_packed_weight* w, const Scales& sc, const float* x,
                const float* xsum, float* out) {
   const int64_t groups = w->k / w->group, pairs = w->group / 2;
   __m512 res = _mm512_setzero_ps();
@@ -112,14 +143,13 @@ void int4_row1(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const f
       f = _mm512_fmadd_ps(b.even, bcast(xt + 2), f);
       p = _mm512_fmadd_ps(b.odd, bcast(xt + 3), p);
     }
-    res = apply_group(w, s0 + g * FRT_PANEL, xsum[g],
-                      _mm512_add_ps(_mm512_add_ps(e, o), _mm512_add_ps(f, p)), res);
+    res = apply_group(sc, g, xsum[g], _mm512_add_ps(_mm512_add_ps(e, o), _mm512_add_ps(f, p)), res);
   }
   _mm512_storeu_ps(out, res);
 }
 
-template <int MR>
-void int4_rows(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+template <int MR, typename Scales>
+void int4_rows(const uint8_t* q, const frt_packed_weight* w, const Scales& sc, const float* x,
                int64_t ldx, const float* xsum, float* out) {
   const int64_t groups = w->k / w->group, pairs = w->group / 2;
   __m512 res[MR];
@@ -137,8 +167,7 @@ void int4_rows(const uint8_t* q, const frt_packed_weight* w, int64_t s0, const f
       }
     }
     for (int r = 0; r < MR; ++r)
-      res[r] = apply_group(w, s0 + g * FRT_PANEL, xsum[r * groups + g], _mm512_add_ps(ev[r], od[r]),
-                           res[r]);
+      res[r] = apply_group(sc, g, xsum[r * groups + g], _mm512_add_ps(ev[r], od[r]), res[r]);
   }
   for (int r = 0; r < MR; ++r) _mm512_storeu_ps(out + r * FRT_PANEL, res[r]);
 }
@@ -192,17 +221,34 @@ void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, i
       });
 }
 
-void int4_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
-                       const float* xsum, int64_t m, float* out) {
-  const int64_t k = w->k, groups = k / w->group, s0 = p * groups * FRT_PANEL;
+namespace {
+
+template <typename Scales>
+void int4_panel(const frt_packed_weight* w, int64_t p, const Scales& sc, const float* x,
+                int64_t ldx, const float* xsum, int64_t m, float* out) {
+  const int64_t k = w->k, groups = k / w->group;
   const auto* q = static_cast<const uint8_t*>(w->qdata) + p * (k / 2) * FRT_PANEL;
   in_fours(
       m,
       [&](auto mr, int64_t r) {
-        int4_rows<decltype(mr)::value>(q, w, s0, x + r * ldx, ldx, xsum + r * groups,
+        int4_rows<decltype(mr)::value>(q, w, sc, x + r * ldx, ldx, xsum + r * groups,
                                        out + r * FRT_PANEL);
       },
-      [&](int64_t r) { int4_row1(q, w, s0, x + r * ldx, xsum + r * groups, out + r * FRT_PANEL); });
+      [&](int64_t r) { int4_row1(q, w, sc, x + r * ldx, xsum + r * groups, out + r * FRT_PANEL); });
+}
+
+}  // namespace
+
+void int4_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                       const float* xsum, int64_t m, float* out) {
+  int4_panel(w, p, StoredScales{w, p * (w->k / w->group) * FRT_PANEL}, x, ldx, xsum, m, out);
+}
+
+void int4s_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                        const float* xsum, int64_t m, float* out) {
+  const auto* records =
+      static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER4_RECORD;
+  int4_panel(w, p, SuperScales{records}, x, ldx, xsum, m, out);
 }
 
 namespace {
