@@ -46,6 +46,8 @@ PACKERS: dict[str, Callable[[torch.Tensor], object]] = {
     "int4": lambda w: ops.pack_int4(w, INT4_GROUP, True),
     "int4_g32_asym_f16": lambda w: ops.pack_int4(w, 32, False, "f16"),
     "int4_super": lambda w: ops.pack_int4_super(w),  # GGUF Q4_K's form, 4.625 bits a weight
+    "int8_super": lambda w: ops.pack_int8_super(w),  # GGUF Q6_K's form, 8.5625 bits a weight
+    "int8_g16": lambda w: ops.pack_int8(w, 16),  # its re-expression before (f32 scales, 10 bits)
     # The integer GEMM's forms (flashrt/gemm): activations quantized to int8 inside the call
     # (integer dot products, no int8->fp32 convert per weight). w8a8_rows: one scale per row
     # (the DiT form); w8a8: per block of 32 (w8a8_decode's form); w4a8(_asym): int4 g32 nibbles

@@ -158,15 +158,16 @@ struct Format {
 };
 
 // Whether a pack of this format takes input width k (group forms: a multiple of the group;
-// int4_super: of its super-block of 256).
+// the super forms: of their super-block of 256).
 inline bool takes(const Format& f, int64_t k) {
-  if (f.format == WeightFormat::int4_super) return k % FRT_SUPER_K == 0;
+  if (is_super_format(f.format)) return k % FRT_SUPER_K == 0;
   return f.group == 0 || k % f.group == 0;
 }
 
 inline PackedLinear pack(const Format& f, std::vector<float>& w, int64_t n, int64_t k) {
   const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
   if (f.format == WeightFormat::int4_super) return PackedLinear::int4_super(v);
+  if (f.format == WeightFormat::int8_super) return PackedLinear::int8_super(v);
   if (f.format == WeightFormat::int4_group)
     return PackedLinear::int4(v, f.group, f.symmetric, f.scales);
   return PackedLinear::int8(v, f.group, f.scales);
@@ -198,6 +199,13 @@ inline std::vector<double> dequant64(const frt_packed_weight& w) {
         const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
         const int64_t at = (p * (k / w.group) + i / w.group) * FRT_PANEL + j;
         out[c * k + i] = static_cast<double>(q) * scale64(w.scales, at, w.scale_dtype);
+      } else if (w.format == FRT_W_INT8_SUPER) {
+        const int8_t q = static_cast<const int8_t*>(w.qdata)[(p * k + i) * FRT_PANEL + j];
+        const auto* rec = static_cast<const uint8_t*>(w.scales) +
+                          (p * (k / FRT_SUPER_K) + i / FRT_SUPER_K) * FRT_SUPER8_RECORD;
+        const auto sc =
+            static_cast<int8_t>(rec[FRT_SUPER8_SC_AT + ((i % FRT_SUPER_K) / 16) * FRT_PANEL + j]);
+        out[c * k + i] = static_cast<double>(q) * scale64(rec, j, FRT_F16) * sc;
       } else if (w.format == FRT_W_INT4_SUPER) {
         const uint8_t b =
             static_cast<const uint8_t*>(w.qdata)[(p * (k / 2) + i / 2) * FRT_PANEL + j];

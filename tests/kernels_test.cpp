@@ -33,7 +33,8 @@ const std::vector<Format> kFormats = {
     {"int4_g128_sym_f16", WeightFormat::int4_group, 128, true, DType::f16},
     {"int4_g128_asym", WeightFormat::int4_group, 128, false, DType::f32},
     {"int8_g16", WeightFormat::int8_group, 16, true, DType::f32},
-    {"int4_super", WeightFormat::int4_super, 32, false, DType::f16}};
+    {"int4_super", WeightFormat::int4_super, 32, false, DType::f16},
+    {"int8_super", WeightFormat::int8_super, 16, true, DType::f16}};
 
 // |got - want| within fp32 accumulation error over sum |x w| (plus bf16 output rounding).
 void expect_close(double got, double want, double magnitude, DType out, const std::string& where) {
@@ -110,9 +111,25 @@ TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
   }
 }
 
+// Two packs of the same values, run at rows 1..16 on one thread and on two: the same bits.
+void expect_same_bits(const frt_kernel_table& t, ThreadPool& pool, const PackedLinear& a,
+                      const PackedLinear& b, std::mt19937_64& rng) {
+  EXPECT_EQ(a.dequantize(), b.dequantize());
+  for (int64_t m : {1, 2, 3, 4, 5, 16})
+    for (int threads : {1, 2}) {
+      Rows x(DType::f32, m, a.k(), a.k() + 3, rng);
+      Out ya(DType::f32, m, a.n()), yb(DType::f32, m, a.n());
+      run_linear(t, pool, a, nullptr, x.view(), ya.view(), threads);
+      run_linear(t, pool, b, nullptr, x.view(), yb.view(), threads);
+      ASSERT_EQ(0, std::memcmp(ya.f32.data(), yb.f32.data(), ya.f32.size() * 4))
+          << a.form() << " m" << m << " threads " << threads;
+    }
+}
+
 // A Q4_K tensor's values held in super-blocks (int4_super: 6-bit codes under f16 d and dmin) and
 // the same values re-expressed as int4 g32 with f32 scale d*sc and min -(dmin*m): every product
-// is exact in f32, so both packs must give the same bits, row counts 1..16, any thread count.
+// is exact in f32, so both packs must give the same bits, row counts 1..16, any thread count; and
+// a Q6_K tensor's (int8_super) against int8 g16 with f32 scales d*sc.
 TEST_P(LinearKernel, SuperBlocksComputeTheBitsOfTheirExactReExpression) {
   std::string skip;
   const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
@@ -150,16 +167,30 @@ TEST_P(LinearKernel, SuperBlocksComputeTheBitsOfTheirExactReExpression) {
   EXPECT_EQ(a.form(), kInt4SuperForm);
   EXPECT_EQ(a.nbytes() * 8 * 1000 / (n / FRT_PANEL * FRT_PANEL + FRT_PANEL) / k, 4625)
       << "bits a weight, panels padded";
-  EXPECT_EQ(a.dequantize(), b.dequantize());
-  for (int64_t m : {1, 2, 3, 4, 5, 16})
-    for (int threads : {1, 2}) {
-      Rows x(DType::f32, m, k, k + 3, rng);
-      Out ya(DType::f32, m, n), yb(DType::f32, m, n);
-      run_linear(*t, pool, a, nullptr, x.view(), ya.view(), threads);
-      run_linear(*t, pool, b, nullptr, x.view(), yb.view(), threads);
-      ASSERT_EQ(0, std::memcmp(ya.f32.data(), yb.f32.data(), ya.f32.size() * 4))
-          << "m" << m << " threads " << threads;
-    }
+  expect_same_bits(*t, pool, a, b, rng);
+
+  // Q6_K: int8 values under int8 scale codes per 16 and an f16 d per 256, against int8 g16 with
+  // f32 scale d * sc.
+  const int64_t groups16 = k / 16;
+  std::vector<int8_t> q6(n * k), sc6(n * groups16);
+  std::vector<float> scale6(n * groups16);
+  for (auto& v : q6) v = static_cast<int8_t>(static_cast<int>(rng() % 64) - 32);
+  for (auto& v : sc6) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t g = 0; g < groups16; ++g)
+      scale6[r * groups16 + g] =
+          frt_f16_to_f32(d[r * supers + g / FRT_SUPER8_GROUPS]) * sc6[r * groups16 + g];
+  QuantizedParts super8{
+      WeightFormat::int8_super, 16, n, k, q6.data(), DType::f16, sc6.data(), nullptr};
+  super8.super_scales = d.data();
+  const QuantizedParts group16{
+      WeightFormat::int8_group, 16, n, k, q6.data(), DType::f32, scale6.data(), nullptr};
+  const PackedLinear a8 = PackedLinear::from_quantized(super8),
+                     b8 = PackedLinear::from_quantized(group16);
+  EXPECT_EQ(a8.form(), kInt8SuperForm);
+  EXPECT_EQ(a8.nbytes() * 8 * 10000 / (n / FRT_PANEL * FRT_PANEL + FRT_PANEL) / k, 85625)
+      << "bits a weight, panels padded";
+  expect_same_bits(*t, pool, a8, b8, rng);
 }
 
 TEST_P(LinearKernel, NonFiniteInputsPropagateWithoutCrashing) {

@@ -33,12 +33,13 @@ const std::vector<Format> kMoeFormats = {
     {"int8", WeightFormat::int8_channel, 0, true, DType::f32},
     {"int8_g64_f16", WeightFormat::int8_group, 64, true, DType::f16},
     {"int4_g32_asym_f16", WeightFormat::int4_group, 32, false, DType::f16},
-    {"int4_super", WeightFormat::int4_super, 32, false, DType::f16}};
+    {"int4_super", WeightFormat::int4_super, 32, false, DType::f16},
+    {"int8_super", WeightFormat::int8_super, 16, true, DType::f16}};
 
 // The group formats need k and inner to be multiples of the group (so of FRT_PANEL too), the
 // super-block form of 256; n, and every width of int8 per channel, need not be.
 Widths widths_for(const Format& f) {
-  if (f.format == WeightFormat::int4_super) return Widths{256, 512, 100};
+  if (is_super_format(f.format)) return Widths{256, 512, 100};
   return f.group == 0 ? Widths{120, 100, 75} : Widths{128, 192, 100};
 }
 

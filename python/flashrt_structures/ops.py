@@ -50,6 +50,12 @@ def pack_int4_super(weight: torch.Tensor) -> PackedLinear:
     return _core.pack_int4_super(weight.detach())
 
 
+def pack_int8_super(weight: torch.Tensor) -> PackedLinear:
+    """Weight-only int8 in super-blocks of 256 (GGUF Q6_K's form): a symmetric 6-bit grid per
+    group of 16 inputs whose scale is an int8 code under the super-block's f16 d."""
+    return _core.pack_int8_super(weight.detach())
+
+
 def _out(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
     if out is None:
         out = torch.empty((x.shape[0], n), dtype=x.dtype)

@@ -38,30 +38,35 @@ void check_parts_shape(const ScaleArray& a, int64_t n, int64_t groups, const cha
                           std::to_string(groups) + "]");
 }
 
-// int4_super's parts: uint8 codes [n, k/32] and f16 super scales [n, k/256].
+// The super forms' parts: int4_super's uint8 scale and min codes [n, k/32] under f16 d and
+// dmin [n, k/256]; int8_super's int8 scale codes [n, k/16] under f16 d, no mins.
 void super_parts(QuantizedParts& parts, const ScaleArray& codes,
                  const std::optional<ScaleArray>& mins, const std::optional<ScaleArray>& d,
                  const std::optional<ScaleArray>& dmin) {
-  if (!mins || !d || !dmin)
-    throw InvalidArgument(
-        "adopt: int4_super needs scale codes, min codes, super_scales and "
-        "super_mins");
-  const int64_t groups = parts.k / 32, supers = parts.k / 256;
-  for (const ScaleArray* a : {&codes, &*mins})
-    if (a->dtype() != nb::dtype<uint8_t>())
-      throw InvalidArgument("adopt: int4_super scale and min codes must be uint8 arrays");
-  for (const ScaleArray* a : {&*d, &*dmin})
-    if (array_dtype(*a) != DType::f16)
-      throw InvalidArgument("adopt: int4_super super scales must be float16 arrays");
+  const bool int4 = parts.format == WeightFormat::int4_super;
+  const std::string form = int4 ? "int4_super" : "int8_super";
+  if (!d || int4 != mins.has_value() || int4 != dmin.has_value())
+    throw InvalidArgument("adopt: " + form +
+                          (int4 ? " needs scale codes, min codes, super_scales and super_mins"
+                                : " needs scale codes and super_scales, no mins"));
+  const int64_t groups = parts.k / (int4 ? 32 : 16), supers = parts.k / 256;
+  const auto code_type = int4 ? nb::dtype<uint8_t>() : nb::dtype<int8_t>();
+  if (codes.dtype() != code_type || (mins && mins->dtype() != code_type))
+    throw InvalidArgument("adopt: " + form + " scale and min codes must be " +
+                          (int4 ? "uint8" : "int8") + " arrays");
+  if (array_dtype(*d) != DType::f16 || (dmin && array_dtype(*dmin) != DType::f16))
+    throw InvalidArgument("adopt: " + form + " super scales must be float16 arrays");
   check_parts_shape(codes, parts.n, groups, "scales");
-  check_parts_shape(*mins, parts.n, groups, "mins");
   check_parts_shape(*d, parts.n, supers, "super_scales");
-  check_parts_shape(*dmin, parts.n, supers, "super_mins");
   parts.scale_dtype = DType::f16;
   parts.scales = codes.data();
-  parts.mins = mins->data();
   parts.super_scales = static_cast<const uint16_t*>(d->data());
-  parts.super_mins = static_cast<const uint16_t*>(dmin->data());
+  if (int4) {
+    check_parts_shape(*mins, parts.n, groups, "mins");
+    check_parts_shape(*dmin, parts.n, supers, "super_mins");
+    parts.mins = mins->data();
+    parts.super_mins = static_cast<const uint16_t*>(dmin->data());
+  }
 }
 
 }  // namespace
@@ -121,6 +126,14 @@ void bind_quant(nb::module_& m) {
       },
       nb::arg("weight"), nb::arg("symmetric") = true);
   m.def(
+      "pack_int8_super",
+      [](nb::handle w) {
+        const TensorView v = view_of(w, "weight");
+        nb::gil_scoped_release release;
+        return PackedLinear::int8_super(v);
+      },
+      nb::arg("weight"));
+  m.def(
       "pack_int4_super",
       [](nb::handle w) {
         const TensorView v = view_of(w, "weight");
@@ -150,13 +163,13 @@ void bind_quant(nb::module_& m) {
         parts.n = static_cast<int64_t>(q.shape(0));
         parts.k = static_cast<int64_t>(q.shape(1));
         parts.q = q.data();
-        if (format == WeightFormat::int4_super) {
+        if (is_super_format(format)) {
           super_parts(parts, scales, mins, super_scales, super_mins);
           nb::gil_scoped_release release;
           return PackedLinear::from_quantized(parts);
         }
         if (super_scales || super_mins)
-          throw InvalidArgument("adopt: super scales belong to int4_super");
+          throw InvalidArgument("adopt: super scales belong to int4_super and int8_super");
         parts.scale_dtype = array_dtype(scales);
         parts.scales = scales.data();
         const int64_t groups =

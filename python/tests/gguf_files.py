@@ -29,7 +29,7 @@ from torch import nn
 from transformers import modeling_gguf_pytorch_utils as tg
 
 ARCH = {"llama": "llama", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe",
-        "olmoe": "olmoe"}
+        "olmoe": "olmoe", "gemma3_text": "gemma3"}
 # Routers and the shared-expert gate: F32 in llama.cpp's files whatever the file's type.
 _F32 = re.compile(r"blk\.\d+\.ffn_gate_inp(_shexp)?\.weight")
 _BANK = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps")

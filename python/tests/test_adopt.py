@@ -1,12 +1,12 @@
-"""adopt_prequantized on GGUF files written by gguf's own writer and quantisers (random Llama and
-Qwen3 hosts; Q4_K as random valid super-blocks), and refusals: corrupt, truncated, another
-model's file, unsupported block types."""
+"""adopt_prequantized on GGUF files written by gguf's own writer and quantisers (random Llama,
+Qwen3 and Gemma 3 hosts; Q4_K and Q6_K as random valid super-blocks), and refusals: corrupt,
+truncated, another model's file, unsupported block types."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 import flashrt_structures as S
 
@@ -41,8 +41,41 @@ def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, ma
     assert report.conversion, text
     exact = qtype in ("Q5_0", "Q4_K", "Q6_K")
     assert report.worst_conversion <= (0.0 if exact else 1e-6), report.conversion
-    if qtype == "Q4_K":  # its own form, near the file's 4.5 bits a weight
-        assert "super-blocks of 256" in text, text
+    if qtype in ("Q4_K", "Q6_K"):  # their own forms, near the file's bits a weight
+        form = "int4 g32" if qtype == "Q4_K" else "int8 g16"
+        assert f"{form} in super-blocks of 256" in text, text
+    hosts.computes_then_detaches(report, model, x, want, 0.99999)
+
+
+def test_a_gemma3_k_quant_file_seats_its_tied_262k_row_head_from_the_embedding(tmp_path):
+    """Gemma 3's head is its 262,144-row embedding: a K-quant file holds it once, as
+    token_embd (Q6_K, as llama.cpp's Q4_K_M mixes write it), and the head is seated from those
+    blocks; the projections are Q4_K in their own form; decode_loop runs over both."""
+    torch.manual_seed(23)
+    cfg = Gemma3TextConfig(vocab_size=262144, hidden_size=256, intermediate_size=512,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                           head_dim=64, max_position_embeddings=256, sliding_window=8,
+                           query_pre_attn_scalar=64,
+                           layer_types=["sliding_attention", "full_attention"], pad_token_id=0,
+                           bos_token_id=1, eos_token_id=None, tie_word_embeddings=True)
+    model = Gemma3ForCausalLM(cfg).eval()
+    path = gguf_files.write(model, tmp_path / "g3.gguf",
+                            {"*": "Q4_K", "token_embd.weight": "Q6_K"})
+    x = hosts.ids(4)
+    with torch.no_grad():
+        want = model(x).logits
+    report = S.adopt_prequantized(model, "gguf", path)
+    text = S.explain(report)
+    seats = {sp.site: sp for sp in report.plan.seats}
+    assert seats["lm_head"].form.name == "gguf_q6_k", text
+    assert seats["model.layers.0.mlp"].form.name == "gguf_q4_k", text
+    assert not report.plan.refused and report.worst_conversion == 0.0, text
+    try:
+        loop = S.decode_loop(model, max_len=32)
+        assert loop.self_check["verdict"] == "passed", loop.self_check
+    finally:
+        report.handle.detach()
+    report = S.adopt_prequantized(model, "gguf", path)
     hosts.computes_then_detaches(report, model, x, want, 0.99999)
 
 
@@ -95,9 +128,9 @@ def test_unknown_formats_and_a_missing_source_are_clear_errors():
 
 @pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
 def test_decode_loop_runs_over_adopted_k_quant_blocks_and_passes_its_self_check(tmp_path, qtype):
-    """Q4_K is laid out in its own super-block form, Q5_0 and Q6_K re-expressed in the int8 g32
-    and int8 g16 forms: the decode program takes the adopted packs like any seat's, and its
-    self-check against the
+    """Q4_K and Q6_K are laid out in their own super-block forms, Q5_0 re-expressed in the int8
+    g32 form: the decode program takes the adopted packs like any seat's, and its self-check
+    against the
     seated host passes; Q4_K_M is llama.cpp's mix (Q6_K for the head, attn_v and half the
     ffn_down, Q4_K for the rest), each projection seated in its own form."""
     model = hosts.qwen3()

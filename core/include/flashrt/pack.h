@@ -34,7 +34,9 @@ struct QuantizedParts {
   const void* scales = nullptr;    // [n] (int8 per-channel) or [n][k / group]
   const void* mins = nullptr;      // int4: [n][k / group], W = q * scale + min
   // int4_super (GGUF Q4_K, group 32): scales and mins are uint8 codes 0..63 [n][k / 32] under
-  // f16 super scales d and dmin [n][k / 256]; W = q * (d * sc) - dmin * m.
+  // f16 super scales d and dmin [n][k / 256]; W = q * (d * sc) - dmin * m. int8_super (GGUF
+  // Q6_K, group 16): scales are int8 codes [n][k / 16] under f16 d [n][k / 256], no mins;
+  // W = q * (d * sc).
   const uint16_t* super_scales = nullptr;
   const uint16_t* super_mins = nullptr;
 };
@@ -52,6 +54,10 @@ class PackedLinear {
   // min-max grid, and the eight groups' scales and offsets are coded in 6 bits under f16 d and
   // dmin. Throws InvalidArgument as int4() does, and for a width k not a multiple of 256.
   static PackedLinear int4_super(const TensorView& weight);
+  // int8 in super-blocks of 256 (FRT_W_INT8_SUPER, GGUF Q6_K's form): each group of 16 gets a
+  // symmetric 6-bit grid (values -32..31, Q6_K's), its scale an int8 code of d = max / 127 in
+  // f16. Throws InvalidArgument as int8() does, and for k not a multiple of 256.
+  static PackedLinear int8_super(const TensorView& weight);
   // Throws InvalidArgument when the parts do not describe a valid form (values out of range,
   // missing mins, non-finite scales).
   static PackedLinear from_quantized(const QuantizedParts& parts);

@@ -33,6 +33,7 @@ enum class WeightFormat : int32_t {
   int4_group = FRT_W_INT4_GROUP,
   int8_group = FRT_W_INT8_GROUP,
   int4_super = FRT_W_INT4_SUPER,  // GGUF Q4_K: int4 g32 under 6-bit codes and f16 super scales
+  int8_super = FRT_W_INT8_SUPER,  // GGUF Q6_K: int8 g16 under int8 codes and an f16 super scale
   int8_gemm = FRT_W_INT8_GEMM,    // the w8a8 GEMM's layout (activations quantized per row)
   int4_gemm = FRT_W_INT4_GEMM,    // int4 g32 for the same GEMM (activations per block of 32)
 };
@@ -40,14 +41,19 @@ enum class WeightFormat : int32_t {
 // recognised as the form the plan seats).
 inline constexpr const char* kInt4SuperForm =
     "int4 g32 in super-blocks of 256, 6-bit scale and min codes under f16 scales";
+inline constexpr const char* kInt8SuperForm =
+    "int8 g16 in super-blocks of 256, int8 scale codes under f16 scales";
+inline bool is_super_format(WeightFormat f) {
+  return f == WeightFormat::int4_super || f == WeightFormat::int8_super;
+}
 // The multiple every input width of a group form must be: its group, or int4_super's
 // super-block of 256.
 inline int64_t width_multiple(WeightFormat f, int group) {
-  return f == WeightFormat::int4_super ? FRT_SUPER_K : group;
+  return is_super_format(f) ? FRT_SUPER_K : group;
 }
 inline bool is_group_format(WeightFormat f) {
   return f == WeightFormat::int4_group || f == WeightFormat::int8_group ||
-         f == WeightFormat::int4_gemm || f == WeightFormat::int4_super;
+         f == WeightFormat::int4_gemm || is_super_format(f);
 }
 
 // The ops kernel packages own (frt_op_kind).

@@ -56,10 +56,12 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   if (is_group_format(w.format)) {
     const int64_t g = f.integer(f.require(node, field, "group"), child(field, "group"));
     // The GEMM's int4 groups are its activation blocks too (frt_kernel_abi.h, FRT_W_INT4_GEMM);
-    // the super-block form's groups are Q4_K's sub-blocks. Both keep f16 scales.
-    const bool gemm = w.format == WeightFormat::int4_gemm || w.format == WeightFormat::int4_super;
-    if (gemm ? g != 32 : (g != 32 && g != 64 && g != 128))
-      f.fail(child(field, "group"), gemm ? "not in {32}" : "not in {32, 64, 128}");
+    // the super-block forms' groups are Q4_K's and Q6_K's sub-blocks. All keep f16 scales.
+    const bool gemm = w.format == WeightFormat::int4_gemm || is_super_format(w.format);
+    const int fixed = w.format == WeightFormat::int8_super ? 16 : 32;
+    if (gemm ? g != fixed : (g != 32 && g != 64 && g != 128))
+      f.fail(child(field, "group"),
+             gemm ? "not in {" + std::to_string(fixed) + "}" : "not in {32, 64, 128}");
     w.group = static_cast<int>(g);
     if (gemm) w.scale_dtype = DType::f16;
     if (const YAML::Node scales = node["scales"]) {
@@ -72,7 +74,7 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   } else if (node["group"] || node["scales"]) {
     f.fail(field,
            "group and scales belong to the group forms (int8_group, int4_group, int4_gemm, "
-           "int4_super)");
+           "int4_super, int8_super)");
   }
   if (const YAML::Node block = node["act_block"]) {
     // The int8_gemm layout's activation blocks travel in the ABI's group field (Note [W8A8
@@ -428,6 +430,7 @@ std::string WeightForm::describe() const {
            ", activations int8 per " + std::to_string(group);
   if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
   if (format == WeightFormat::int4_super) return kInt4SuperForm;
+  if (format == WeightFormat::int8_super) return kInt8SuperForm;
   return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;
 }
 

@@ -96,9 +96,11 @@ void check_group(int group, int64_t k, bool int4, const std::string& what) {
                           ")");
 }
 
-// One panel's record of super-block sb (frt_kernel_abi.h, FRT_W_INT4_SUPER).
-uint8_t* super_record(void* scales, int64_t panel, int64_t sb, int64_t k) {
-  return static_cast<uint8_t*>(scales) + (panel * (k / FRT_SUPER_K) + sb) * FRT_SUPER4_RECORD;
+// One panel's record of super-block sb (frt_kernel_abi.h, FRT_W_INT4_SUPER / FRT_W_INT8_SUPER;
+// `bytes` the format's record size).
+uint8_t* super_record(void* scales, int64_t panel, int64_t sb, int64_t k,
+                      int64_t bytes = FRT_SUPER4_RECORD) {
+  return static_cast<uint8_t*>(scales) + (panel * (k / FRT_SUPER_K) + sb) * bytes;
 }
 uint16_t* super_half(uint8_t* record, int64_t at, int64_t j) {
   return reinterpret_cast<uint16_t*>(record + at) + j;
@@ -106,7 +108,7 @@ uint16_t* super_half(uint8_t* record, int64_t at, int64_t j) {
 
 void check_super_width(int64_t k, const std::string& what) {
   if (k % FRT_SUPER_K != 0)
-    throw InvalidArgument("pack: int4 super-block width k=" + std::to_string(k) +
+    throw InvalidArgument("pack: super-block width k=" + std::to_string(k) +
                           " is not a multiple of " + std::to_string(FRT_SUPER_K) + " (" + what +
                           ")");
 }
@@ -143,11 +145,13 @@ struct PackAccess {
     const int64_t panels = (n + kPanel - 1) / kPanel;
     PackedLinear p;
     const bool nibbles = format == WeightFormat::int4_group || format == WeightFormat::int4_super;
+    // The super forms' scale buffers are their records, counted in halves (their scale dtype).
+    const int64_t record = format == WeightFormat::int4_super   ? FRT_SUPER4_RECORD
+                           : format == WeightFormat::int8_super ? FRT_SUPER8_RECORD
+                                                                : 0;
     p.qbytes_ = panels * (nibbles ? k / 2 : k) * kPanel;
     p.scale_count_ = panels * (format == WeightFormat::int8_channel ? 1 : k / group) * kPanel;
-    // int4_super's scale buffer is its super records, counted in halves (its scale dtype).
-    if (format == WeightFormat::int4_super)
-      p.scale_count_ = panels * (k / FRT_SUPER_K) * FRT_SUPER4_RECORD / 2;
+    if (record > 0) p.scale_count_ = panels * (k / FRT_SUPER_K) * record / 2;
     p.qdata_.reset(alloc_weight_memory(p.qbytes_));
     p.scales_.reset(alloc_weight_memory(p.scale_count_ * scale_bytes(scale_dtype)));
     if (format == WeightFormat::int4_group)
@@ -252,6 +256,7 @@ std::string PackedLinear::form() const {
                : "int8 per-channel, w8a8 gemm";
   if (view_.format == FRT_W_INT8_GROUP) return "int8 g" + std::to_string(view_.group) + scales;
   if (view_.format == FRT_W_INT4_SUPER) return kInt4SuperForm;
+  if (view_.format == FRT_W_INT8_SUPER) return kInt8SuperForm;
   if (view_.format == FRT_W_INT4_GEMM)
     return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
            scales + ", w4a8 gemm, activations per " + std::to_string(view_.group);
@@ -386,19 +391,94 @@ PackedLinear PackedLinear::int4_super(const TensorView& w) {
   return p;
 }
 
+// Per group of 16: the symmetric grid of Q6_K's values -32..31 (scale max|w| / 31); the sixteen
+// scales as int8 codes of d = max scale / 127 held in f16, and the values against the coded grid.
+PackedLinear PackedLinear::int8_super(const TensorView& w) {
+  check_weight(w);
+  const int64_t n = w.shape[0], k = w.shape[1];
+  check_super_width(k, w.describe());
+  PackedLinear p = PackAccess::allocate(WeightFormat::int8_super, 16, n, k, DType::f16);
+  auto* q = static_cast<int8_t*>(p.qdata_.get());
+  constexpr int kGroups = FRT_SUPER8_GROUPS;
+  for_each_row(n, [&](int64_t r, std::vector<float>& row) {
+    load_row(w, r, row);
+    const int64_t panel = r / kPanel, j = r % kPanel;
+    int8_t* qp = q + panel * k * kPanel;
+    for (int64_t sb = 0; sb < k / FRT_SUPER_K; ++sb) {
+      const float* x = row.data() + sb * FRT_SUPER_K;
+      float scale[kGroups], smax = 0;
+      for (int g = 0; g < kGroups; ++g) {
+        float amax = 0;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(x[g * 16 + i]));
+        scale[g] = amax / 31.0f;
+        smax = std::max(smax, scale[g]);
+      }
+      uint8_t* rec = super_record(p.scales_.get(), panel, sb, k, FRT_SUPER8_RECORD);
+      const uint16_t dh = f32_to_f16(smax / 127.0f);
+      const float d = frt_f16_to_f32(dh);
+      if (!std::isfinite(d))
+        throw InvalidArgument("pack: int8 super-block " + std::to_string(sb) + " of row " +
+                              std::to_string(r) + " needs a scale past f16's range in " +
+                              w.describe());
+      *super_half(rec, 0, j) = dh;
+      for (int g = 0; g < kGroups; ++g) {
+        const int sc =
+            d > 0 ? static_cast<int>(std::clamp(std::nearbyint(scale[g] / d), 0.0f, 127.0f)) : 0;
+        rec[FRT_SUPER8_SC_AT + g * kPanel + j] = static_cast<uint8_t>(static_cast<int8_t>(sc));
+        const float s = d * static_cast<float>(sc), inv = s > 0 ? 1.0f / s : 0.0f;
+        for (int i = 0; i < 16; ++i) {
+          const int64_t kk = sb * FRT_SUPER_K + g * 16 + i;
+          qp[kk * kPanel + j] =
+              static_cast<int8_t>(std::clamp(std::nearbyint(x[g * 16 + i] * inv), -32.0f, 31.0f));
+        }
+      }
+    }
+  });
+  PackAccess::finish_stats(p, w);
+  return p;
+}
+
 namespace {
 
 std::string shape_of(const QuantizedParts& in) {
   return "[" + std::to_string(in.n) + ", " + std::to_string(in.k) + "]";
 }
 
-// What a Q4_K checkpoint's parts must hold before anything is allocated for them.
+// What a Q4_K or Q6_K checkpoint's parts must hold before anything is allocated for them.
 void check_super_parts(const QuantizedParts& in) {
-  if (in.group != 32 || in.scale_dtype != DType::f16 || in.mins == nullptr ||
-      in.super_scales == nullptr || in.super_mins == nullptr)
+  if (in.format == WeightFormat::int4_super &&
+      (in.group != 32 || in.scale_dtype != DType::f16 || in.mins == nullptr ||
+       in.super_scales == nullptr || in.super_mins == nullptr))
     throw InvalidArgument("adopt: int4_super " + shape_of(in) +
                           " takes group 32, uint8 scale and min codes and f16 d and dmin");
-  check_super_width(in.k, "adopted int4_super weight " + shape_of(in));
+  if (in.format == WeightFormat::int8_super &&
+      (in.group != 16 || in.scale_dtype != DType::f16 || in.mins != nullptr ||
+       in.super_scales == nullptr || in.super_mins != nullptr))
+    throw InvalidArgument("adopt: int8_super " + shape_of(in) +
+                          " takes group 16, int8 scale codes and f16 d, no mins");
+  check_super_width(in.k, "adopted " + std::string(name_of(in.format)) + " weight " + shape_of(in));
+}
+
+// A Q6_K checkpoint's parts (QuantizedParts, int8_super, checked) into the values and records.
+void adopt_super8(const QuantizedParts& in, int8_t* q, void* scales) {
+  const int64_t n = in.n, k = in.k, groups = k / 16, supers = k / FRT_SUPER_K;
+  const auto* sc = static_cast<const int8_t*>(in.scales);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t panel = r / kPanel, j = r % kPanel;
+    int8_t* qp = q + panel * k * kPanel;
+    for (int64_t i = 0; i < k; ++i) qp[i * kPanel + j] = in.q[r * k + i];
+    for (int64_t sb = 0; sb < supers; ++sb) {
+      uint8_t* rec = super_record(scales, panel, sb, k, FRT_SUPER8_RECORD);
+      const uint16_t d = in.super_scales[r * supers + sb];
+      if (!std::isfinite(frt_f16_to_f32(d)))
+        throw InvalidArgument("adopt: super scale of row " + std::to_string(r) + " super-block " +
+                              std::to_string(sb) + " is not finite");
+      *super_half(rec, 0, j) = d;
+      for (int g = 0; g < FRT_SUPER8_GROUPS; ++g)
+        rec[FRT_SUPER8_SC_AT + g * kPanel + j] =
+            static_cast<uint8_t>(sc[r * groups + sb * FRT_SUPER8_GROUPS + g]);
+    }
+  }
 }
 
 // A Q4_K checkpoint's parts (QuantizedParts, int4_super, checked) into the super records.
@@ -452,10 +532,17 @@ PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
     p.symmetric_ = false;
     return p;
   }
+  if (in.format == WeightFormat::int8_super) {
+    check_super_parts(in);
+    PackedLinear p = PackAccess::allocate(in.format, 16, n, k, DType::f16);
+    adopt_super8(in, static_cast<int8_t*>(p.qdata_.get()), p.scales_.get());
+    return p;
+  }
   if (in.format != WeightFormat::int8_channel && in.format != WeightFormat::int8_group &&
       in.format != WeightFormat::int4_group)
     throw InvalidArgument(std::string("adopt: a checkpoint's weights arrive as int8_channel, ") +
-                          "int8_group, int4_group or int4_super, not " + name_of(in.format));
+                          "int8_group, int4_group, int4_super or int8_super, not " +
+                          name_of(in.format));
   const bool int4 = in.format == WeightFormat::int4_group;
   if (in.format == WeightFormat::int8_channel) {
     if (in.scale_dtype != DType::f32)
@@ -533,6 +620,16 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
       const float o = frt_f16_to_f32(*super_half(rec, FRT_SUPER4_DMIN_AT, j)) *
                       static_cast<float>(rec[FRT_SUPER4_M_AT + g * kPanel + j]);
       v = static_cast<float>(nib) * s - o;  // product then difference, as GGUF's dequantiser
+    } else if (view_.format == FRT_W_INT8_SUPER) {
+      uint8_t* rec = super_record(const_cast<void*>(view_.scales), panel, i / FRT_SUPER_K, k,
+                                  FRT_SUPER8_RECORD);
+      const int64_t g = (i % FRT_SUPER_K) / 16;
+      const float s =
+          frt_f16_to_f32(*super_half(rec, 0, j)) *
+          static_cast<float>(static_cast<int8_t>(rec[FRT_SUPER8_SC_AT + g * kPanel + j]));
+      v = static_cast<float>(
+              static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j]) *
+          s;
     } else if (view_.format == FRT_W_INT8_CHANNEL) {
       v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
           static_cast<const float*>(view_.scales)[r];

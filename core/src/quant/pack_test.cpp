@@ -149,6 +149,38 @@ TEST(Pack, AdoptedSuperBlocksDequantiseToExactlyTheirCodedValues) {
   }
 }
 
+// GGUF Q6_K's parts (int8 values, int8 scale codes per 16, an f16 d per 256) held as int8_super:
+// the pack computes with exactly q * (d * sc); parts of another shape or without d are refused.
+TEST(Pack, AdoptedInt8SuperBlocksDequantiseToExactlyTheirCodedValues) {
+  const int64_t n = 19, k = 512, groups = k / 16, supers = k / 256;
+  std::mt19937 rng(13);
+  std::vector<int8_t> q(n * k), sc(n * groups);
+  for (auto& v : q) v = static_cast<int8_t>(static_cast<int>(rng() % 64) - 32);
+  for (auto& v : sc) v = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+  std::vector<uint16_t> d(n * supers);
+  for (auto& v : d) v = half_bits(std::ldexp(static_cast<float>(1 + rng() % 1000), -22));
+  QuantizedParts parts{
+      WeightFormat::int8_super, 16, n, k, q.data(), DType::f16, sc.data(), nullptr};
+  parts.super_scales = d.data();
+  const PackedLinear p = PackedLinear::from_quantized(parts);
+  EXPECT_EQ(p.form(), kInt8SuperForm);
+  const std::vector<float> w = p.dequantize();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      const float s =
+          frt_f16_to_f32(d[r * supers + i / 256]) * static_cast<float>(sc[r * groups + i / 16]);
+      ASSERT_EQ(w[r * k + i], static_cast<float>(q[r * k + i]) * s) << r << "," << i;
+    }
+  parts.k = 272;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  parts.k = k;
+  parts.super_scales = nullptr;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  parts.super_scales = d.data();
+  parts.group = 32;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+}
+
 // Packing a host weight into super-blocks: its 6-bit coded grids cost little against int4 g32
 // with its own f32 grid per group, and a width outside whole super-blocks is refused.
 TEST(Pack, Int4SuperBlocksQuantiseCloseToPerGroupGrids) {
@@ -164,6 +196,13 @@ TEST(Pack, Int4SuperBlocksQuantiseCloseToPerGroupGrids) {
   EXPECT_LT(s.nbytes(), g.nbytes() * 4625 / 6000 + 1);  // 4.625 bits a weight against 6
   std::vector<float> narrow(n * 384, 0.1f);
   EXPECT_THROW(PackedLinear::int4_super(TensorView::matrix(narrow.data(), DType::f32, n, 384, 384)),
+               InvalidArgument);
+  // int8 in super-blocks (Q6_K's 6-bit values): finer than int4, coarser than int8 g16.
+  const PackedLinear s8 = PackedLinear::int8_super(v), g8 = PackedLinear::int8(v, 16);
+  EXPECT_LT(s8.stats().rel_err, 0.05);
+  EXPECT_LT(s8.stats().rel_err, s.stats().rel_err);
+  EXPECT_GT(s8.stats().rel_err, g8.stats().rel_err);
+  EXPECT_THROW(PackedLinear::int8_super(TensorView::matrix(narrow.data(), DType::f32, n, 384, 384)),
                InvalidArgument);
 }
 

@@ -219,6 +219,8 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
       return PackedLinear::int4_gemm(w, form.symmetric);
     case WeightFormat::int4_super:
       return PackedLinear::int4_super(w);
+    case WeightFormat::int8_super:
+      return PackedLinear::int8_super(w);
     case WeightFormat::int4_group:
       break;
   }

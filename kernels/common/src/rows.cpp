@@ -15,15 +15,16 @@ int32_t check_weight_form(int32_t wformat, int32_t group, int32_t scale_dtype, i
                   dtype_name(scale_dtype));
     return ok(err);
   }
-  if (wformat == FRT_W_INT4_SUPER) {
-    if (group != 32 || scale_dtype != FRT_F16)
+  if (wformat == FRT_W_INT4_SUPER || wformat == FRT_W_INT8_SUPER) {
+    const bool int4 = wformat == FRT_W_INT4_SUPER;
+    const char* bits = int4 ? "int4" : "int8";
+    if (group != (int4 ? 32 : 16) || scale_dtype != FRT_F16)
       return fail(err, FRT_REASON_FORMAT,
-                  "%s: int4 super-blocks take group 32 and f16 super scales, not group %d %s", what,
-                  group, dtype_name(scale_dtype));
+                  "%s: %s super-blocks take group %d and f16 super scales, not group %d %s", what,
+                  bits, int4 ? 32 : 16, group, dtype_name(scale_dtype));
     if (k % FRT_SUPER_K != 0)
-      return fail(err, FRT_REASON_SHAPE,
-                  "%s: int4 super-block width k=%lld is not a multiple of %d", what,
-                  static_cast<long long>(k), FRT_SUPER_K);
+      return fail(err, FRT_REASON_SHAPE, "%s: %s super-block width k=%lld is not a multiple of %d",
+                  what, bits, static_cast<long long>(k), FRT_SUPER_K);
     return ok(err);
   }
   if (wformat != FRT_W_INT4_GROUP && wformat != FRT_W_INT8_GROUP)
@@ -112,6 +113,8 @@ void run_panel(const frt_packed_weight* w, int64_t p, const PreparedRows& rows, 
     kPanels.int8g(w, p, rows.x, rows.ldx, m, tile);
   else if (w->format == FRT_W_INT4_SUPER)
     kPanels.int4s(w, p, rows.x, rows.ldx, rows.xsum, m, tile);
+  else if (w->format == FRT_W_INT8_SUPER)
+    kPanels.int8s(w, p, rows.x, rows.ldx, m, tile);
   else
     kPanels.int4(w, p, rows.x, rows.ldx, rows.xsum, m, tile);
 }

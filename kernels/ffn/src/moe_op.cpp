@@ -82,8 +82,9 @@ void form_name(const frt_packed_weight* w, char* out, size_t size) {
   else if (w->format == FRT_W_INT8_GROUP || w->format == FRT_W_INT4_GROUP)
     std::snprintf(out, size, "%s g%d (%s scales)", w->format == FRT_W_INT8_GROUP ? "int8" : "int4",
                   w->group, dtype_name(w->scale_dtype));
-  else if (w->format == FRT_W_INT4_SUPER)
-    std::snprintf(out, size, "int4 g32 super-blocks (f16 super scales)");
+  else if (w->format == FRT_W_INT4_SUPER || w->format == FRT_W_INT8_SUPER)
+    std::snprintf(out, size, "%s super-blocks (f16 super scales)",
+                  w->format == FRT_W_INT4_SUPER ? "int4 g32" : "int8 g16");
   else
     std::snprintf(out, size, "format %d", w->format);
 }

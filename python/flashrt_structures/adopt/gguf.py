@@ -4,7 +4,7 @@ routed experts (llama.cpp's ``blk.N.ffn_{gate,up,down}_exps``), as a Source.
 The tensor-name map, the row permutation and the placement of expert tensors (gate and up into
 the halves of a fused gate_up_proj) are transformers' own (its GGUF loader's), found by running
 its tensor processor on row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels
-unchanged, Q4_K in its own super-block form, Q5_0 and Q6_K re-expressed exactly (below), other
+unchanged, Q4_K and Q6_K in their own super-block forms, Q5_0 re-expressed exactly (below), other
 block types are refused by name, per tensor.
 """
 
@@ -34,22 +34,21 @@ class _Block(NamedTuple):
     f16: bool
 
 
-# Q8_0, Q4_0 and Q4_1 are laid out unchanged (f16 scales), Q4_K in its own form, int4_super: the
-# nibbles, the eight 6-bit scale and min codes of each super-block of 256 (a byte each) and its
-# f16 d and dmin, 4.625 bits a weight against the file's 4.5. Q5_0 and Q6_K are re-expressed
-# exactly in an existing form, at more bits a weight than the file's own (their native forms are
-# issue 31's next step): Q5_0 (W = d * (q - 16), q of 5 bits) is int8 g32 with the file's d (8
-# bits against 5.5); Q6_K (super-blocks of 256: f16 d, sixteen int8 scales, 6-bit values) is
-# int8 g16 with f32 scale d * sc_j (10 bits against 6.56). Every scale is a product exact in f32,
-# and W = scale * q (+ min) is then the product-then-sum the kernels and gguf's own dequantiser
-# compute, bit for bit.
+# Q8_0, Q4_0 and Q4_1 are laid out unchanged (f16 scales); the K-quants in their own super-block
+# forms: Q4_K as int4_super (the nibbles, the eight 6-bit scale and min codes of each super-block
+# of 256, a byte each, and its f16 d and dmin: 4.625 bits a weight against the file's 4.5), Q6_K
+# as int8_super (the 6-bit values in bytes, the sixteen int8 scale codes and the f16 d: 8.5625
+# against 6.5625). Q5_0 (W = d * (q - 16), q of 5 bits) is re-expressed exactly as int8 g32 with
+# the file's d (8.5 bits against 5.5). Every scale the kernels form is a product exact in f32
+# (d * sc), and W = scale * q (+ min) is then the product-then-sum gguf's own dequantiser
+# computes, bit for bit.
 _BLOCKS = {
     "Q8_0": _Block(32, 34, _core.WeightFormat.int8_group, 32, True, True),
     "Q4_0": _Block(32, 18, _core.WeightFormat.int4_group, 32, True, True),
     "Q4_1": _Block(32, 20, _core.WeightFormat.int4_group, 32, False, True),
     "Q5_0": _Block(32, 22, _core.WeightFormat.int8_group, 32, True, True),
     "Q4_K": _Block(256, 144, _core.WeightFormat.int4_super, 32, False, True),
-    "Q6_K": _Block(256, 210, _core.WeightFormat.int8_group, 16, True, False),
+    "Q6_K": _Block(256, 210, _core.WeightFormat.int8_super, 16, True, True),
 }
 _UNQUANTISED = {"F32", "F16", "BF16", "F64"}
 # llama.cpp's names of a layer's banks of routed experts: [experts, out, in] in torch order.
@@ -102,7 +101,8 @@ def _q4_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
 
 
 def _q6_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
-    """Q6_K super-blocks [n, k/256, 210] -> (q int8 [n, k] in -32..31, scales f32 [n, k/16])."""
+    """Q6_K super-blocks [n, k/256, 210] -> q int8 [n, k] in -32..31, scale codes int8
+    [n, k/16], d f16 [n, k/256]."""
     nb = k // 256
     # Each half of 128 values: 64 bytes of low nibbles (values 0..63 low, then 64..127 high)
     # and 32 bytes holding four values' top two bits each (bits 2t..2t+1: value 32t + l).
@@ -111,15 +111,15 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
     qh = blocks[..., 128:192].reshape(n, nb, 2, 1, 32)
     high = ((qh >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)) & 3).reshape(n, nb, 2, 128)
     q = (low | (high << 4)).astype(np.int8) - np.int8(32)
-    sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
-    d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16).astype(np.float32)
-    return _Parts(q.reshape(n, k), (d * sc).reshape(n, k // 16))
+    sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).reshape(n, k // 16)
+    d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16).reshape(n, nb)
+    return _Parts(q.reshape(n, k), sc, None, d)
 
 
 def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> _Parts:
-    """GGUF blocks of one [n, k] tensor -> q int8 [n, k], scales [n, k/group], mins or None
-    (Q4_K: codes and super scales, above): scales f16, or f32 for Q6_K. int4 values come out as
-    nibbles 0..15 with W = q*d + m (Q4_0: m = -8 d)."""
+    """GGUF blocks of one [n, k] tensor -> q int8 [n, k], scales f16 [n, k/group], mins or None
+    (the K-quants: codes and super scales, above). int4 values come out as nibbles 0..15 with
+    W = q*d + m (Q4_0: m = -8 d)."""
     b = _BLOCKS[block_type]
     blocks = np.ascontiguousarray(raw).reshape(n, k // b.per, b.size)
     if block_type == "Q4_K":

@@ -34,7 +34,8 @@ extern "C" {
  * 4.3: FRT_OP_GATED_DELTA (the gated delta rule, frt_gated_delta_args) and FRT_OP_CAUSAL_CONV1D
  *   (a depthwise causal convolution with its state, frt_causal_conv1d_args): kinds appended.
  * 4.4: FRT_W_INT4_SUPER, int4 in super-blocks of 256 with 6-bit sub-block scale and min codes
- *   under f16 super scales (GGUF Q4_K's own values, a format appended). */
+ *   under f16 super scales (GGUF Q4_K's own values), and FRT_W_INT8_SUPER, int8 in groups of 16
+ *   with int8 scale codes under an f16 super scale (GGUF Q6_K's): formats appended. */
 #define FRT_KERNEL_ABI_MAJOR 4
 #define FRT_KERNEL_ABI_MINOR 4
 
@@ -76,6 +77,11 @@ static inline float frt_f16_to_f32(uint16_t h) {
 #define FRT_SUPER4_DMIN_AT (2 * FRT_PANEL) /* byte offsets in a record */
 #define FRT_SUPER4_SC_AT (4 * FRT_PANEL)
 #define FRT_SUPER4_M_AT (FRT_SUPER4_SC_AT + FRT_SUPER4_GROUPS * FRT_PANEL)
+/* FRT_W_INT8_SUPER: groups in a super-block, and one panel's record of it (d in f16, then the
+ * sixteen groups' int8 scale codes). */
+#define FRT_SUPER8_GROUPS 16
+#define FRT_SUPER8_RECORD (FRT_PANEL * (2 + FRT_SUPER8_GROUPS))
+#define FRT_SUPER8_SC_AT (2 * FRT_PANEL)
 
 enum frt_status { FRT_OK = 0, FRT_E_INVALID = 1, FRT_E_UNSUPPORTED = 2, FRT_E_INTERNAL = 3 };
 
@@ -127,6 +133,12 @@ enum frt_op_kind {
  *   in the super-block; mins is NULL; scale_dtype is FRT_F16 (the dtype of d and dmin).
  *   With s = f32(d) * sc and o = f32(dmin) * m (both exact in f32): W[c][i] = q * s - o.
  *   4.625 bits a weight (the file's 4.5, its 6-bit codes held in bytes).
+ * FRT_W_INT8_SUPER (4.4): GGUF Q6_K's values at their stored precision. group == 16,
+ *   k % 256 == 0; qdata int8 [P][k][FRT_PANEL] as FRT_W_INT8_GROUP (Q6_K's values are -32..31);
+ *   scales points to [P][k/256] super records of FRT_SUPER8_RECORD bytes: d f16 [FRT_PANEL],
+ *   then sc int8 [16][FRT_PANEL], the sixteen groups' scale codes; mins is NULL; scale_dtype is
+ *   FRT_F16. With s = f32(d) * sc (exact in f32): W[c][i] = q * s. 8.5625 bits a weight (the
+ *   file's 6.5625, its 6-bit values held in bytes).
  * scale_dtype is FRT_F32 or FRT_F16 for the group formats and FRT_F32 for per-channel int8.
  */
 /* FRT_W_INT8_GEMM: the w8a8 GEMM's layout (flashrt/gemm); symmetric int8 per output channel,
@@ -159,6 +171,7 @@ enum frt_wformat {
   FRT_W_INT4_GROUP = 2,
   FRT_W_INT8_GROUP = 3,
   FRT_W_INT4_SUPER = 4, /* 4.4 */
+  FRT_W_INT8_SUPER = 5, /* 4.4 */
   FRT_W_INT8_GEMM = 16,
   FRT_W_INT4_GEMM = 17
 };

@@ -18,6 +18,9 @@ struct PanelTable {
                float* out);
   void (*int8g)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                 float* out);
+  // int8_super: the int8 group panel with each group's scale decoded from its super record.
+  void (*int8s)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                float* out);
   void (*int4)(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                const float* xsum, int64_t m, float* out);
   // int4_super: the int4 panel with each group's scale and min decoded from its super record.
@@ -60,6 +63,8 @@ void int8_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64
                     float* out);
 void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                      float* out);
+void int8s_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                     float* out);
 void int4_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                     const float* xsum, int64_t m, float* out);
 void int4s_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
@@ -76,6 +81,8 @@ void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
                      float* out);
 void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
                       float* out);
+void int8s_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                      float* out);
 void int4_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                      const float* xsum, int64_t m, float* out);
 void int4s_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
@@ -85,6 +92,8 @@ float dot_bf16_avx512(const float* x, const uint16_t* w, int64_t n);
 void int8_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                        int64_t m, float* out);
 void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                        int64_t m, float* out);
+void int8s_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                         int64_t m, float* out);
 void int4_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                        const float* xsum, int64_t m, float* out);

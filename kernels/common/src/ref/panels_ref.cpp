@@ -20,11 +20,15 @@ void int8_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64
   }
 }
 
-void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
-                     float* out) {
+namespace {
+
+// out[r][j] = sum over groups of scale(g, j) * sum_i x[r][i] * q[i][j]: the int8 group forms
+// differ only in where a group's scale comes from.
+template <typename Scale>
+void int8g_panel_by(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                    float* out, Scale scale) {
   const int64_t k = w->k, groups = k / w->group;
   const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
-  const int64_t s0 = p * groups * FRT_PANEL;
   for (int64_t r = 0; r < m; ++r) {
     for (int j = 0; j < FRT_PANEL; ++j) {
       float acc = 0.0f;
@@ -32,11 +36,33 @@ void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int6
         float part = 0.0f;
         for (int64_t i = g * w->group; i < (g + 1) * w->group; ++i)
           part += x[r * ldx + i] * static_cast<float>(q[i * FRT_PANEL + j]);
-        acc += part * scale_at(w->scales, s0 + g * FRT_PANEL + j, w->scale_dtype);
+        acc += part * scale(g, j);
       }
       out[r * FRT_PANEL + j] = acc;
     }
   }
+}
+
+}  // namespace
+
+void int8g_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                     float* out) {
+  const int64_t s0 = p * (w->k / w->group) * FRT_PANEL;
+  int8g_panel_by(w, p, x, ldx, m, out, [&](int64_t g, int j) {
+    return scale_at(w->scales, s0 + g * FRT_PANEL + j, w->scale_dtype);
+  });
+}
+
+void int8s_panel_ref(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                     float* out) {
+  const auto* records =
+      static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER8_RECORD;
+  int8g_panel_by(w, p, x, ldx, m, out, [&](int64_t g, int j) {
+    const uint8_t* rec = records + (g / FRT_SUPER8_GROUPS) * FRT_SUPER8_RECORD;
+    const auto code =
+        static_cast<int8_t>(rec[FRT_SUPER8_SC_AT + (g % FRT_SUPER8_GROUPS) * FRT_PANEL + j]);
+    return scale_at(rec, j, FRT_F16) * static_cast<float>(code);
+  });
 }
 
 namespace {

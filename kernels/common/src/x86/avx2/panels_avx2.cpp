@@ -34,13 +34,58 @@ inline __m256 load_scales8(const void* base, int64_t i, int32_t dtype) {
   return _mm256_loadu_ps(static_cast<const float*>(base) + i);
 }
 
-// out += s * acc for one group of one row, both column halves (scales from element `at`).
-inline void add_scaled(const frt_packed_weight* w, int64_t at, __m256 acc0, __m256 acc1,
-                       float* out) {
-  _mm256_storeu_ps(out, _mm256_fmadd_ps(load_scales8(w->scales, at, w->scale_dtype), acc0,
-                                        _mm256_loadu_ps(out)));
-  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(load_scales8(w->scales, at + 8, w->scale_dtype), acc1,
-                                            _mm256_loadu_ps(out + 8)));
+// Where a group's scale (and an int4 group's min) come from: stored per group (int8_group,
+// int4_group), or as codes under the super-block's f16 scales (int4_super: s = d * sc and
+// mn = -(dmin * m); int8_super: s = d * sc), products exact in f32, so a pack of a super form
+// and a group pack holding the same values compute the same bits.
+struct StoredScales {
+  const frt_packed_weight* w;
+  int64_t s0;  // the panel's first group scale
+  __m256 scale(int64_t g, int h) const {
+    return load_scales8(w->scales, s0 + g * FRT_PANEL + 8 * h, w->scale_dtype);
+  }
+  // res + mn * xs
+  __m256 add_min(int64_t g, int h, __m256 xs, __m256 res) const {
+    return _mm256_fmadd_ps(load_scales8(w->mins, s0 + g * FRT_PANEL + 8 * h, w->scale_dtype), xs,
+                           res);
+  }
+};
+struct SuperScales {
+  const uint8_t* records;  // the panel's first super record
+  static __m256 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g, int h) {
+    const __m256 unit =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + unit_at + 16 * h)));
+    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+        rec + codes_at + (g % FRT_SUPER4_GROUPS) * FRT_PANEL + 8 * h));
+    return _mm256_mul_ps(unit, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)));
+  }
+  const uint8_t* record(int64_t g) const {
+    return records + (g / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
+  }
+  __m256 scale(int64_t g, int h) const { return coded(record(g), 0, FRT_SUPER4_SC_AT, g, h); }
+  // res - (dmin * m) * xs: the same rounding as res + (-(dmin * m)) * xs.
+  __m256 add_min(int64_t g, int h, __m256 xs, __m256 res) const {
+    return _mm256_fnmadd_ps(coded(record(g), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, g, h), xs, res);
+  }
+};
+
+struct Super8Scales {
+  const uint8_t* records;  // the panel's first super record (FRT_W_INT8_SUPER)
+  __m256 scale(int64_t g, int h) const {
+    const uint8_t* rec = records + (g / FRT_SUPER8_GROUPS) * FRT_SUPER8_RECORD;
+    const __m256 d =
+        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
+    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+        rec + FRT_SUPER8_SC_AT + (g % FRT_SUPER8_GROUPS) * FRT_PANEL + 8 * h));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes)));
+  }
+};
+
+// out += s * acc for group g of one row, both column halves.
+template <typename Scales>
+inline void add_scaled(const Scales& sc, int64_t g, __m256 acc0, __m256 acc1, float* out) {
+  _mm256_storeu_ps(out, _mm256_fmadd_ps(sc.scale(g, 0), acc0, _mm256_loadu_ps(out)));
+  _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(sc.scale(g, 1), acc1, _mm256_loadu_ps(out + 8)));
 }
 
 // One row, four k per step into four pairs of accumulators. Written out by hand: with arrays of
@@ -98,7 +143,8 @@ void int8_rows(const int8_t* q, int64_t k, const float* x, int64_t ldx, const fl
 
 // int8 with group scales: one row, four k per step (Note [Accumulator chains]); each group's
 // sum is scaled into `out` (L1) as it closes.
-void int8g_row1(const int8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+template <typename Scales>
+void int8g_row1(const int8_t* q, const frt_packed_weight* w, const Scales& sc, const float* x,
                 float* out) {
   const int64_t groups = w->k / w->group;
   _mm256_storeu_ps(out, _mm256_setzero_ps());
@@ -119,13 +165,13 @@ void int8g_row1(const int8_t* q, const frt_packed_weight* w, int64_t s0, const f
       d0 = _mm256_fmadd_ps(load_i8x8(r + 48), x3, d0);
       d1 = _mm256_fmadd_ps(load_i8x8(r + 56), x3, d1);
     }
-    add_scaled(w, s0 + g * FRT_PANEL, _mm256_add_ps(_mm256_add_ps(a0, b0), _mm256_add_ps(c0, d0)),
+    add_scaled(sc, g, _mm256_add_ps(_mm256_add_ps(a0, b0), _mm256_add_ps(c0, d0)),
                _mm256_add_ps(_mm256_add_ps(a1, b1), _mm256_add_ps(c1, d1)), out);
   }
 }
 
-template <int MR>
-void int8g_rows(const int8_t* q, const frt_packed_weight* w, int64_t s0, const float* x,
+template <int MR, typename Scales>
+void int8g_rows(const int8_t* q, const frt_packed_weight* w, const Scales& sc, const float* x,
                 int64_t ldx, float* out) {
   const int64_t groups = w->k / w->group;
   for (int r = 0; r < MR; ++r) {
@@ -144,8 +190,7 @@ void int8g_rows(const int8_t* q, const frt_packed_weight* w, int64_t s0, const f
         hi[r] = _mm256_fmadd_ps(w1, xb, hi[r]);
       }
     }
-    for (int r = 0; r < MR; ++r)
-      add_scaled(w, s0 + g * FRT_PANEL, lo[r], hi[r], out + r * FRT_PANEL);
+    for (int r = 0; r < MR; ++r) add_scaled(sc, g, lo[r], hi[r], out + r * FRT_PANEL);
   }
 }
 
@@ -163,40 +208,6 @@ inline Nibbles load_nibbles(const uint8_t* row) {
       _mm256_cvtepi32_ps(_mm256_and_si256(v0, low4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)),
       _mm256_cvtepi32_ps(_mm256_and_si256(v1, low4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4))};
 }
-
-// Where an int4 group's scales and mins come from: stored per group (int4_group), or as 6-bit
-// codes under the super-block's f16 d and dmin (int4_super: s = d * sc, mn = -(dmin * m), both
-// products exact in f32, so a pack of either form holding the same values computes the same bits).
-struct StoredScales {
-  const frt_packed_weight* w;
-  int64_t s0;  // the panel's first group scale
-  __m256 scale(int64_t g, int h) const {
-    return load_scales8(w->scales, s0 + g * FRT_PANEL + 8 * h, w->scale_dtype);
-  }
-  // res + mn * xs
-  __m256 add_min(int64_t g, int h, __m256 xs, __m256 res) const {
-    return _mm256_fmadd_ps(load_scales8(w->mins, s0 + g * FRT_PANEL + 8 * h, w->scale_dtype), xs,
-                           res);
-  }
-};
-struct SuperScales {
-  const uint8_t* records;  // the panel's first super record
-  static __m256 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g, int h) {
-    const __m256 unit =
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + unit_at + 16 * h)));
-    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(
-        rec + codes_at + (g % FRT_SUPER4_GROUPS) * FRT_PANEL + 8 * h));
-    return _mm256_mul_ps(unit, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)));
-  }
-  const uint8_t* record(int64_t g) const {
-    return records + (g / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
-  }
-  __m256 scale(int64_t g, int h) const { return coded(record(g), 0, FRT_SUPER4_SC_AT, g, h); }
-  // res - (dmin * m) * xs: the same rounding as res + (-(dmin * m)) * xs.
-  __m256 add_min(int64_t g, int h, __m256 xs, __m256 res) const {
-    return _mm256_fnmadd_ps(coded(record(g), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, g, h), xs, res);
-  }
-};
 
 // out += s * acc + mn * xs for one group of one row, both column halves. The running result
 // lives in `out` (L1), not in registers: the group loop needs all sixteen ymm registers.
@@ -292,16 +303,32 @@ void int8_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int6
       [&](int64_t r) { int8_row1(q, k, x + r * ldx, scale, out + r * FRT_PANEL); });
 }
 
-void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
-                      float* out) {
-  const int64_t k = w->k, s0 = p * (k / w->group) * FRT_PANEL;
-  const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
+namespace {
+
+template <typename Scales>
+void int8g_panel(const frt_packed_weight* w, int64_t p, const Scales& sc, const float* x,
+                 int64_t ldx, int64_t m, float* out) {
+  const auto* q = static_cast<const int8_t*>(w->qdata) + p * w->k * FRT_PANEL;
   in_fours(
       m,
       [&](auto mr, int64_t r) {
-        int8g_rows<decltype(mr)::value>(q, w, s0, x + r * ldx, ldx, out + r * FRT_PANEL);
+        int8g_rows<decltype(mr)::value>(q, w, sc, x + r * ldx, ldx, out + r * FRT_PANEL);
       },
-      [&](int64_t r) { int8g_row1(q, w, s0, x + r * ldx, out + r * FRT_PANEL); });
+      [&](int64_t r) { int8g_row1(q, w, sc, x + r * ldx, out + r * FRT_PANEL); });
+}
+
+}  // namespace
+
+void int8g_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                      float* out) {
+  int8g_panel(w, p, StoredScales{w, p * (w->k / w->group) * FRT_PANEL}, x, ldx, m, out);
+}
+
+void int8s_panel_avx2(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx, int64_t m,
+                      float* out) {
+  const auto* records =
+      static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER8_RECORD;
+  int8g_panel(w, p, Super8Scales{records}, x, ldx, m, out);
 }
 
 namespace {

@@ -37,6 +37,50 @@ inline __m512 load_scales16(const void* base, int64_t i, int32_t dtype) {
   return _mm512_loadu_ps(static_cast<const float*>(base) + i);
 }
 
+// Where a group's scale (and an int4 group's min) come from, as in panels_avx2.cpp: stored per
+// group, or codes under the super-block's f16 scales (int4_super: s = d * sc, mn = -(dmin * m);
+// int8_super: s = d * sc).
+struct StoredScales {
+  const frt_packed_weight* w;
+  int64_t s0;  // the panel's first group scale
+  __m512 scale(int64_t g) const {
+    return load_scales16(w->scales, s0 + g * FRT_PANEL, w->scale_dtype);
+  }
+  // res + mn * xs
+  __m512 add_min(int64_t g, __m512 xs, __m512 res) const {
+    return _mm512_fmadd_ps(load_scales16(w->mins, s0 + g * FRT_PANEL, w->scale_dtype), xs, res);
+  }
+};
+struct SuperScales {
+  const uint8_t* records;  // the panel's first super record
+  static __m512 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g) {
+    const __m512 unit =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + unit_at)));
+    const __m128i codes = _mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(rec + codes_at + (g % FRT_SUPER4_GROUPS) * FRT_PANEL));
+    return _mm512_mul_ps(unit, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)));
+  }
+  const uint8_t* record(int64_t g) const {
+    return records + (g / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
+  }
+  __m512 scale(int64_t g) const { return coded(record(g), 0, FRT_SUPER4_SC_AT, g); }
+  // res - (dmin * m) * xs: the same rounding as res + (-(dmin * m)) * xs.
+  __m512 add_min(int64_t g, __m512 xs, __m512 res) const {
+    return _mm512_fnmadd_ps(coded(record(g), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, g), xs, res);
+  }
+};
+
+struct Super8Scales {
+  const uint8_t* records;  // the panel's first super record (FRT_W_INT8_SUPER)
+  __m512 scale(int64_t g) const {
+    const uint8_t* rec = records + (g / FRT_SUPER8_GROUPS) * FRT_SUPER8_RECORD;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(
+        rec + FRT_SUPER8_SC_AT + (g % FRT_SUPER8_GROUPS) * FRT_PANEL));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)));
+  }
+};
+
 // The sum of k packed int8 rows times x, four k per step into four accumulators.
 inline __m512 int8_sum1(const int8_t* q, int64_t i0, int64_t i1, const float* x) {
   __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
@@ -84,38 +128,6 @@ inline Nibbles load_nibbles(const uint8_t* row) {
   return {_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(0x0f))),
           _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4))};
 }
-
-// Where an int4 group's scales and mins come from (as in panels_avx2.cpp): stored per group, or
-// 6-bit codes under the super-block's f16 d and dmin, s = d * sc and mn = -(dmin * m).
-struct StoredScales {
-  const frt_packed_weight* w;
-  int64_t s0;  // the panel's first group scale
-  __m512 scale(int64_t g) const {
-    return load_scales16(w->scales, s0 + g * FRT_PANEL, w->scale_dtype);
-  }
-  // res + mn * xs
-  __m512 add_min(int64_t g, __m512 xs, __m512 res) const {
-    return _mm512_fmadd_ps(load_scales16(w->mins, s0 + g * FRT_PANEL, w->scale_dtype), xs, res);
-  }
-};
-struct SuperScales {
-  const uint8_t* records;  // the panel's first super record
-  static __m512 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g) {
-    const __m512 unit =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + unit_at)));
-    const __m128i codes = _mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(rec + codes_at + (g % FRT_SUPER4_GROUPS) * FRT_PANEL));
-    return _mm512_mul_ps(unit, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)));
-  }
-  const uint8_t* record(int64_t g) const {
-    return records + (g / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
-  }
-  __m512 scale(int64_t g) const { return coded(record(g), 0, FRT_SUPER4_SC_AT, g); }
-  // res - (dmin * m) * xs: the same rounding as res + (-(dmin * m)) * xs.
-  __m512 add_min(int64_t g, __m512 xs, __m512 res) const {
-    return _mm512_fnmadd_ps(coded(record(g), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, g), xs, res);
-  }
-};
 
 // res += s * acc + mn * xs for one group: the min enters once per group through the row's group
 // sum, sum (q s + mn) x = s sum q x + mn sum x.
@@ -194,10 +206,13 @@ void int8_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, in
       });
 }
 
+namespace {
+
 // Each group's sum is scaled into the running result as it closes (group % 4 == 0).
-void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
-                        int64_t m, float* out) {
-  const int64_t k = w->k, group = w->group, groups = k / group, s0 = p * groups * FRT_PANEL;
+template <typename Scales>
+void int8g_panel(const frt_packed_weight* w, int64_t p, const Scales& sc, const float* x,
+                 int64_t ldx, int64_t m, float* out) {
+  const int64_t k = w->k, group = w->group, groups = k / group;
   const auto* q = static_cast<const int8_t*>(w->qdata) + p * k * FRT_PANEL;
   in_fours(
       m,
@@ -207,7 +222,7 @@ void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, i
         for (int i = 0; i < MR; ++i) res[i] = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; ++g) {
           int8_sums<MR>(q, g * group, (g + 1) * group, x + r * ldx, ldx, sum);
-          const __m512 s = load_scales16(w->scales, s0 + g * FRT_PANEL, w->scale_dtype);
+          const __m512 s = sc.scale(g);
           for (int i = 0; i < MR; ++i) res[i] = _mm512_fmadd_ps(s, sum[i], res[i]);
         }
         for (int i = 0; i < MR; ++i) _mm512_storeu_ps(out + (r + i) * FRT_PANEL, res[i]);
@@ -215,10 +230,24 @@ void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, i
       [&](int64_t r) {
         __m512 res = _mm512_setzero_ps();
         for (int64_t g = 0; g < groups; ++g)
-          res = _mm512_fmadd_ps(load_scales16(w->scales, s0 + g * FRT_PANEL, w->scale_dtype),
-                                int8_sum1(q, g * group, (g + 1) * group, x + r * ldx), res);
+          res = _mm512_fmadd_ps(sc.scale(g), int8_sum1(q, g * group, (g + 1) * group, x + r * ldx),
+                                res);
         _mm512_storeu_ps(out + r * FRT_PANEL, res);
       });
+}
+
+}  // namespace
+
+void int8g_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                        int64_t m, float* out) {
+  int8g_panel(w, p, StoredScales{w, p * (w->k / w->group) * FRT_PANEL}, x, ldx, m, out);
+}
+
+void int8s_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
+                        int64_t m, float* out) {
+  const auto* records =
+      static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER8_RECORD;
+  int8g_panel(w, p, Super8Scales{records}, x, ldx, m, out);
 }
 
 namespace {
