@@ -98,8 +98,7 @@ void check_group(int group, int64_t k, bool int4, const std::string& what) {
 
 // One panel's record of super-block sb (frt_kernel_abi.h, FRT_W_INT4_SUPER / FRT_W_INT8_SUPER;
 // `bytes` the format's record size).
-uint8_t* super_record(void* scales, int64_t panel, int64_t sb, int64_t k,
-                      int64_t bytes = FRT_SUPER4_RECORD) {
+uint8_t* super_record(void* scales, int64_t panel, int64_t sb, int64_t k, int64_t bytes) {
   return static_cast<uint8_t*>(scales) + (panel * (k / FRT_SUPER_K) + sb) * bytes;
 }
 uint16_t* super_half(uint8_t* record, int64_t at, int64_t j) {
@@ -359,7 +358,7 @@ PackedLinear PackedLinear::int4_super(const TensorView& w) {
         smax = std::max(smax, scale[g]);
         omax = std::max(omax, offset[g]);
       }
-      uint8_t* rec = super_record(p.scales_.get(), panel, sb, k);
+      uint8_t* rec = super_record(p.scales_.get(), panel, sb, k, FRT_SUPER4_RECORD);
       const uint16_t dh = f32_to_f16(smax / 63.0f), mh = f32_to_f16(omax / 63.0f);
       const float d = frt_f16_to_f32(dh), dmin = frt_f16_to_f32(mh);
       if (!std::isfinite(d) || !std::isfinite(dmin))
@@ -498,7 +497,7 @@ void adopt_super(const QuantizedParts& in, uint8_t* q, void* scales) {
       qp[(i / 2) * kPanel + j] |= static_cast<uint8_t>(v << ((i % 2) * 4));
     }
     for (int64_t sb = 0; sb < supers; ++sb) {
-      uint8_t* rec = super_record(scales, panel, sb, k);
+      uint8_t* rec = super_record(scales, panel, sb, k, FRT_SUPER4_RECORD);
       const uint16_t d = in.super_scales[r * supers + sb], dmin = in.super_mins[r * supers + sb];
       if (!std::isfinite(frt_f16_to_f32(d)) || !std::isfinite(frt_f16_to_f32(dmin)))
         throw InvalidArgument("adopt: super scale of row " + std::to_string(r) + " super-block " +
@@ -613,7 +612,8 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
       const uint8_t byte =
           static_cast<const uint8_t*>(view_.qdata)[(panel * (k / 2) + i / 2) * kPanel + j];
       const int nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-      uint8_t* rec = super_record(const_cast<void*>(view_.scales), panel, i / FRT_SUPER_K, k);
+      uint8_t* rec = super_record(const_cast<void*>(view_.scales), panel, i / FRT_SUPER_K, k,
+                                  FRT_SUPER4_RECORD);
       const int64_t g = (i % FRT_SUPER_K) / 32;
       const float s = frt_f16_to_f32(*super_half(rec, 0, j)) *
                       static_cast<float>(rec[FRT_SUPER4_SC_AT + g * kPanel + j]);
