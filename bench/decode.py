@@ -298,19 +298,24 @@ def k_quant_main(args) -> int:
                                                      dtype=torch.float32).eval()
         cfg = model.config
         max_len = PROMPT + NEW
-        report = S.adopt_prequantized(model, "gguf", path)
-        loop = S.decode_loop(model, max_len)
-        report.handle.detach()
+        # Two adoptions of the same blocks: against the host's activations, and the int4 block
+        # types as integer dot products against int8 activation blocks (llama.cpp's own way).
+        loops, reports = {}, {}
+        for arm, activations in (("loop_adopted", "host"), ("loop_adopted_a8", "int8")):
+            reports[arm] = S.adopt_prequantized(model, "gguf", path, activations=activations)
+            loops[arm] = S.decode_loop(model, max_len)
+            reports[arm].handle.detach()
         llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=PROMPT,
                               n_threads=os.cpu_count(), logits_all=False, verbose=False)
         size = path.stat().st_size
         prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT),
                                generator=torch.Generator().manual_seed(1))
-        # One numerator for both: the file's bytes per token (and the KV cache each reads).
-        arms = {"loop_adopted": lambda: loop_arm(loop, prompt, NEW,
-                                                 lambda pos: size + kv_bytes(cfg, pos, 4)),
-                "llama.cpp": lambda: llama_arm(llm, prompt, NEW,
-                                               lambda pos: size + kv_bytes(cfg, pos, 2))}
+        # One numerator for every arm: the file's bytes per token (and the KV cache each reads).
+        arms = {name: (lambda lp=lp: loop_arm(lp, prompt, NEW,
+                                              lambda pos: size + kv_bytes(cfg, pos, 4)))
+                for name, lp in loops.items()}
+        arms["llama.cpp"] = lambda: llama_arm(llm, prompt, NEW,
+                                              lambda pos: size + kv_bytes(cfg, pos, 2))
         samples: dict[str, list] = {n: [] for n in arms}
         for _ in range(args.rounds):
             for name, fn in arms.items():
@@ -322,33 +327,43 @@ def k_quant_main(args) -> int:
             fl = summarize([b for s in samples[name] for b in s[3]])
             rows.append({"arm": name, "prefill_tok_s": PROMPT / pre, "decode_tok_s": 1 / dec,
                          "floor": fl, "frac_of_floor": fl["frac_of_bandwidth"]})
-        mine, theirs = rows
-        ratios = {"decode_vs_llama_cpp": mine["decode_tok_s"] / theirs["decode_tok_s"],
-                  "prefill_vs_llama_cpp": mine["prefill_tok_s"] / theirs["prefill_tok_s"]}
-        same = sum(a == b for a, b in zip(samples["loop_adopted"][0][2],
-                                          samples["llama.cpp"][0][2])) / NEW
-        ppl = perplexities(model, loop, prompt[0].tolist())
-        forms = sorted({f for f in report.forms.values()})
+        theirs = rows[-1]
+        per_loop = {}
+        for r in rows[:-1]:
+            name = r["arm"]
+            report, lp = reports[name], loops[name]
+            per_loop[name] = {
+                "decode_vs_llama_cpp": r["decode_tok_s"] / theirs["decode_tok_s"],
+                "prefill_vs_llama_cpp": r["prefill_tok_s"] / theirs["prefill_tok_s"],
+                "greedy_tokens_equal": sum(a == b for a, b in zip(
+                    samples[name][0][2], samples["llama.cpp"][0][2])) / NEW,
+                "perplexity": perplexities(model, lp, prompt[0].tolist()),
+                "loop_weight_bytes": lp.weight_bytes,
+                "adopted_forms": sorted(set(report.forms.values())),
+                "worst_conversion": report.worst_conversion,
+                "refused": [list(x) for x in report.plan.refused]}
         print(f"machine: {machine()}")
         print(f"Qwen3-0.6B-shaped, {args.layers} layers, llama.cpp {args.kquant} file "
-              f"{size / 1e6:.1f} MB ({types}); adopted forms {forms}")
-        print(f"decode_loop weight bytes/token {loop.weight_bytes / 1e6:.1f} MB, "
-              f"worst conversion {report.worst_conversion}, refused {len(report.plan.refused)}")
-        print(f"{'arm':<14}{'prefill tok/s':>14}{'decode tok/s':>14}{'of floor':>10}")
+              f"{size / 1e6:.1f} MB ({types})")
+        for name, m in per_loop.items():
+            print(f"{name}: weight bytes/token {m['loop_weight_bytes'] / 1e6:.1f} MB, forms "
+                  f"{m['adopted_forms']}, worst conversion {m['worst_conversion']}, refused "
+                  f"{len(m['refused'])}")
+        print(f"{'arm':<17}{'prefill tok/s':>14}{'decode tok/s':>14}{'of floor':>10}")
         for r in rows:
-            print(f"{r['arm']:<14}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.2f}"
+            print(f"{r['arm']:<17}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.2f}"
                   f"{r['frac_of_floor']:>10.0%}")
-        print(f"decode {ratios['decode_vs_llama_cpp']:.2f}x llama.cpp, prefill "
-              f"{ratios['prefill_vs_llama_cpp']:.2f}x; greedy tokens equal {same:.0%}; "
-              f"perplexity host {ppl['host']:.6g} loop {ppl['decode_loop']:.6g}")
+        for name, m in per_loop.items():
+            ppl = m["perplexity"]
+            print(f"{name}: decode {m['decode_vs_llama_cpp']:.2f}x llama.cpp, prefill "
+                  f"{m['prefill_vs_llama_cpp']:.2f}x; greedy tokens equal "
+                  f"{m['greedy_tokens_equal']:.0%}; perplexity host {ppl['host']:.6g} loop "
+                  f"{ppl['decode_loop']:.6g}")
         write_result(result_path(args.json, f"decode_{args.kquant.lower()}"), {
             "bench": "decode_kquant", "machine": machine(), "mix": args.kquant,
             "layers": args.layers, "file_bytes": size, "tensor_types": types,
-            "loop_weight_bytes": loop.weight_bytes, "adopted_forms": forms,
-            "worst_conversion": report.worst_conversion,
-            "refused": [list(r) for r in report.plan.refused], "rounds": args.rounds,
-            "prompt": PROMPT, "new_tokens": NEW, "rows": rows, **ratios,
-            "greedy_tokens_equal": same, "perplexity": ppl,
+            "rounds": args.rounds, "prompt": PROMPT, "new_tokens": NEW, "rows": rows,
+            "loops": per_loop,
             "llama_cpp": f"llama-cpp-python {llama_cpp.__version__}; " + llama_isa(llama_cpp)})
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -56,6 +56,8 @@ PACKERS: dict[str, Callable[[torch.Tensor], object]] = {
     "w8a8": lambda w: ops.pack_int8_gemm(w, 32),
     "w4a8": lambda w: ops.pack_int4_gemm(w, True),
     "w4a8_asym": lambda w: ops.pack_int4_gemm(w, False),
+    # GGUF Q4_K's values against the same blocks (int4_super_gemm, 4.625 bits a weight).
+    "w4a8_super": lambda w: ops.pack_int4_super_gemm(w),
 }
 
 

@@ -406,11 +406,11 @@ TEST_P(GemmKernel, Int4RefusesWidthsTheGroupDoesNotDivideAndNonFiniteRowsStayInT
   d.group = 32;
   EXPECT_EQ(form_refusal(*t, d), "");
   d.k = 100;
-  EXPECT_NE(form_refusal(*t, d).find("groups of 32 dividing k"), std::string::npos)
+  EXPECT_NE(form_refusal(*t, d).find("groups of 32 and k a multiple of 32"), std::string::npos)
       << form_refusal(*t, d);
   d.k = 96;
   d.group = 64;
-  EXPECT_NE(form_refusal(*t, d).find("groups of 32 dividing k"), std::string::npos);
+  EXPECT_NE(form_refusal(*t, d).find("groups of 32 and k a multiple of 32"), std::string::npos);
   d.group = 0;  // the ffn op refuses the int4 layout itself, not only its blocks
   d.op = FRT_OP_FFN;
   d.inner = 24;
@@ -435,6 +435,137 @@ TEST_P(GemmKernel, Int4RefusesWidthsTheGroupDoesNotDivideAndNonFiniteRowsStayInT
   frt_error err{};
   EXPECT_NE(linear->supports(&a, &err), FRT_REASON_OK);
   EXPECT_NE(std::string(err.message).find("f16 scales"), std::string::npos) << err.message;
+}
+
+// W[c][i] read from the int4_super_gemm layout by its definition (frt_kernel_abi.h,
+// FRT_W_INT4_SUPER_GEMM): the GEMM's nibbles, and q * (d * sc) - dmin * m from the super records.
+std::vector<double> dequant_int4_super_gemm(const frt_packed_weight& w) {
+  std::vector<double> out(w.n * w.k);
+  const auto* q = static_cast<const uint8_t*>(w.qdata);
+  const auto* records = static_cast<const uint8_t*>(w.scales);
+  for (int64_t c = 0; c < w.n; ++c) {
+    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
+    for (int64_t i = 0; i < w.k; ++i) {
+      const uint8_t byte = q[((p * (w.k / 8) + i / 8) * FRT_PANEL + j) * 4 + i % 4];
+      const int nib = i % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
+      const uint8_t* rec =
+          records + (p * (w.k / FRT_SUPER_K) + i / FRT_SUPER_K) * FRT_SUPER4_RECORD;
+      const int64_t g = (i % FRT_SUPER_K) / 32;
+      uint16_t d, dmin;
+      std::memcpy(&d, rec + 2 * j, 2);
+      std::memcpy(&dmin, rec + FRT_SUPER4_DMIN_AT + 2 * j, 2);
+      out[c * w.k + i] = nib * (frt_f16_to_f32(d) * rec[FRT_SUPER4_SC_AT + g * FRT_PANEL + j]) -
+                         frt_f16_to_f32(dmin) * rec[FRT_SUPER4_M_AT + g * FRT_PANEL + j];
+    }
+  }
+  return out;
+}
+
+// GGUF Q4_K's values against activation blocks of 32 (the with-mins sum of Note [W4A8], each
+// block's scale and min decoded from its super record): the values PackedLinear::int4_super
+// holds, against float64 for every shape, dtype and bias; bitwise across threads and variants.
+TEST_P(GemmKernel, Int4SuperBlocksMatchFloat64AndAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<Case> cases = {{1, 256, 1},  {3, 512, 17},  {5, 256, 33},
+                                   {4, 768, 16}, {16, 256, 48}, {9, 4096, 20}};
+  for (const Case& c : cases)
+    for (DType xd : {DType::f32, DType::bf16})
+      for (bool with_bias : {false, true}) {
+        std::vector<float> w = random_weight(c.n, c.k, rng);
+        const TensorView wv = TensorView::matrix(w.data(), DType::f32, c.n, c.k, c.k);
+        const PackedLinear packed = PackedLinear::int4_super_gemm(wv);
+        ASSERT_EQ(packed.format(), WeightFormat::int4_super_gemm);
+        ASSERT_EQ(packed.view().mins, nullptr);
+        ASSERT_EQ(packed.dequantize(), PackedLinear::int4_super(wv).dequantize());
+        ASSERT_EQ(packed.nbytes(), PackedLinear::int4_super(wv).nbytes());  // 4.625 bits a weight
+        const std::vector<double> wd = dequant_int4_super_gemm(packed.view());
+        const std::vector<float> same = packed.dequantize();
+        for (size_t i = 0; i < same.size(); ++i)
+          ASSERT_NEAR(wd[i], same[i], 1e-6 * (std::fabs(wd[i]) + 1e-3)) << i;
+        std::vector<float> bias(c.n);
+        for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+        Rows x(xd, c.m, c.k, c.k + 3, rng, 0.3f);  // a shift: block sums far from zero
+        expect_blocks_bitwise_and_near(*t, *generic, pool, packed, wd,
+                                       with_bias ? bias.data() : nullptr, x, c, 4e-6);
+      }
+}
+
+TEST_P(GemmKernel, Int4SuperRefusesPartialSuperBlocksAndStrayMins) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(24, 512, rng);
+  EXPECT_THROW(
+      PackedLinear::int4_super_gemm(TensorView::matrix(w.data(), DType::f32, 24, 288, 288)),
+      InvalidArgument);
+  // Only the int4 packs the GEMM reads re-lay: an int8 pack, or int4 g64, is refused by name.
+  const TensorView wv = TensorView::matrix(w.data(), DType::f32, 24, 512, 512);
+  EXPECT_THROW(PackedLinear::gemm_layout(PackedLinear::int8(wv)), InvalidArgument);
+  EXPECT_THROW(PackedLinear::gemm_layout(PackedLinear::int4(wv, 64, false, DType::f16)),
+               InvalidArgument);
+  const PackedLinear packed = PackedLinear::int4_super_gemm(wv);
+  // Plan time: groups of 32 in whole super-blocks.
+  frt_op_desc d{};
+  d.op = FRT_OP_LINEAR;
+  d.wformat = FRT_W_INT4_SUPER_GEMM;
+  d.n = 24;
+  d.k = 512;
+  d.rows_max = 16;
+  d.group = 32;
+  EXPECT_EQ(form_refusal(*t, d), "");
+  d.k = 288;
+  EXPECT_NE(form_refusal(*t, d).find("int4_super_gemm weight 24x288 in groups of 32; takes groups "
+                                     "of 32 and k a multiple of 256"),
+            std::string::npos)
+      << form_refusal(*t, d);
+  d.op = FRT_OP_MOE_FFN;
+  d.inner = 24;
+  d.n = 512;
+  d.experts = 4;
+  d.top_k = 2;
+  d.act = FRT_ACT_SILU;
+  EXPECT_NE(form_refusal(*t, d).find("not a multiple of 256"), std::string::npos)
+      << form_refusal(*t, d);
+  // Call time: a weight claiming mins beside its records is refused, not read.
+  frt_packed_weight stray = packed.view();
+  stray.mins = packed.view().scales;
+  Rows x(DType::f32, 3, 512, 512, rng, 0.0f);
+  Out y(DType::f32, 3, 24);
+  frt_linear_args a{};
+  a.x_dtype = a.y_dtype = FRT_F32;
+  a.m = 3;
+  a.w = &stray;
+  a.x = x.f32.data();
+  a.ldx = x.ld;
+  a.y = y.f32.data();
+  a.ldy = y.ld;
+  const frt_op* linear = nullptr;
+  for (int32_t i = 0; i < t->n_ops; ++i)
+    if (t->ops[i].kind == FRT_OP_LINEAR) linear = &t->ops[i];
+  ASSERT_NE(linear, nullptr);
+  frt_error err{};
+  EXPECT_NE(linear->supports(&a, &err), FRT_REASON_OK);
+  EXPECT_NE(std::string(err.message).find("with mins"), std::string::npos) << err.message;
+  // Rows of zeros stay exact zeros, a row with an infinity goes NaN alone.
+  for (int64_t i = 0; i < 512; ++i) x.f32[i] = 0.0f;
+  x.f32[x.ld + 300] = std::numeric_limits<float>::infinity();
+  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+  for (int64_t c = 0; c < 24; ++c) {
+    EXPECT_EQ(y.at(0, c), 0.0);
+    EXPECT_TRUE(std::isnan(y.at(1, c))) << c;
+    EXPECT_TRUE(std::isfinite(y.at(2, c))) << c;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kIsas));

@@ -50,6 +50,13 @@ def pack_int4_super(weight: torch.Tensor) -> PackedLinear:
     return _core.pack_int4_super(weight.detach())
 
 
+def pack_int4_super_gemm(weight: torch.Tensor) -> PackedLinear:
+    """pack_int4_super's values laid out for flashrt/gemm's integer dot products (the w4a8 decode
+    form): linear() then quantizes the activations per block of 32. k must be a multiple of
+    256."""
+    return _core.pack_int4_super_gemm(weight.detach())
+
+
 def pack_int8_super(weight: torch.Tensor) -> PackedLinear:
     """Weight-only int8 in super-blocks of 256 (GGUF Q6_K's form): a symmetric 6-bit grid per
     group of 16 inputs whose scale is an int8 code under the super-block's f16 d."""

@@ -47,6 +47,61 @@ def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, ma
     hosts.computes_then_detaches(report, model, x, want, 0.99999)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K"])
+def test_int8_activations_seat_the_int4_blocks_in_their_integer_dot_forms(tmp_path, qtype):
+    """activations="int8": the same blocks laid out for flashrt/gemm's integer dot products
+    (Q4_0/Q4_1 as int4_gemm, Q4_K as int4_super_gemm), the conversion still exact, the plan
+    naming the activations' form; the model computes near the host and detaches bit for bit."""
+    model = hosts.qwen3()
+    path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
+    x = hosts.ids(3)
+    with torch.no_grad():
+        want = model(x).logits
+    report = S.adopt_prequantized(model, "gguf", path, activations="int8")
+    text = S.explain(report)
+    assert not report.plan.refused, text
+    assert report.conversion and report.worst_conversion <= (0.0 if qtype == "Q4_K" else 1e-6)
+    forms = set(report.forms.values())
+    assert forms and all(f.endswith("activations int8 per 32") for f in forms), forms
+    if qtype == "Q4_K":
+        assert forms == {"int4 g32 in super-blocks of 256, 6-bit scale and min codes under f16 "
+                         "scales, activations int8 per 32"}, forms
+    seats = {sp.site: sp for sp in report.plan.seats}
+    # The gated feed-forward's projections one by one on flashrt/gemm (the fused op reads no
+    # integer-dot form).
+    gate = seats["model.layers.0.mlp.gate_proj"]
+    assert gate.form.name == f"gguf_{qtype.lower()}_a8", text
+    assert gate.impl == f"gemm_as_projections_{qtype.lower()}_a8", text
+    hosts.computes_then_detaches(report, model, x, want, 0.999)
+
+
+def test_int8_activations_keep_the_weight_only_forms_of_the_other_block_types(tmp_path):
+    """A Q4_K_M-like mix under activations="int8": Q4_K projections take int4_super_gemm, the
+    Q6_K ones stay int8_super (no integer-dot form), each named in the report."""
+    model = hosts.qwen3()
+    mix = {"*": "Q4_K", "output.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K"}
+    report = S.adopt_prequantized(model, "gguf", gguf_files.write(model, tmp_path / "m.gguf", mix),
+                                  activations="int8")
+    try:
+        assert not report.plan.refused and report.worst_conversion == 0.0, S.explain(report)
+        assert report.forms["lm_head"].startswith("int8 g16 in super"), report.forms
+        assert report.forms["model.layers.0.mlp.down_proj"].startswith("int8 g16 in super")
+        assert report.forms["model.layers.1.mlp.down_proj"].endswith("activations int8 per 32")
+        assert report.forms["model.layers.0.self_attn.q_proj"].endswith("activations int8 per 32")
+    finally:
+        report.handle.detach()
+
+
+def test_activations_outside_the_readers_forms_are_clear_errors(tmp_path):
+    model = hosts.qwen3()
+    path = gguf_files.write(model, tmp_path / "m.gguf", "Q4_K")
+    with pytest.raises(ValueError, match="activations 'fp8'"):
+        S.adopt_prequantized(model, "gguf", path, activations="fp8")
+    with pytest.raises(ValueError, match="host otherwise"):
+        S.adopt_prequantized(model, "compressed-tensors", tmp_path, activations="int8")
+    assert not S.attached(model)
+
+
 def test_a_gemma3_k_quant_file_seats_its_tied_262k_row_head_from_the_embedding(tmp_path):
     """Gemma 3's head is its 262,144-row embedding: a K-quant file holds it once, as
     token_embd (Q6_K, as llama.cpp's Q4_K_M mixes write it), and the head is seated from those
@@ -126,22 +181,29 @@ def test_unknown_formats_and_a_missing_source_are_clear_errors():
         S.adopt_prequantized(model, "gguf")
 
 
-@pytest.mark.parametrize("qtype", ["Q5_0", "Q4_K", "Q6_K", "Q4_K_M"])
-def test_decode_loop_runs_over_adopted_k_quant_blocks_and_passes_its_self_check(tmp_path, qtype):
+@pytest.mark.parametrize("qtype,activations", [("Q5_0", "host"), ("Q4_K", "host"),
+                                                ("Q6_K", "host"), ("Q4_K_M", "host"),
+                                                ("Q4_K_M", "int8")])
+def test_decode_loop_runs_over_adopted_k_quant_blocks_and_passes_its_self_check(tmp_path, qtype,
+                                                                                activations):
     """Q4_K and Q6_K are laid out in their own super-block forms, Q5_0 re-expressed in the int8
     g32 form: the decode program takes the adopted packs like any seat's, and its self-check
     against the
     seated host passes; Q4_K_M is llama.cpp's mix (Q6_K for the head, attn_v and half the
-    ffn_down, Q4_K for the rest), each projection seated in its own form."""
+    ffn_down, Q4_K for the rest), each projection seated in its own form; with int8 activations
+    its Q4_K projections run as integer dot products."""
     model = hosts.qwen3()
     mix: str | dict[str, str] = qtype
     if qtype == "Q4_K_M":
         mix = {"*": "Q4_K", "output.weight": "Q6_K", "blk.0.attn_v.weight": "Q6_K",
                "blk.1.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K"}
     report = S.adopt_prequantized(model, "gguf",
-                                  gguf_files.write(model, tmp_path / "m.gguf", mix))
+                                  gguf_files.write(model, tmp_path / "m.gguf", mix),
+                                  activations=activations)
     try:
         assert not report.plan.refused and report.worst_conversion == 0.0, S.explain(report)
+        a8 = [f for f in report.forms.values() if f.endswith("activations int8 per 32")]
+        assert bool(a8) == (activations == "int8"), report.forms
         loop = S.decode_loop(model, max_len=64)
         assert loop.self_check["verdict"] == "passed", loop.self_check
         assert loop.self_check["min_cosine"] >= 0.999, loop.self_check

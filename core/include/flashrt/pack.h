@@ -36,7 +36,8 @@ struct QuantizedParts {
   // int4_super (GGUF Q4_K, group 32): scales and mins are uint8 codes 0..63 [n][k / 32] under
   // f16 super scales d and dmin [n][k / 256]; W = q * (d * sc) - dmin * m. int8_super (GGUF
   // Q6_K, group 16): scales are int8 codes [n][k / 16] under f16 d [n][k / 256], no mins;
-  // W = q * (d * sc).
+  // W = q * (d * sc). int4_gemm and int4_super_gemm take the parts of int4_group (group 32, f16)
+  // and int4_super, laid out for the GEMM.
   const uint16_t* super_scales = nullptr;
   const uint16_t* super_mins = nullptr;
 };
@@ -76,6 +77,12 @@ class PackedLinear {
   // int4 g32 (f16 scales; mins only when asymmetric) in the same GEMM's layout, activations per
   // block of 32 (FRT_W_INT4_GEMM): the values PackedLinear::int4(weight, 32, symmetric, f16) holds.
   static PackedLinear int4_gemm(const TensorView& weight, bool symmetric);
+  // int4_super's values (GGUF Q4_K's form) in the same layout (FRT_W_INT4_SUPER_GEMM): the
+  // values PackedLinear::int4_super(weight) holds, activations per block of 32.
+  static PackedLinear int4_super_gemm(const TensorView& weight);
+  // An int4 g32 pack with f16 scales, or an int4_super pack, laid out for the GEMM (int4_gemm,
+  // int4_super_gemm): the same values. Throws InvalidArgument for any other pack.
+  static PackedLinear gemm_layout(const PackedLinear& int4_pack);
 
   const frt_packed_weight& view() const { return view_; }
   const PackStats& stats() const { return stats_; }

@@ -36,6 +36,7 @@ enum class WeightFormat : int32_t {
   int8_super = FRT_W_INT8_SUPER,  // GGUF Q6_K: int8 g16 under int8 codes and an f16 super scale
   int8_gemm = FRT_W_INT8_GEMM,    // the w8a8 GEMM's layout (activations quantized per row)
   int4_gemm = FRT_W_INT4_GEMM,    // int4 g32 for the same GEMM (activations per block of 32)
+  int4_super_gemm = FRT_W_INT4_SUPER_GEMM,  // int4_super's values laid out as int4_gemm
 };
 // How plans and packs describe int4_super (the same words on both sides, so an adopted pack is
 // recognised as the form the plan seats).
@@ -43,8 +44,12 @@ inline constexpr const char* kInt4SuperForm =
     "int4 g32 in super-blocks of 256, 6-bit scale and min codes under f16 scales";
 inline constexpr const char* kInt8SuperForm =
     "int8 g16 in super-blocks of 256, int8 scale codes under f16 scales";
+inline constexpr const char* kInt4SuperGemmForm =
+    "int4 g32 in super-blocks of 256, 6-bit scale and min codes under f16 scales, activations "
+    "int8 per 32";
 inline bool is_super_format(WeightFormat f) {
-  return f == WeightFormat::int4_super || f == WeightFormat::int8_super;
+  return f == WeightFormat::int4_super || f == WeightFormat::int8_super ||
+         f == WeightFormat::int4_super_gemm;
 }
 // The multiple every input width of a group form must be: its group, or int4_super's
 // super-block of 256.

@@ -74,7 +74,7 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   } else if (node["group"] || node["scales"]) {
     f.fail(field,
            "group and scales belong to the group forms (int8_group, int4_group, int4_gemm, "
-           "int4_super, int8_super)");
+           "int4_super, int8_super, int4_super_gemm)");
   }
   if (const YAML::Node block = node["act_block"]) {
     // The int8_gemm layout's activation blocks travel in the ABI's group field (Note [W8A8
@@ -431,6 +431,7 @@ std::string WeightForm::describe() const {
   if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
   if (format == WeightFormat::int4_super) return kInt4SuperForm;
   if (format == WeightFormat::int8_super) return kInt8SuperForm;
+  if (format == WeightFormat::int4_super_gemm) return kInt4SuperGemmForm;
   return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;
 }
 

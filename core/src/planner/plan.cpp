@@ -593,14 +593,35 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       }
       std::vector<Candidate> cs = candidates(graph, spec, seam, rung, form, act, *band, options);
       std::string why;
-      for (const Candidate& c : cs)
-        if (why.empty()) why = form_refusal(*table, c.desc);
+      for (size_t i = 0; i < cs.size() && why.empty(); ++i) {
+        why = form_refusal(*table, cs[i].desc);
+        // A region the checkpoint holds in different forms, seated per node: a projection this
+        // rung's package does not take goes to the first later per-node rung that takes its
+        // form (a Q4_K_M layer's int8-activation gate and up on flashrt/gemm, its Q6_K down on
+        // flashrt/linear).
+        for (size_t r = 0; mixed_source && rung.per_node && !why.empty(); ++r) {
+          const std::vector<Rung>& ladder = catalog.ladder(seam.structure);
+          const auto at = std::find_if(ladder.begin(), ladder.end(),
+                                       [&](const Rung& x) { return &x == &rung; });
+          if (at == ladder.end() || at + 1 + static_cast<ptrdiff_t>(r) >= ladder.end()) break;
+          const Rung& other = *(at + 1 + static_cast<ptrdiff_t>(r));
+          if (!other.per_node || other.op != OpKind::linear) continue;
+          const PackageResolution& res = hub.resolve(other.package);
+          if (res.table == nullptr) continue;
+          std::vector<Candidate> alt =
+              candidates(graph, spec, seam, other, form, act, *band, options);
+          if (alt.size() != cs.size() || !form_refusal(*res.table, alt[i].desc).empty()) continue;
+          alt[i].seat.ladder.push_back(cs[i].seat.impl + ": " + why);
+          cs[i] = std::move(alt[i]);
+          why.clear();
+        }
+      }
       if (!why.empty()) {
         steps.push_back(impl + ": " + why);
         continue;
       }
       for (Candidate& c : cs) {
-        c.seat.ladder = steps;
+        c.seat.ladder.insert(c.seat.ladder.begin(), steps.begin(), steps.end());
         p.seats.push_back(std::move(c.seat));
       }
       seated = true;

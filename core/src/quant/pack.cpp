@@ -256,6 +256,7 @@ std::string PackedLinear::form() const {
   if (view_.format == FRT_W_INT8_GROUP) return "int8 g" + std::to_string(view_.group) + scales;
   if (view_.format == FRT_W_INT4_SUPER) return kInt4SuperForm;
   if (view_.format == FRT_W_INT8_SUPER) return kInt8SuperForm;
+  if (view_.format == FRT_W_INT4_SUPER_GEMM) return kInt4SuperGemmForm;
   if (view_.format == FRT_W_INT4_GEMM)
     return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
            scales + ", w4a8 gemm, activations per " + std::to_string(view_.group);
@@ -445,10 +446,10 @@ std::string shape_of(const QuantizedParts& in) {
 
 // What a Q4_K or Q6_K checkpoint's parts must hold before anything is allocated for them.
 void check_super_parts(const QuantizedParts& in) {
-  if (in.format == WeightFormat::int4_super &&
+  if ((in.format == WeightFormat::int4_super || in.format == WeightFormat::int4_super_gemm) &&
       (in.group != 32 || in.scale_dtype != DType::f16 || in.mins == nullptr ||
        in.super_scales == nullptr || in.super_mins == nullptr))
-    throw InvalidArgument("adopt: int4_super " + shape_of(in) +
+    throw InvalidArgument("adopt: " + std::string(name_of(in.format)) + " " + shape_of(in) +
                           " takes group 32, uint8 scale and min codes and f16 d and dmin");
   if (in.format == WeightFormat::int8_super &&
       (in.group != 16 || in.scale_dtype != DType::f16 || in.mins != nullptr ||
@@ -524,6 +525,16 @@ PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
     throw InvalidArgument("adopt: empty quantised weight [" + std::to_string(n) + ", " +
                           std::to_string(k) + "]");
   check_scale_dtype(in.scale_dtype);
+  if (in.format == WeightFormat::int4_gemm || in.format == WeightFormat::int4_super_gemm) {
+    const bool super = in.format == WeightFormat::int4_super_gemm;
+    if (super) check_super_parts(in);  // refused by its own name
+    if (!super && (in.group != 32 || in.scale_dtype != DType::f16))
+      throw InvalidArgument("adopt: int4_gemm " + shape_of(in) +
+                            " takes group 32 and f16 scales and mins");
+    QuantizedParts base = in;
+    base.format = super ? WeightFormat::int4_super : WeightFormat::int4_group;
+    return gemm_layout(from_quantized(base));
+  }
   if (in.format == WeightFormat::int4_super) {
     check_super_parts(in);
     PackedLinear p = PackAccess::allocate(in.format, 32, n, k, DType::f16);
@@ -540,8 +551,8 @@ PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
   if (in.format != WeightFormat::int8_channel && in.format != WeightFormat::int8_group &&
       in.format != WeightFormat::int4_group)
     throw InvalidArgument(std::string("adopt: a checkpoint's weights arrive as int8_channel, ") +
-                          "int8_group, int4_group, int4_super or int8_super, not " +
-                          name_of(in.format));
+                          "int8_group, int4_group, int4_super, int8_super, int4_gemm or " +
+                          "int4_super_gemm, not " + name_of(in.format));
   const bool int4 = in.format == WeightFormat::int4_group;
   if (in.format == WeightFormat::int8_channel) {
     if (in.scale_dtype != DType::f32)
@@ -595,23 +606,30 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
   const int64_t k = view_.k, panel = r / kPanel, j = r % kPanel;
   const DType dt = view_.scale_dtype == FRT_F16 ? DType::f16 : DType::f32;
   out.resize(static_cast<size_t>(k));
+  const auto* nibbles = static_cast<const uint8_t*>(view_.qdata);
+  // Input i's nibble of this channel in the int4 layouts: two inputs to a byte, or the GEMM's
+  // eight inputs in four bytes, i and i + 4 sharing one.
+  const auto nibble_at = [&](int64_t pn, int64_t i, int64_t c) {
+    const uint8_t byte = nibbles[(pn * (k / 2) + i / 2) * kPanel + c];
+    return (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+  };
+  const auto gemm_nibble = [&](int64_t i) {
+    const uint8_t byte = nibbles[((panel * (k / 8) + i / 8) * kPanel + j) * 4 + i % 4];
+    return i % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
+  };
   for (int64_t i = 0; i < k; ++i) {
     float v;
     if (view_.format == FRT_W_INT8_GEMM) {
       const int64_t at = ((panel * ((k + 3) / 4) + i / 4) * kPanel + j) * 4 + i % 4;
       v = static_cast<const int8_t*>(view_.qdata)[at] * static_cast<const float*>(view_.scales)[r];
     } else if (view_.format == FRT_W_INT4_GEMM) {
-      const uint8_t byte = static_cast<const uint8_t*>(
-          view_.qdata)[((panel * (k / 8) + i / 8) * kPanel + j) * 4 + i % 4];
-      const int nib = i % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
+      const int nib = gemm_nibble(i);
       const int64_t at = (panel * (k / view_.group) + i / view_.group) * kPanel + j;
       const float s = read_scale(view_.scales, at, dt);
       v = view_.mins == nullptr ? static_cast<float>(nib - 8) * s
                                 : static_cast<float>(nib) * s + read_scale(view_.mins, at, dt);
-    } else if (view_.format == FRT_W_INT4_SUPER) {
-      const uint8_t byte =
-          static_cast<const uint8_t*>(view_.qdata)[(panel * (k / 2) + i / 2) * kPanel + j];
-      const int nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+    } else if (view_.format == FRT_W_INT4_SUPER || view_.format == FRT_W_INT4_SUPER_GEMM) {
+      const int nib = view_.format == FRT_W_INT4_SUPER ? nibble_at(panel, i, j) : gemm_nibble(i);
       uint8_t* rec = super_record(const_cast<void*>(view_.scales), panel, i / FRT_SUPER_K, k,
                                   FRT_SUPER4_RECORD);
       const int64_t g = (i % FRT_SUPER_K) / 32;
@@ -640,9 +658,7 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
           read_scale(view_.scales, (panel * groups + g) * kPanel + j, dt);
     } else {
       const int64_t groups = k / view_.group, g = i / view_.group;
-      const uint8_t byte =
-          static_cast<const uint8_t*>(view_.qdata)[(panel * (k / 2) + i / 2) * kPanel + j];
-      const int nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+      const int nib = nibble_at(panel, i, j);
       const int64_t at = (panel * groups + g) * kPanel + j;
       // Product then sum, two roundings: the d*q + m that GGUF's own dequantiser computes.
       const float prod = static_cast<float>(nib) * read_scale(view_.scales, at, dt);

@@ -84,18 +84,79 @@ TEST(Pack, AdoptedPartsOutOfRangeOrIncompleteAreRefusedByName) {
   EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
   parts.group = 48;
   EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
-  // The GEMM's layouts are packed from host weights, never adopted as a checkpoint's parts.
+  // int8_gemm is packed from host weights, never adopted as a checkpoint's parts; int4_gemm
+  // takes int4 g32 parts with f16 scales only (these are f32).
   parts.group = 32;
   s[5] = 0.5f;
-  for (WeightFormat gemm : {WeightFormat::int8_gemm, WeightFormat::int4_gemm}) {
-    parts.format = gemm;
-    try {
-      PackedLinear::from_quantized(parts);
-      FAIL() << "adopted as " << name_of(gemm);
-    } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("not " + std::string(name_of(gemm))), std::string::npos)
-          << e.what();
-    }
+  parts.format = WeightFormat::int8_gemm;
+  try {
+    PackedLinear::from_quantized(parts);
+    FAIL() << "adopted as int8_gemm";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("not int8_gemm"), std::string::npos) << e.what();
+  }
+  parts.format = WeightFormat::int4_gemm;
+  try {
+    PackedLinear::from_quantized(parts);
+    FAIL() << "adopted f32 scales as int4_gemm";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("takes group 32 and f16 scales"), std::string::npos)
+        << e.what();
+  }
+}
+
+// A checkpoint's int4 parts laid out for the GEMM (int4_gemm, int4_super_gemm) hold the values
+// the weight-only adoption of the same parts does, in the GEMM's form.
+TEST(Pack, AdoptedInt4PartsInTheGemmLayoutsHoldTheSameValues) {
+  std::mt19937_64 rng(9);
+  const int64_t n = 20, k = 512;
+  std::vector<int8_t> q(n * k);
+  for (int8_t& v : q) v = static_cast<int8_t>(rng() % 16);
+  std::vector<uint16_t> scales(n * k / 32), mins(n * k / 32);
+  for (size_t i = 0; i < scales.size(); ++i) {
+    scales[i] = static_cast<uint16_t>(0x2000 + rng() % 0x800);           // halves near 0.01
+    mins[i] = static_cast<uint16_t>(0x8000 | (0x2800 + rng() % 0x800));  // and near -0.03
+  }
+  QuantizedParts parts;
+  parts.format = WeightFormat::int4_group;
+  parts.group = 32;
+  parts.n = n;
+  parts.k = k;
+  parts.q = q.data();
+  parts.scale_dtype = DType::f16;
+  parts.scales = scales.data();
+  parts.mins = mins.data();
+  const PackedLinear group = PackedLinear::from_quantized(parts);
+  parts.format = WeightFormat::int4_gemm;
+  const PackedLinear gemm = PackedLinear::from_quantized(parts);
+  EXPECT_EQ(gemm.format(), WeightFormat::int4_gemm);
+  EXPECT_EQ(gemm.dequantize(), group.dequantize());
+  // Q4_K's parts: 6-bit codes under f16 d and dmin.
+  std::vector<uint8_t> sc(n * k / 32), mn(n * k / 32);
+  for (size_t i = 0; i < sc.size(); ++i) sc[i] = rng() % 64, mn[i] = rng() % 64;
+  std::vector<uint16_t> d(n * k / 256), dmin(n * k / 256);
+  for (size_t i = 0; i < d.size(); ++i)
+    d[i] = static_cast<uint16_t>(0x1400 + rng() % 0x400), dmin[i] = static_cast<uint16_t>(0x1000);
+  parts.format = WeightFormat::int4_super;
+  parts.scales = sc.data();
+  parts.mins = mn.data();
+  parts.super_scales = d.data();
+  parts.super_mins = dmin.data();
+  const PackedLinear super = PackedLinear::from_quantized(parts);
+  parts.format = WeightFormat::int4_super_gemm;
+  const PackedLinear super_gemm = PackedLinear::from_quantized(parts);
+  EXPECT_EQ(super_gemm.format(), WeightFormat::int4_super_gemm);
+  EXPECT_EQ(super_gemm.form(), kInt4SuperGemmForm);
+  EXPECT_EQ(super_gemm.nbytes(), super.nbytes());
+  EXPECT_EQ(super_gemm.dequantize(), super.dequantize());
+  parts.super_mins = nullptr;  // incomplete: refused by the form's name before allocating
+  try {
+    PackedLinear::from_quantized(parts);
+    FAIL() << "adopted int4_super_gemm without dmin";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("int4_super_gemm [20, 512] takes group 32"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -221,6 +221,8 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
       return PackedLinear::int4_super(w);
     case WeightFormat::int8_super:
       return PackedLinear::int8_super(w);
+    case WeightFormat::int4_super_gemm:
+      return PackedLinear::int4_super_gemm(w);
     case WeightFormat::int4_group:
       break;
   }

@@ -21,13 +21,14 @@ constexpr Table<Activation, 5> kActivations{{{Activation::silu, "silu"},
                                              {Activation::gelu, "gelu"},
                                              {Activation::relu, "relu"},
                                              {Activation::unknown, "unknown"}}};
-constexpr Table<WeightFormat, 7> kFormats{{{WeightFormat::int8_channel, "int8_channel"},
+constexpr Table<WeightFormat, 8> kFormats{{{WeightFormat::int8_channel, "int8_channel"},
                                            {WeightFormat::int4_group, "int4_group"},
                                            {WeightFormat::int8_group, "int8_group"},
                                            {WeightFormat::int4_super, "int4_super"},
                                            {WeightFormat::int8_super, "int8_super"},
                                            {WeightFormat::int8_gemm, "int8_gemm"},
-                                           {WeightFormat::int4_gemm, "int4_gemm"}}};
+                                           {WeightFormat::int4_gemm, "int4_gemm"},
+                                           {WeightFormat::int4_super_gemm, "int4_super_gemm"}}};
 constexpr Table<OpKind, 11> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::gated_ffn, "gated_ffn"},
                                   {OpKind::ffn, "ffn"},

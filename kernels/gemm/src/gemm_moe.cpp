@@ -81,20 +81,26 @@ MoeSpace carve(const frt_moe_args* a) {
 
 bool gated_act(int32_t act) { return act == FRT_ACT_SILU || act == FRT_ACT_GELU_TANH; }
 
-// One weight's form at plan time: int8_gemm with activation blocks of 32, or int4_gemm g32.
+// One weight's form at plan time: int8_gemm with activation blocks of 32, or int4_gemm or
+// int4_super_gemm g32.
 int32_t check_form(int32_t wformat, int32_t group, int64_t n, int64_t k, int32_t x_dtype,
                    int32_t y_dtype, const char* what, frt_error* err) {
-  if (wformat != FRT_W_INT8_GEMM && wformat != FRT_W_INT4_GEMM)
+  if (wformat != FRT_W_INT8_GEMM && !gemm_int4_format(wformat))
     return fail(err, FRT_REASON_FORMAT,
-                "gemm moe %s: weight format %d; takes int8_gemm (%d) or int4_gemm (%d)", what,
-                wformat, FRT_W_INT8_GEMM, FRT_W_INT4_GEMM);
+                "gemm moe %s: weight format %d; takes int8_gemm (%d), int4_gemm (%d) or "
+                "int4_super_gemm (%d)",
+                what, wformat, FRT_W_INT8_GEMM, FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM);
+  const char* name = wformat == FRT_W_INT8_GEMM   ? "int8_gemm"
+                     : wformat == FRT_W_INT4_GEMM ? "int4_gemm"
+                                                  : "int4_super_gemm";
   if (group != kGemmActBlock)
     return fail(err, FRT_REASON_FORMAT,
-                "gemm moe %s: %s in groups/activation blocks of %d; takes %d only", what,
-                wformat == FRT_W_INT8_GEMM ? "int8_gemm" : "int4_gemm", group, kGemmActBlock);
-  if (wformat == FRT_W_INT4_GEMM && k % kGemmActBlock != 0)
-    return fail(err, FRT_REASON_SHAPE, "gemm moe %s: int4_gemm width k=%lld not a multiple of %d",
-                what, static_cast<long long>(k), kGemmActBlock);
+                "gemm moe %s: %s in groups/activation blocks of %d; takes %d only", what, name,
+                group, kGemmActBlock);
+  const int64_t multiple = wformat == FRT_W_INT4_SUPER_GEMM ? FRT_SUPER_K : kGemmActBlock;
+  if (gemm_int4_format(wformat) && k % multiple != 0)
+    return fail(err, FRT_REASON_SHAPE, "gemm moe %s: %s width k=%lld not a multiple of %lld", what,
+                name, static_cast<long long>(k), static_cast<long long>(multiple));
   if (n <= 0 || k <= 0 || k > kGemmMaxK)
     return fail(err, FRT_REASON_SHAPE, "gemm moe %s: weight %lldx%lld outside 1..%lld wide", what,
                 static_cast<long long>(n), static_cast<long long>(k),
@@ -119,8 +125,10 @@ int32_t check_expert(const frt_moe_args* a, int64_t e, frt_error* err) {
                         Part{"down", a->down + e, n, inner}}) {
     const frt_packed_weight* w = p.w;
     const bool int8 = w->format == FRT_W_INT8_GEMM;
+    const bool super = w->format == FRT_W_INT4_SUPER_GEMM;
     const bool complete = w->qdata != nullptr && w->scales != nullptr &&
-                          (int8 ? w->mins != nullptr : w->scale_dtype == FRT_F16);
+                          (int8 ? w->mins != nullptr : w->scale_dtype == FRT_F16) &&
+                          (!super || w->mins == nullptr);
     const bool same = w->format == g0.format && w->group == g0.group &&
                       w->scale_dtype == g0.scale_dtype &&
                       (int8 || (w->mins != nullptr) == (g0.mins != nullptr));
@@ -147,7 +155,7 @@ int32_t check_expert(const frt_moe_args* a, int64_t e, frt_error* err) {
 // Runs w's panel p over the block rows [s0, s0 + rows) of q, rows <= 4.
 void tile(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t s0, int64_t rows,
           float* out) {
-  if (w->format == FRT_W_INT4_GEMM)
+  if (gemm_int4_format(w->format))
     kGemmTiles.w4a8_blocks_tile(w, p, q, s0, rows, nullptr, out);
   else
     kGemmTiles.w8a8_blocks_tile(w, p, q, s0, rows, nullptr, out);

@@ -69,20 +69,26 @@ void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int
 
 namespace {
 
-// The int4 form's contract (FRT_W_INT4_GEMM): groups of 32 that divide k, f16 scales.
-int32_t check_int4_form(int32_t group, int64_t n, int64_t k, int32_t x_dtype, int32_t y_dtype,
-                        frt_error* err) {
-  if (group != kGemmActBlock || k % kGemmActBlock != 0)
+// The int4 forms' contract (FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM): groups of 32 that divide
+// k, and for the super form whole super-blocks of 256.
+int32_t check_int4_form(int32_t wformat, int32_t group, int64_t n, int64_t k, int32_t x_dtype,
+                        int32_t y_dtype, frt_error* err) {
+  const bool super = wformat == FRT_W_INT4_SUPER_GEMM;
+  const int64_t multiple = super ? FRT_SUPER_K : kGemmActBlock;
+  if (group != kGemmActBlock || k % multiple != 0)
     return fail(err, FRT_REASON_SHAPE,
-                "gemm: int4_gemm weight %lldx%lld in groups of %d; takes groups of %d dividing k",
-                static_cast<long long>(n), static_cast<long long>(k), group, kGemmActBlock);
+                "gemm: %s weight %lldx%lld in groups of %d; takes groups of %d and k a multiple of "
+                "%lld",
+                super ? "int4_super_gemm" : "int4_gemm", static_cast<long long>(n),
+                static_cast<long long>(k), group, kGemmActBlock, static_cast<long long>(multiple));
   return check_widths_and_dtypes(n, k, x_dtype, y_dtype, err);
 }
 
 int32_t refuse_format(int32_t wformat, frt_error* err) {
   return fail(err, FRT_REASON_FORMAT,
-              "gemm: weight format %d; the linear takes int8_gemm (%d) or int4_gemm (%d)", wformat,
-              FRT_W_INT8_GEMM, FRT_W_INT4_GEMM);
+              "gemm: weight format %d; the linear takes int8_gemm (%d), int4_gemm (%d) or "
+              "int4_super_gemm (%d)",
+              wformat, FRT_W_INT8_GEMM, FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM);
 }
 
 }  // namespace
@@ -91,8 +97,8 @@ int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
   if (d->rows_max < 1)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "gemm: rows up to %lld",
                 static_cast<long long>(d->rows_max));
-  if (d->wformat == FRT_W_INT4_GEMM)
-    return check_int4_form(d->group, d->n, d->k, d->x_dtype, d->y_dtype, err);
+  if (gemm_int4_format(d->wformat))
+    return check_int4_form(d->wformat, d->group, d->n, d->k, d->x_dtype, d->y_dtype, err);
   if (d->wformat != FRT_W_INT8_GEMM) return refuse_format(d->wformat, err);
   if (d->group != 0 && d->group != kGemmActBlock)
     return fail(err, FRT_REASON_FORMAT, "gemm: activation blocks of %d; takes 0 (rows) or %d",
@@ -103,14 +109,17 @@ int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
 int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
   if (a == nullptr || a->w == nullptr) return fail(err, FRT_REASON_FORMAT, "gemm: no arguments");
   const frt_packed_weight* w = a->w;
-  if (w->format != FRT_W_INT8_GEMM && w->format != FRT_W_INT4_GEMM)
+  if (w->format != FRT_W_INT8_GEMM && !gemm_int4_format(w->format))
     return refuse_format(w->format, err);
-  if (w->format == FRT_W_INT4_GEMM) {
-    if (int32_t r = check_int4_form(w->group, w->n, w->k, a->x_dtype, a->y_dtype, err);
+  if (gemm_int4_format(w->format)) {
+    if (int32_t r = check_int4_form(w->format, w->group, w->n, w->k, a->x_dtype, a->y_dtype, err);
         r != FRT_REASON_OK)
       return r;
     if (w->qdata == nullptr || w->scales == nullptr || w->scale_dtype != FRT_F16)
-      return fail(err, FRT_REASON_FORMAT, "gemm: int4_gemm weight without data or f16 scales");
+      return fail(err, FRT_REASON_FORMAT, "gemm: int4 weight without data or f16 scales");
+    if (w->format == FRT_W_INT4_SUPER_GEMM && w->mins != nullptr)
+      return fail(err, FRT_REASON_FORMAT,
+                  "gemm: int4_super_gemm weight with mins (its records hold them)");
   } else if (int32_t r = gemm_check_form(w->format, w->n, w->k, a->x_dtype, a->y_dtype, err);
              r != FRT_REASON_OK) {
     return r;
@@ -174,7 +183,7 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
     auto* base = static_cast<uint8_t*>(a->workspace);
     const int64_t lda = gemm_row_stride(k), ldd = block_stride(k);
     const int64_t rows_bytes = align64(a->m * lda), scale_bytes = align64(a->m * ldd * 4);
-    const bool int4 = a->w->format == FRT_W_INT4_GEMM;
+    const bool int4 = gemm_int4_format(a->w->format);
     const BlockRows q{reinterpret_cast<int8_t*>(base), lda,
                       reinterpret_cast<float*>(base + rows_bytes), ldd,
                       reinterpret_cast<int32_t*>(base + rows_bytes + scale_bytes)};

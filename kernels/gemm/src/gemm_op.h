@@ -33,8 +33,9 @@ int32_t gemm_ffn_run(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t 
                      frt_error* err);
 
 // The routed bank of gated experts over the decode forms (FRT_OP_MOE_FFN; int8_gemm with
-// activation blocks of 32, int4_gemm g32): gather and quantize slots; gate/up per expert and
-// panel; requantize h; down per expert and panel; weighted sums (Note [GEMM MoE] in gemm_moe.cpp).
+// activation blocks of 32, int4_gemm and int4_super_gemm g32): gather and quantize slots; gate/up
+// per expert and panel; requantize h; down per expert and panel; weighted sums (Note [GEMM MoE] in
+// gemm_moe.cpp).
 inline constexpr int32_t kGemmMoePhases = 5;
 int32_t gemm_moe_supports_form(const frt_op_desc* d, frt_error* err);
 int32_t gemm_moe_supports(const frt_moe_args* a, frt_error* err);
@@ -68,6 +69,10 @@ struct BlockRows {
 // every variant (ref/w8a8_blocks_ref.cpp). The int4 form (FRT_W_INT4_GEMM; Note [W4A8] in
 // ref/w4a8_blocks_ref.cpp) reads the same activation blocks and their sums.
 void block_sums(const int8_t* a, int64_t k, int32_t* sum);
+// The int4 layouts the w4a8 tiles read: int4_gemm, and int4_super_gemm (Q4_K's super records).
+inline bool gemm_int4_format(int32_t wformat) {
+  return wformat == FRT_W_INT4_GEMM || wformat == FRT_W_INT4_SUPER_GEMM;
+}
 // Writes the valid columns of tile[rows][FRT_PANEL] (panel p) to rows r0.. of y in y_dtype.
 void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t n, void* y,
                      int32_t y_dtype, int64_t ldy);

@@ -32,7 +32,8 @@ struct GemmTiles {
   // As w8a8_rows_tile over int8 weights and activation blocks (Note [W8A8 blocks]).
   void (*w8a8_blocks_tile)(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                            int64_t rows, const float* bias, float* tile);
-  // As w8a8_rows_tile over int4 weights (FRT_W_INT4_GEMM) and activation blocks (Note [W4A8]).
+  // As w8a8_rows_tile over int4 weights (FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM) and
+  // activation blocks (Note [W4A8]).
   void (*w4a8_blocks_tile)(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                            int64_t rows, const float* bias, float* tile);
   // out[i] = act(in[i]) for i < n: the feed-forward's activation (Note [GEMM feed-forward]).
@@ -82,6 +83,11 @@ void with_int4_tile(int64_t rows, const frt_packed_weight* w, Tile&& tile) {
     else
       tile(r, std::false_type{});
   });
+}
+
+// Panel p's first super record of an int4_super_gemm weight (FRT_W_INT4_SUPER_GEMM).
+inline const uint8_t* super_records(const frt_packed_weight* w, int64_t p) {
+  return static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER4_RECORD;
 }
 
 // The scalar reference (src/ref/): the generic variant's table entries.

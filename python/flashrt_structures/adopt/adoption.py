@@ -141,9 +141,10 @@ def _source_key(sp: _core.SeatPlan, op: str, slot: _core.SlotTensor) -> str:
     return f"{slot.module}/{op}" if sp.op == _core.OpKind.moe_ffn else slot.module
 
 
-_READERS: dict[str, Callable[[nn.Module, str | None], dict[str, Source]]] = {
-    "gguf": lambda model, source: gguf.sources(model, str(source)),
-    "compressed-tensors": compressed_tensors.sources,
+_READERS: dict[str, Callable[[nn.Module, str | None, str], dict[str, Source]]] = {
+    "gguf": lambda model, source, activations: gguf.sources(model, str(source), activations),
+    "compressed-tensors": lambda model, source, activations: compressed_tensors.sources(
+        model, source),
 }
 
 
@@ -156,6 +157,7 @@ def adopt_prequantized(
     structures: list[str] | None = None,
     on_guard_fail: str = "fallback",
     verbose: bool = True,
+    activations: str = "host",
 ) -> AdoptionReport:
     """Seats the checkpoint's own quantised blocks on `model` (loaded from that checkpoint).
 
@@ -163,14 +165,21 @@ def adopt_prequantized(
     directory (compressed-tensors), or None when transformers loaded it compressed and the
     modules still carry their packs (read before the first forward decompresses them).
     forward: one real call of the host for the dataflow (default: the model on one token).
+    activations: "host" (default) computes with the host's activations against the file's
+    values; "int8" (gguf) seats the int4 block types (Q4_0, Q4_1, Q4_K) in their integer-dot
+    forms instead, activations quantized to int8 per block of 32 as llama.cpp does: the same
+    weights, a different numeric form (its forms say "activations int8 per 32").
     Returns an AdoptionReport; ``explain(report)`` prints the plan, ``report.handle`` is the
     attach handle (ledger, summary, detach)."""
     if fmt not in FORMATS:
         raise ValueError(f"adopt_prequantized: format {fmt!r}; supported: {', '.join(FORMATS)}")
+    if activations not in gguf.ACTIVATIONS or (activations != "host" and fmt != "gguf"):
+        raise ValueError(f"adopt_prequantized: activations {activations!r} for {fmt}; "
+                         f"supported: {', '.join(gguf.ACTIVATIONS)} for gguf, host otherwise")
     if source is None and fmt == "gguf":
         raise ValueError("adopt_prequantized(fmt='gguf') needs source=<the .gguf file the model "
                          "was loaded from>")
-    sources = _READERS[fmt](model, None if source is None else str(source))
+    sources = _READERS[fmt](model, None if source is None else str(source), activations)
     path = str(source) if source is not None else f"{type(model).__name__}'s modules"
     if forward is None:
         ids = torch.ones((1, 1), dtype=torch.long)

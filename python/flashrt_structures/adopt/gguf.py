@@ -5,7 +5,8 @@ The tensor-name map, the row permutation and the placement of expert tensors (ga
 the halves of a fused gate_up_proj) are transformers' own (its GGUF loader's), found by running
 its tensor processor on row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels
 unchanged, Q4_K and Q6_K in their own super-block forms, Q5_0 re-expressed exactly (below), other
-block types are refused by name, per tensor.
+block types are refused by name, per tensor. With int8 activations the int4 block types are laid
+out for integer dot products instead (_INT8_ACT).
 """
 
 from __future__ import annotations
@@ -50,15 +51,34 @@ _BLOCKS = {
     "Q4_K": _Block(256, 144, _core.WeightFormat.int4_super, 32, False, True),
     "Q6_K": _Block(256, 210, _core.WeightFormat.int8_super, 16, True, True),
 }
+# With int8 activations (adopt_prequantized(..., activations="int8")): the int4 blocks laid out
+# for flashrt/gemm's integer dot products against activation blocks of 32, the same values
+# (Q4_0 and Q4_1 as int4_gemm, Q4_K as int4_super_gemm); the other block types keep their
+# weight-only forms.
+_INT8_ACT = {
+    "Q4_0": _BLOCKS["Q4_0"]._replace(format=_core.WeightFormat.int4_gemm),
+    "Q4_1": _BLOCKS["Q4_1"]._replace(format=_core.WeightFormat.int4_gemm),
+    "Q4_K": _BLOCKS["Q4_K"]._replace(format=_core.WeightFormat.int4_super_gemm),
+}
+ACTIVATIONS = ("host", "int8")
 _UNQUANTISED = {"F32", "F16", "BF16", "F64"}
 # llama.cpp's names of a layer's banks of routed experts: [experts, out, in] in torch order.
 _EXPERTS = re.compile(r"blk\.(?P<blk>\d+)\.ffn_(?P<operand>gate|up|down)_exps\.weight")
 
 
-def _form(block_type: str) -> _core.WeightForm:
-    b = _BLOCKS[block_type]
-    return weight_form("gguf_" + block_type.lower(), block_type.lower(), b.format, b.group,
-                       b.symmetric, f16=b.f16)
+def _block(block_type: str, activations: str) -> _Block:
+    """How a block type is adopted: its int8-activation form where it has one and was asked
+    for, else its weight-only form."""
+    if activations == "int8" and block_type in _INT8_ACT:
+        return _INT8_ACT[block_type]
+    return _BLOCKS[block_type]
+
+
+def _form(block_type: str, activations: str) -> _core.WeightForm:
+    b = _block(block_type, activations)
+    a8 = "_a8" if b is not _BLOCKS[block_type] else ""
+    return weight_form(f"gguf_{block_type.lower()}{a8}", f"{block_type.lower()}{a8}", b.format,
+                       b.group, b.symmetric, f16=b.f16)
 
 
 class _Parts(NamedTuple):
@@ -146,11 +166,12 @@ def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> _Parts:
     return _Parts(q, d, np.ascontiguousarray(m))
 
 
-def _pack(block_type: str, raw: np.ndarray, n: int, k: int, order: np.ndarray) -> Any:
+def _pack(block_type: str, raw: np.ndarray, n: int, k: int, order: np.ndarray,
+          activations: str) -> Any:
     """One [n, k] tensor's blocks laid out for the kernels, its rows in the host's order."""
     parts = _unpack_blocks(block_type, raw, n, k)
     parts = parts.rows(None if np.array_equal(order, np.arange(n)) else order)
-    b = _BLOCKS[block_type]
+    b = _block(block_type, activations)
     return _core.from_quantized(b.format, b.group, parts.q, parts.scales, parts.mins,
                                 super_scales=parts.super_scales, super_mins=parts.super_mins)
 
@@ -281,7 +302,7 @@ def _bank_rows(placed: np.ndarray | None, e: int, f: int) -> tuple[int, int, np.
 
 
 def _bank_source(model: nn.Module, t: Any, operand: str, blk: str, processor: Any,
-                 name_map: dict, path: str) -> Source | None:
+                 name_map: dict, path: str, activations: str) -> Source | None:
     """One expert tensor of the file as the operand of the host's bank it fills: the form and a
     pack per expert, or the refusal; None when the loader puts it on no tensor of this host."""
     shape = tuple(int(s) for s in reversed(list(t.shape)))
@@ -318,8 +339,8 @@ def _bank_source(model: nn.Module, t: Any, operand: str, blk: str, processor: An
         src.refusal = _refusal(t.name, btype)
         return src
     data = np.asarray(t.data).reshape(e, f, -1)
-    src.form = _form(btype)
-    src.packs = [_pack(btype, data[x], f, k, order) for x in range(e)]
+    src.form = _form(btype, activations)
+    src.packs = [_pack(btype, data[x], f, k, order, activations) for x in range(e)]
     return src
 
 
@@ -347,9 +368,13 @@ def _unplaced(unplaced: list[tuple[Any, str, str]], name_map: dict, processor: A
         out.setdefault(src.key, src)
 
 
-def sources(model: nn.Module, path: str) -> dict[str, Source]:
+def sources(model: nn.Module, path: str, activations: str = "host") -> dict[str, Source]:
     """Each nn.Linear whose weight the GGUF file holds, and each bank operand (by Source.key):
-    its block type, form and pack (or packs)."""
+    its block type, form and pack (or packs); with activations "int8" the int4 block types in
+    their integer-dot forms (_INT8_ACT)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"adopt: activations {activations!r}; supported: "
+                         f"{', '.join(ACTIVATIONS)}")
     reader = _open_gguf(path)
     name_map, processor, parsed = _transformers_map(model, path, reader)
     linear_of: dict[int, list[str]] = {}
@@ -361,7 +386,8 @@ def sources(model: nn.Module, path: str) -> dict[str, Source]:
     matched = 0
     for t in reader.tensors:
         if bank := _EXPERTS.fullmatch(t.name):
-            src = _bank_source(model, t, bank["operand"], bank["blk"], processor, name_map, path)
+            src = _bank_source(model, t, bank["operand"], bank["blk"], processor, name_map, path,
+                               activations)
             if src is None:
                 unplaced.append((t, bank["operand"], bank["blk"]))
             else:
@@ -402,8 +428,8 @@ def sources(model: nn.Module, path: str) -> dict[str, Source]:
                 src.refusal = (f"{t.name}: transformers' loader transforms it beyond a row "
                                f"permutation; its blocks cannot be adopted as they are")
                 continue
-            src.form = _form(btype)
-            src.pack = _pack(btype, t.data, n, k, order)
+            src.form = _form(btype, activations)
+            src.pack = _pack(btype, t.data, n, k, order, activations)
     _unplaced(unplaced, name_map, processor, model, path, out)
     if matched == 0:
         raise _core.Refused(f"adopt: no tensor of {path} names a projection of this "

@@ -35,9 +35,11 @@ extern "C" {
  *   (a depthwise causal convolution with its state, frt_causal_conv1d_args): kinds appended.
  * 4.4: FRT_W_INT4_SUPER, int4 in super-blocks of 256 with 6-bit sub-block scale and min codes
  *   under f16 super scales (GGUF Q4_K's own values), and FRT_W_INT8_SUPER, int8 in groups of 16
- *   with int8 scale codes under an f16 super scale (GGUF Q6_K's): formats appended. */
+ *   with int8 scale codes under an f16 super scale (GGUF Q6_K's): formats appended.
+ * 4.5: FRT_W_INT4_SUPER_GEMM, Q4_K's values laid out for the integer dot products of
+ *   FRT_W_INT4_GEMM (a format appended). */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 4
+#define FRT_KERNEL_ABI_MINOR 5
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -165,6 +167,11 @@ enum frt_op_kind {
  *   With s_a = sum_i a_i over a block: y[c] = sum over blocks, in fp32, of
  *   float(sum_i a_i q - 8 s_a) * (scale * d)                 (symmetric), or
  *   float(sum_i a_i q) * (scale * d) + min * (d * float(s_a))   (with mins; Note [W4A8]).
+ * FRT_W_INT4_SUPER_GEMM (4.5): GGUF Q4_K's values for the same integer dot products. group ==
+ *   32, k % 256 == 0; nibbles as FRT_W_INT4_GEMM (qdata uint8 [P][k/8][FRT_PANEL][4]); scales
+ *   points to FRT_W_INT4_SUPER's super records ([P][k/256] of FRT_SUPER4_RECORD bytes); mins is
+ *   NULL; scale_dtype FRT_F16. Each group of 32 is an activation block, with scale = f32(d) * sc
+ *   and min = -(f32(dmin) * m) (both exact in f32) in the with-mins sum above.
  * Numbered past the small values so formats appended later do not collide. */
 enum frt_wformat {
   FRT_W_INT8_CHANNEL = 1,
@@ -173,7 +180,8 @@ enum frt_wformat {
   FRT_W_INT4_SUPER = 4, /* 4.4 */
   FRT_W_INT8_SUPER = 5, /* 4.4 */
   FRT_W_INT8_GEMM = 16,
-  FRT_W_INT4_GEMM = 17
+  FRT_W_INT4_GEMM = 17,
+  FRT_W_INT4_SUPER_GEMM = 18 /* 4.5 */
 };
 
 typedef struct frt_packed_weight {

@@ -16,6 +16,9 @@
 // activation quad. The zmm tile spends a load, two masks, a shift and two vpdpbusd per 128
 // weights (the 3.1 layout, two columns to a byte, took a broadcast load, a variable shift, a mask
 // and an activation broadcast per 64); the AVX2 tile reads the two column halves as two ymm.
+// int4_super_gemm (GGUF Q4_K) is the with-mins form whose block b takes group b % 8 of super
+// record b / 8: scale d * sc and min -(dmin * m), both exact in f32, so a Q4_K super-block
+// streams 2048 bytes of nibbles and a 320-byte record per panel (4.625 bits a weight).
 #include <frt_kern/util.h>
 
 #include "gemm_tiles.h"
@@ -27,6 +30,8 @@ void w4a8_blocks_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const Bloc
   const int64_t blocks = w->k / kGemmActBlock;
   const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
   const int64_t at0 = p * blocks * FRT_PANEL;
+  const bool super = w->format == FRT_W_INT4_SUPER_GEMM;
+  const uint8_t* records = super ? super_records(w, p) : nullptr;
   float bb[FRT_PANEL];
   gemm_panel_bias(w, p, bias, bb);
   for (int64_t r = 0; r < rows; ++r) {
@@ -44,6 +49,17 @@ void w4a8_blocks_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const Bloc
                       (byte >> 4) * static_cast<int32_t>(a[8 * o + 4 + j]);
           }
       for (int64_t c = 0; c < FRT_PANEL; ++c) {
+        if (super) {  // group b % 8 of record b / 8: scale d * sc, min -(dmin * m), exact
+          const uint8_t* rec = records + (b / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
+          const int64_t g = b % FRT_SUPER4_GROUPS;
+          const float s = scale_at(rec, c, FRT_F16) *
+                          static_cast<float>(rec[FRT_SUPER4_SC_AT + g * FRT_PANEL + c]);
+          const float mn = -(scale_at(rec + FRT_SUPER4_DMIN_AT, c, FRT_F16) *
+                             static_cast<float>(rec[FRT_SUPER4_M_AT + g * FRT_PANEL + c]));
+          f[c] = f[c] + static_cast<float>(acc[c]) * (s * d[b]);
+          f[c] = f[c] + mn * (d[b] * static_cast<float>(sa[b]));
+          continue;
+        }
         const int64_t at = at0 + b * FRT_PANEL + c;
         const float s = scale_at(w->scales, at, FRT_F16);
         if (w->mins == nullptr) {

@@ -26,4 +26,16 @@ inline void prefetch_block_scales(const uint16_t* sp, const uint16_t* mp, int64_
     _mm_prefetch(reinterpret_cast<const char*>(mp + (b + 8) * FRT_PANEL), _MM_HINT_T0);
 }
 
+// int4_super_gemm's records (FRT_SUPER4_RECORD bytes per super-block of eight blocks): blocks
+// b % 8 = 0..4 of a super-block each prefetch one line of the next one's record, a super-block
+// (2048 bytes of panel) ahead, the weights' distance.
+inline void prefetch_super_record(const uint8_t* records, int64_t b) {
+  static_assert(FRT_SUPER4_RECORD <= 64 * FRT_SUPER4_GROUPS);
+  const int64_t line = b % FRT_SUPER4_GROUPS;
+  if (line * 64 < FRT_SUPER4_RECORD)
+    _mm_prefetch(reinterpret_cast<const char*>(
+                     records + (b / FRT_SUPER4_GROUPS + 1) * FRT_SUPER4_RECORD + line * 64),
+                 _MM_HINT_T0);
+}
+
 }  // namespace frt::kern

@@ -1,6 +1,8 @@
 // The int4 form (Note [W4A8] in ref/w4a8_blocks_ref.cpp) with AVX2: the 4-row x FRT_PANEL tile,
 // the two column halves of a 64-byte oct as two ymm, int16 sums per block widened once by
 // vpmaddwd, the panel and scales prefetched. The same integers and fp32 bits as the reference.
+// Where a block's scale and min come from is a parameter: f16 streams (int4_gemm) or the super
+// records (int4_super_gemm).
 #include <frt_kern/util.h>
 
 #include "gemm_tiles.h"
@@ -12,14 +14,52 @@ namespace {
 
 constexpr int64_t kHalf = FRT_PANEL / 2;
 
-template <int R, bool Mins>
-void w4a8_blocks_tile_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
-                           const float* bias, float* tile) {
+// int4_gemm's f16 scales and (Mins) mins, one stream each, as two column halves.
+template <bool Mins>
+struct F16Blocks {
+  static constexpr bool kMins = Mins;
+  const uint16_t *sp, *mp;
+  static __m256 half(const uint16_t* at) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+  }
+  __m256 scale(int64_t b, int h) const { return half(sp + b * FRT_PANEL + h * kHalf); }
+  __m256 min(int64_t b, int h) const { return half(mp + b * FRT_PANEL + h * kHalf); }
+  void prefetch(int64_t b) const { prefetch_block_scales<Mins>(sp, mp, b); }
+};
+
+// int4_super_gemm: block b is group b % 8 of super record b / 8; scale = d * sc and
+// min = -(dmin * m), both exact in f32 (the sign flipped by its bit, as the reference negates).
+struct SuperBlocks {
+  static constexpr bool kMins = true;
+  const uint8_t* records;  // the panel's first
+  static __m256 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g, int h) {
+    const __m256 unit = _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + unit_at + 2 * h * kHalf)));
+    const __m128i codes = _mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(rec + codes_at + g * FRT_PANEL + h * kHalf));
+    return _mm256_mul_ps(unit, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes)));
+  }
+  const uint8_t* record(int64_t b) const {
+    return records + (b / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
+  }
+  __m256 scale(int64_t b, int h) const {
+    return coded(record(b), 0, FRT_SUPER4_SC_AT, b % FRT_SUPER4_GROUPS, h);
+  }
+  __m256 min(int64_t b, int h) const {
+    const __m256 o =
+        coded(record(b), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, b % FRT_SUPER4_GROUPS, h);
+    return _mm256_castsi256_ps(
+        _mm256_xor_si256(_mm256_castps_si256(o), _mm256_set1_epi32(INT32_MIN)));
+  }
+  void prefetch(int64_t b) const { prefetch_super_record(records, b); }
+};
+
+template <int R, class Scales>
+void w4a8_blocks_tile_avx2(const frt_packed_weight* w, int64_t p, const Scales& sc,
+                           const BlockRows& q, int64_t r0, const float* bias, float* tile) {
+  constexpr bool Mins = Scales::kMins;
   const int64_t blocks = w->k / kGemmActBlock;
   const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
-  const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
-  const uint16_t* mp =
-      Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
   const int8_t* a[R];
   const float* d[R];
   const int32_t* sa[R];
@@ -34,7 +74,7 @@ void w4a8_blocks_tile_avx2(const frt_packed_weight* w, int64_t p, const BlockRow
     __m256i acc[R][2];  // int16 pair sums per column half
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     const uint8_t* wb = wp + b * kOctsPerBlock * 64;
-    prefetch_block_scales<Mins>(sp, mp, b);
+    sc.prefetch(b);
     for (int64_t o = 0; o < kOctsPerBlock; ++o) {
       _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
       __m256i nl[2], nh[2];
@@ -54,16 +94,9 @@ void w4a8_blocks_tile_avx2(const frt_packed_weight* w, int64_t p, const BlockRow
               _mm256_add_epi16(_mm256_maddubs_epi16(nl[h], a0), _mm256_maddubs_epi16(nh[h], a1)));
       }
     }
-    const uint16_t* sb = sp + b * FRT_PANEL;
-    const __m256 s[2] = {
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb))),
-        _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + kHalf)))};
+    const __m256 s[2] = {sc.scale(b, 0), sc.scale(b, 1)};
     __m256 m[2] = {};
-    if constexpr (Mins) {
-      const uint16_t* mb = mp + b * FRT_PANEL;
-      m[0] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mb)));
-      m[1] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mb + kHalf)));
-    }
+    if constexpr (Mins) m[0] = sc.min(b, 0), m[1] = sc.min(b, 1);
     for (int r = 0; r < R; ++r) {
       const __m256 db = _mm256_set1_ps(d[r][b]);
       for (int h = 0; h < 2; ++h) {
@@ -92,8 +125,18 @@ void w4a8_blocks_tile_avx2(const frt_packed_weight* w, int64_t p, const BlockRow
 
 void w4a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                 int64_t r0, int64_t rows, const float* bias, float* tile) {
+  if (w->format == FRT_W_INT4_SUPER_GEMM) {
+    const SuperBlocks sc{super_records(w, p)};
+    return with_tile_rows(rows, [&](auto r) {
+      w4a8_blocks_tile_avx2<decltype(r)::value>(w, p, sc, q, r0, bias, tile);
+    });
+  }
+  const int64_t at = p * (w->k / kGemmActBlock) * FRT_PANEL;
+  const auto* sp = static_cast<const uint16_t*>(w->scales) + at;
+  const auto* mp = w->mins != nullptr ? static_cast<const uint16_t*>(w->mins) + at : nullptr;
   with_int4_tile(rows, w, [&](auto r, auto mins) {
-    w4a8_blocks_tile_avx2<decltype(r)::value, decltype(mins)::value>(w, p, q, r0, bias, tile);
+    w4a8_blocks_tile_avx2<decltype(r)::value>(w, p, F16Blocks<decltype(mins)::value>{sp, mp}, q, r0,
+                                              bias, tile);
   });
 }
 

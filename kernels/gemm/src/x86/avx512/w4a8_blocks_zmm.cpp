@@ -1,7 +1,8 @@
-// The int4 form (Note [W4A8] in ref/w4a8_blocks_ref.cpp) with zmm: the 4-row x FRT_PANEL tile, one
-// 64-byte load per oct of the panel, its low and high nibbles through one vpdpbusd each (two
+// The int4 forms (Note [W4A8] in ref/w4a8_blocks_ref.cpp) with zmm: the 4-row x FRT_PANEL tile,
+// one 64-byte load per oct of the panel, its low and high nibbles through one vpdpbusd each (two
 // chains), the panel and scales prefetched; its epilogue is the AVX2 one lane for lane, so the
-// bits agree with every variant.
+// bits agree with every variant. Where a block's scale and min come from is a parameter: f16
+// streams (int4_gemm) or the super records (int4_super_gemm).
 #include <frt_kern/util.h>
 
 #include "gemm_tiles.h"
@@ -11,14 +12,54 @@
 namespace frt::kern {
 namespace {
 
-template <int R, bool Mins>
-void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
-                          const float* bias, float* tile) {
+// int4_gemm's f16 scales and (Mins) mins, one stream each.
+template <bool Mins>
+struct F16Blocks {
+  static constexpr bool kMins = Mins;
+  const uint16_t *sp, *mp;
+  __m512 scale(int64_t b) const {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + b * FRT_PANEL)));
+  }
+  __m512 min(int64_t b) const {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + b * FRT_PANEL)));
+  }
+  void prefetch(int64_t b) const { prefetch_block_scales<Mins>(sp, mp, b); }
+};
+
+// int4_super_gemm: block b is group b % 8 of super record b / 8; scale = d * sc and
+// min = -(dmin * m), both exact in f32 (the sign flipped by its bit, as the reference negates).
+struct SuperBlocks {
+  static constexpr bool kMins = true;
+  const uint8_t* records;  // the panel's first
+  static __m512 coded(const uint8_t* rec, int unit_at, int codes_at, int64_t g) {
+    const __m512 unit =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + unit_at)));
+    const __m128i codes =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + codes_at + g * FRT_PANEL));
+    return _mm512_mul_ps(unit, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)));
+  }
+  const uint8_t* record(int64_t b) const {
+    return records + (b / FRT_SUPER4_GROUPS) * FRT_SUPER4_RECORD;
+  }
+  __m512 scale(int64_t b) const {
+    return coded(record(b), 0, FRT_SUPER4_SC_AT, b % FRT_SUPER4_GROUPS);
+  }
+  __m512 min(int64_t b) const {
+    const __m512 o = coded(record(b), FRT_SUPER4_DMIN_AT, FRT_SUPER4_M_AT, b % FRT_SUPER4_GROUPS);
+    return _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(o), _mm512_set1_epi32(INT32_MIN)));
+  }
+  void prefetch(int64_t b) const { prefetch_super_record(records, b); }
+};
+
+template <int R, class Scales>
+void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const Scales& sc,
+                          const BlockRows& q, int64_t r0, const float* bias, float* tile) {
+  constexpr bool Mins = Scales::kMins;
   const int64_t blocks = w->k / kGemmActBlock;
   const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
-  const uint16_t* sp = static_cast<const uint16_t*>(w->scales) + p * blocks * FRT_PANEL;
-  const uint16_t* mp =
-      Mins ? static_cast<const uint16_t*>(w->mins) + p * blocks * FRT_PANEL : nullptr;
   const int8_t* a[R];
   const float* d[R];
   const int32_t* sa[R];
@@ -34,7 +75,7 @@ void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const BlockRows
     __m512i lo[R], hi[R];  // inputs 8o..8o+3 and 8o+4..8o+7: two chains per row
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
     const uint8_t* wb = wp + b * kOctsPerBlock * 64;
-    prefetch_block_scales<Mins>(sp, mp, b);
+    sc.prefetch(b);
     for (int64_t o = 0; o < kOctsPerBlock; ++o) {
       _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(wb + o * 64);
@@ -48,11 +89,9 @@ void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const BlockRows
         hi[r] = _mm512_dpbusd_epi32(hi[r], nh, _mm512_set1_epi32(q1));
       }
     }
-    const __m512 s =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sp + b * FRT_PANEL)));
+    const __m512 s = sc.scale(b);
     __m512 m = _mm512_setzero_ps();
-    if constexpr (Mins)
-      m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + b * FRT_PANEL)));
+    if constexpr (Mins) m = sc.min(b);
     for (int r = 0; r < R; ++r) {
       __m512i i = _mm512_add_epi32(lo[r], hi[r]);
       if constexpr (!Mins) i = _mm512_sub_epi32(i, _mm512_set1_epi32(8 * sa[r][b]));
@@ -73,8 +112,18 @@ void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const BlockRows
 
 void w4a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                int64_t r0, int64_t rows, const float* bias, float* tile) {
+  if (w->format == FRT_W_INT4_SUPER_GEMM) {
+    const SuperBlocks sc{super_records(w, p)};
+    return with_tile_rows(rows, [&](auto r) {
+      w4a8_blocks_tile_zmm<decltype(r)::value>(w, p, sc, q, r0, bias, tile);
+    });
+  }
+  const int64_t at = p * (w->k / kGemmActBlock) * FRT_PANEL;
+  const auto* sp = static_cast<const uint16_t*>(w->scales) + at;
+  const auto* mp = w->mins != nullptr ? static_cast<const uint16_t*>(w->mins) + at : nullptr;
   with_int4_tile(rows, w, [&](auto r, auto mins) {
-    w4a8_blocks_tile_zmm<decltype(r)::value, decltype(mins)::value>(w, p, q, r0, bias, tile);
+    w4a8_blocks_tile_zmm<decltype(r)::value>(w, p, F16Blocks<decltype(mins)::value>{sp, mp}, q, r0,
+                                             bias, tile);
   });
 }
 
