@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flashrt_structures import impls, ops
+from flashrt_structures import _core, impls, ops
 
 from _common import bracket, machine, result_path, summarize, timed, write_result
 
@@ -34,6 +34,26 @@ SHAPES = [(1024, 2048), (1024, 6144), (3072, 1024), (4096, 12288), (1024, 151936
 ROWS = [1, 2, 4, 8, 16]
 CACHE_BYTES = 3 * 32 * 2**20  # three times this machine's 32 MiB L3
 INT4_GROUP = 32
+
+
+def q5_1_parts(w: torch.Tensor, symmetric: bool) -> object:
+    """`w` as GGUF Q5_1 (a min-max grid of 32 levels per 32 inputs, f16 d and m) or Q5_0 (a
+    symmetric one, W = (u - 16) * d) would hold it, adopted as int5_gemm: the int5 forms have no
+    host packer (they carry a checkpoint's own values), so the bench writes the parts itself."""
+    n, k = w.shape
+    g = w.detach().float().reshape(n, k // 32, 32)
+    if symmetric:
+        d = (g.abs().amax(-1) / 16).clamp_min(1e-8).half()
+        u = (g / d.float()[..., None]).round().add(16).clamp(0, 31)
+        m = None
+    else:
+        lo, hi = g.amin(-1), g.amax(-1)
+        d = ((hi - lo) / 31).clamp_min(1e-8).half()
+        m = lo.half()
+        u = ((g - m.float()[..., None]) / d.float()[..., None]).round().clamp(0, 31)
+    return _core.from_quantized(_core.WeightFormat.int5_gemm, 32,
+                                u.to(torch.int8).reshape(n, k).numpy(), d.numpy(),
+                                None if m is None else m.numpy())
 
 
 # The packed forms measured: int8 per channel and with f16 group scales per 64 (the default w8
@@ -58,6 +78,11 @@ PACKERS: dict[str, Callable[[torch.Tensor], object]] = {
     "w4a8_asym": lambda w: ops.pack_int4_gemm(w, False),
     # GGUF Q4_K's values against the same blocks (int4_super_gemm, 4.625 bits a weight).
     "w4a8_super": lambda w: ops.pack_int4_super_gemm(w),
+    # GGUF Q6_K's values in six bits against the same blocks (int6_super_gemm, 6.5625 bits).
+    "w6a8_super": lambda w: ops.pack_int6_super_gemm(w),
+    # GGUF Q5_0's and Q5_1's forms against the same blocks (int5_gemm: 5.5 and 6 bits).
+    "w5a8_sym": lambda w: q5_1_parts(w, True),
+    "w5a8": lambda w: q5_1_parts(w, False),
 }
 
 

@@ -374,6 +374,25 @@ TEST_P(GemmKernel, Int4BlocksMatchFloat64AndAgreeBitwise) {
         }
 }
 
+// The linear op's call-time answer for weight w over rows x into y: its refusal message, or ""
+// when it takes the call.
+std::string call_refusal(const frt_kernel_table& t, const frt_packed_weight& w, Rows& x, Out& y) {
+  frt_linear_args a{};
+  a.x_dtype = a.y_dtype = FRT_F32;
+  a.m = x.m;
+  a.w = &w;
+  a.x = x.f32.data();
+  a.ldx = x.ld;
+  a.y = y.f32.data();
+  a.ldy = y.ld;
+  for (int32_t i = 0; i < t.n_ops; ++i) {
+    if (t.ops[i].kind != FRT_OP_LINEAR) continue;
+    frt_error err{};
+    return t.ops[i].supports(&a, &err) == FRT_REASON_OK ? "" : std::string(err.message);
+  }
+  return "no linear op";
+}
+
 TEST_P(GemmKernel, Int4RefusesWidthsTheGroupDoesNotDivideAndNonFiniteRowsStayInTheirRow) {
   std::string skip;
   const frt_kernel_table* t = open_gemm(GetParam(), &skip);
@@ -420,21 +439,8 @@ TEST_P(GemmKernel, Int4RefusesWidthsTheGroupDoesNotDivideAndNonFiniteRowsStayInT
   // Call time: a weight claiming f32 scales (the kernel reads f16 only) is refused, not read.
   frt_packed_weight f32_scales = packed.view();
   f32_scales.scale_dtype = FRT_F32;
-  frt_linear_args a{};
-  a.x_dtype = a.y_dtype = FRT_F32;
-  a.m = 3;
-  a.w = &f32_scales;
-  a.x = x.f32.data();
-  a.ldx = x.ld;
-  a.y = y.f32.data();
-  a.ldy = y.ld;
-  const frt_op* linear = nullptr;
-  for (int32_t i = 0; i < t->n_ops; ++i)
-    if (t->ops[i].kind == FRT_OP_LINEAR) linear = &t->ops[i];
-  ASSERT_NE(linear, nullptr);
-  frt_error err{};
-  EXPECT_NE(linear->supports(&a, &err), FRT_REASON_OK);
-  EXPECT_NE(std::string(err.message).find("f16 scales"), std::string::npos) << err.message;
+  const std::string why = call_refusal(*t, f32_scales, x, y);
+  EXPECT_NE(why.find("f16 scales"), std::string::npos) << why;
 }
 
 // W[c][i] read from the int4_super_gemm layout by its definition (frt_kernel_abi.h,
@@ -542,21 +548,8 @@ TEST_P(GemmKernel, Int4SuperRefusesPartialSuperBlocksAndStrayMins) {
   stray.mins = packed.view().scales;
   Rows x(DType::f32, 3, 512, 512, rng, 0.0f);
   Out y(DType::f32, 3, 24);
-  frt_linear_args a{};
-  a.x_dtype = a.y_dtype = FRT_F32;
-  a.m = 3;
-  a.w = &stray;
-  a.x = x.f32.data();
-  a.ldx = x.ld;
-  a.y = y.f32.data();
-  a.ldy = y.ld;
-  const frt_op* linear = nullptr;
-  for (int32_t i = 0; i < t->n_ops; ++i)
-    if (t->ops[i].kind == FRT_OP_LINEAR) linear = &t->ops[i];
-  ASSERT_NE(linear, nullptr);
-  frt_error err{};
-  EXPECT_NE(linear->supports(&a, &err), FRT_REASON_OK);
-  EXPECT_NE(std::string(err.message).find("with mins"), std::string::npos) << err.message;
+  const std::string why = call_refusal(*t, stray, x, y);
+  EXPECT_NE(why.find("with mins"), std::string::npos) << why;
   // Rows of zeros stay exact zeros, a row with an infinity goes NaN alone.
   for (int64_t i = 0; i < 512; ++i) x.f32[i] = 0.0f;
   x.f32[x.ld + 300] = std::numeric_limits<float>::infinity();
@@ -566,6 +559,259 @@ TEST_P(GemmKernel, Int4SuperRefusesPartialSuperBlocksAndStrayMins) {
     EXPECT_TRUE(std::isnan(y.at(1, c))) << c;
     EXPECT_TRUE(std::isfinite(y.at(2, c))) << c;
   }
+}
+
+// W[c][i] read from the int6_super_gemm layout by its definition (frt_kernel_abi.h,
+// FRT_W_INT6_SUPER_GEMM): u from the nibble and its plane's two bits, (u - 32) * (d * sc).
+std::vector<double> dequant_int6_super_gemm(const frt_packed_weight& w) {
+  std::vector<double> out(w.n * w.k);
+  const auto* q = static_cast<const uint8_t*>(w.qdata);
+  const auto* records = static_cast<const uint8_t*>(w.scales);
+  for (int64_t c = 0; c < w.n; ++c) {
+    const int64_t p = c / FRT_PANEL, j = c % FRT_PANEL;
+    for (int64_t i = 0; i < w.k; ++i) {
+      const uint8_t* block = q + (p * (w.k / 32) + i / 32) * FRT_INT6_BLOCK;
+      const int64_t t = (i % 32) / 8, l = i % 4;
+      const bool second = i % 8 >= 4;
+      const int low = (block[64 * t + 4 * j + l] >> (second ? 4 : 0)) & 15;
+      const int top = (block[FRT_INT6_PLANES_AT + (second ? 64 : 0) + 4 * j + l] >> (2 * t)) & 3;
+      const uint8_t* rec =
+          records + (p * (w.k / FRT_SUPER_K) + i / FRT_SUPER_K) * FRT_SUPER8_RECORD;
+      uint16_t d;
+      std::memcpy(&d, rec + 2 * j, 2);
+      const int8_t sc = static_cast<int8_t>(rec[FRT_SUPER8_SC_AT + ((i % 256) / 16) * 16 + j]);
+      out[c * w.k + i] = ((low | top << 4) - 32) * (static_cast<double>(frt_f16_to_f32(d)) * sc);
+    }
+  }
+  return out;
+}
+
+// GGUF Q6_K's values in six bits against activation blocks of 32 (Note [W6A8]): the values
+// PackedLinear::int8_super holds at 6.5625 bits a weight, against float64 for every shape, dtype
+// and bias; bitwise across threads and variants.
+TEST_P(GemmKernel, Int6SuperBlocksMatchFloat64AndAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<Case> cases = {{1, 256, 1},  {3, 512, 17},  {5, 256, 33},
+                                   {4, 768, 16}, {16, 256, 48}, {9, 4096, 20}};
+  for (const Case& c : cases)
+    for (DType xd : {DType::f32, DType::bf16})
+      for (bool with_bias : {false, true}) {
+        std::vector<float> w = random_weight(c.n, c.k, rng);
+        const TensorView wv = TensorView::matrix(w.data(), DType::f32, c.n, c.k, c.k);
+        const PackedLinear packed = PackedLinear::int6_super_gemm(wv);
+        const PackedLinear bytes = PackedLinear::int8_super(wv);
+        ASSERT_EQ(packed.format(), WeightFormat::int6_super_gemm);
+        ASSERT_EQ(packed.view().mins, nullptr);
+        ASSERT_EQ(packed.dequantize(), bytes.dequantize());
+        // Six bits a value where int8_super holds eight, the same records.
+        const int64_t panels = (c.n + 15) / 16;
+        ASSERT_EQ(bytes.nbytes() - packed.nbytes(), panels * c.k * 16 / 4);
+        const std::vector<double> wd = dequant_int6_super_gemm(packed.view());
+        const std::vector<float> same = packed.dequantize();
+        for (size_t i = 0; i < same.size(); ++i) ASSERT_EQ(wd[i], same[i]) << i;
+        std::vector<float> bias(c.n);
+        for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+        Rows x(xd, c.m, c.k, c.k + 3, rng, 0.3f);  // a shift: group sums far from zero
+        expect_blocks_bitwise_and_near(*t, *generic, pool, packed, wd,
+                                       with_bias ? bias.data() : nullptr, x, c, 4e-6);
+      }
+}
+
+TEST_P(GemmKernel, Int6SuperRefusesPartialSuperBlocksOtherGroupsAndStrayMins) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<float> w = random_weight(24, 512, rng);
+  EXPECT_THROW(
+      PackedLinear::int6_super_gemm(TensorView::matrix(w.data(), DType::f32, 24, 288, 288)),
+      InvalidArgument);
+  const TensorView wv = TensorView::matrix(w.data(), DType::f32, 24, 512, 512);
+  const PackedLinear packed = PackedLinear::int6_super_gemm(wv);
+  EXPECT_EQ(PackedLinear::gemm_layout(PackedLinear::int8_super(wv)).dequantize(),
+            packed.dequantize());
+  frt_op_desc d{};
+  d.op = FRT_OP_LINEAR;
+  d.wformat = FRT_W_INT6_SUPER_GEMM;
+  d.n = 24;
+  d.k = 512;
+  d.rows_max = 16;
+  d.group = 16;
+  EXPECT_EQ(form_refusal(*t, d), "");
+  d.group = 32;  // Q6_K's groups are 16
+  EXPECT_NE(form_refusal(*t, d).find("int6_super_gemm weight 24x512 in groups of 32; takes groups "
+                                     "of 16 and k a multiple of 256"),
+            std::string::npos)
+      << form_refusal(*t, d);
+  d.group = 16;
+  d.k = 288;
+  EXPECT_NE(form_refusal(*t, d).find("k a multiple of 256"), std::string::npos);
+  // Call time: a weight claiming mins beside its records is refused, not read.
+  frt_packed_weight stray = packed.view();
+  stray.mins = packed.view().scales;
+  Rows x(DType::f32, 3, 512, 512, rng, 0.0f);
+  Out y(DType::f32, 3, 24);
+  const std::string why = call_refusal(*t, stray, x, y);
+  EXPECT_NE(why.find("int6_super_gemm weight with mins"), std::string::npos) << why;
+  for (int64_t i = 0; i < 512; ++i) x.f32[i] = 0.0f;
+  x.f32[x.ld + 300] = std::numeric_limits<float>::quiet_NaN();
+  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+  for (int64_t c = 0; c < 24; ++c) {
+    EXPECT_EQ(y.at(0, c), 0.0);
+    EXPECT_TRUE(std::isnan(y.at(1, c))) << c;
+    EXPECT_TRUE(std::isfinite(y.at(2, c))) << c;
+  }
+}
+
+// GGUF Q5 parts with random values (u in 0..31, f16 scales and mins, or Q5_K's 6-bit codes under
+// f16 d and dmin) adopted as int5_gemm (symmetric: Q5_0, W = (u - 16) * d; with mins: Q5_1,
+// W = u * d + m) or int5_super_gemm (Q5_K, W = u * d * sc - dmin * m); `want` gets W by those
+// definitions in float64.
+PackedLinear int5_pack(WeightFormat f, bool symmetric, int64_t n, int64_t k, std::mt19937_64& rng,
+                       std::vector<double>& want) {
+  std::vector<int8_t> q(n * k);
+  for (int8_t& v : q) v = static_cast<int8_t>(rng() % 32);
+  const bool super = f == WeightFormat::int5_super_gemm;
+  std::vector<uint16_t> scales(n * k / 32), mins(n * k / 32), d(n * k / 256), dmin(n * k / 256);
+  std::vector<uint8_t> sc(n * k / 32), m(n * k / 32);
+  for (size_t g = 0; g < scales.size(); ++g) {
+    scales[g] = static_cast<uint16_t>(0x2000 + rng() % 0x800);           // 2^-7 .. 2^-6
+    mins[g] = static_cast<uint16_t>(0x8000 | (0x2400 + rng() % 0x800));  // -(2^-6 .. 2^-5)
+    sc[g] = static_cast<uint8_t>(rng() % 64);
+    m[g] = static_cast<uint8_t>(rng() % 64);
+  }
+  for (size_t b = 0; b < d.size(); ++b) {
+    d[b] = static_cast<uint16_t>(0x1400 + rng() % 0x400);
+    dmin[b] = static_cast<uint16_t>(0x1000 + rng() % 0x400);
+  }
+  QuantizedParts parts;
+  parts.format = f;
+  parts.group = 32;
+  parts.n = n;
+  parts.k = k;
+  parts.q = q.data();
+  parts.scale_dtype = DType::f16;
+  if (super) {
+    parts.scales = sc.data();
+    parts.mins = m.data();
+    parts.super_scales = d.data();
+    parts.super_mins = dmin.data();
+  } else {
+    parts.scales = scales.data();
+    parts.mins = symmetric ? nullptr : mins.data();
+  }
+  want.assign(n * k, 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t g = r * (k / 32) + i / 32, b = r * (k / 256) + i / 256;
+      const double u = q[r * k + i];
+      if (super)
+        want[r * k + i] = u * (static_cast<double>(frt_f16_to_f32(d[b])) * sc[g]) -
+                          static_cast<double>(frt_f16_to_f32(dmin[b])) * m[g];
+      else if (symmetric)
+        want[r * k + i] = (u - 16) * frt_f16_to_f32(scales[g]);
+      else
+        want[r * k + i] = u * frt_f16_to_f32(scales[g]) + frt_f16_to_f32(mins[g]);
+    }
+  return PackedLinear::from_quantized(parts);
+}
+
+// GGUF Q5_0, Q5_1 and Q5_K values (the w4a8 tiles with a plane of fifth bits, Note [W4A8]):
+// the pack holds the checkpoint's values (its dequantized rows against their definitions) at
+// 5.5, 6 and 5.625 bits a weight; against float64 for every shape, dtype and bias; bitwise across
+// threads and variants.
+TEST_P(GemmKernel, Int5BlocksMatchFloat64AndAgreeBitwise) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<Case> cases = {{1, 256, 1},  {3, 512, 17},  {5, 256, 33},
+                                   {4, 768, 16}, {16, 256, 48}, {9, 4096, 20}};
+  struct Form {
+    WeightFormat f;
+    bool symmetric;
+    double bits;
+  };
+  for (const Form form :
+       {Form{WeightFormat::int5_gemm, true, 5.5}, Form{WeightFormat::int5_gemm, false, 6.0},
+        Form{WeightFormat::int5_super_gemm, false, 5.625}})
+    for (const Case& c : cases)
+      for (DType xd : {DType::f32, DType::bf16}) {
+        std::vector<double> want;
+        const PackedLinear packed = int5_pack(form.f, form.symmetric, c.n, c.k, rng, want);
+        ASSERT_EQ(packed.format(), form.f);
+        ASSERT_EQ(packed.symmetric(), form.symmetric);
+        const int64_t panels = (c.n + 15) / 16;
+        ASSERT_EQ(packed.nbytes() * 8, static_cast<int64_t>(form.bits * panels * 16 * c.k));
+        const std::vector<float> got = packed.dequantize();
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-6 * (std::fabs(want[i]) + 1e-3)) << i;
+        std::vector<float> bias(c.n);
+        for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+        Rows x(xd, c.m, c.k, c.k + 3, rng, 0.3f);
+        SCOPED_TRACE(packed.form());
+        expect_blocks_bitwise_and_near(*t, *generic, pool, packed, want, bias.data(), x, c, 4e-6);
+      }
+}
+
+TEST_P(GemmKernel, Int5RefusesValuesOutOfRangeWidthsAndGroupsOutsideItsForm) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::mt19937_64 rng(fresh_seed());
+  std::vector<double> want;
+  const PackedLinear packed = int5_pack(WeightFormat::int5_gemm, true, 24, 96, rng, want);
+  EXPECT_EQ(packed.form(), "int5 g32 symmetric f16 scales, activations int8 per 32");
+  std::vector<int8_t> q(24 * 96, 32);  // one past 5 bits
+  std::vector<uint16_t> scales(24 * 3, 0x2000);
+  QuantizedParts parts;
+  parts.format = WeightFormat::int5_gemm;
+  parts.group = 32;
+  parts.n = 24;
+  parts.k = 96;
+  parts.q = q.data();
+  parts.scale_dtype = DType::f16;
+  parts.scales = scales.data();
+  try {
+    PackedLinear::from_quantized(parts);
+    FAIL() << "adopted a value of 32";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("outside int5's 0..31"), std::string::npos) << e.what();
+  }
+  parts.group = 16;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  parts.format = WeightFormat::int5_super_gemm;  // no codes or super scales
+  parts.group = 32;
+  EXPECT_THROW(PackedLinear::from_quantized(parts), InvalidArgument);
+  frt_op_desc d{};
+  d.op = FRT_OP_LINEAR;
+  d.wformat = FRT_W_INT5_GEMM;
+  d.n = 24;
+  d.k = 96;
+  d.rows_max = 16;
+  d.group = 32;
+  EXPECT_EQ(form_refusal(*t, d), "");
+  d.wformat = FRT_W_INT5_SUPER_GEMM;
+  EXPECT_NE(form_refusal(*t, d).find("int5_super_gemm weight 24x96 in groups of 32; takes groups "
+                                     "of 32 and k a multiple of 256"),
+            std::string::npos)
+      << form_refusal(*t, d);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kIsas));

@@ -29,17 +29,31 @@ namespace {
 using namespace ktest;  // the kernel tests' shared helpers (kernel_test_util.h, moe_test_util.h)
 
 // The bank forms under test: int8_gemm with activation blocks of 32, int4_gemm symmetric and
-// with mins.
-enum class BankForm { int8, int4_sym, int4_asym };
-const std::vector<BankForm> kForms = {BankForm::int8, BankForm::int4_sym, BankForm::int4_asym};
+// with mins, and GGUF Q4_K's and Q6_K's values (int4_super_gemm, int6_super_gemm).
+enum class BankForm { int8, int4_sym, int4_asym, int4_super, int6_super };
+const std::vector<BankForm> kForms = {BankForm::int8, BankForm::int4_sym, BankForm::int4_asym,
+                                      BankForm::int4_super, BankForm::int6_super};
 
 const char* form_name(BankForm f) {
-  return f == BankForm::int8 ? "int8_gemm" : f == BankForm::int4_sym ? "int4_gemm" : "int4_asym";
+  switch (f) {
+    case BankForm::int8:
+      return "int8_gemm";
+    case BankForm::int4_sym:
+      return "int4_gemm";
+    case BankForm::int4_asym:
+      return "int4_asym";
+    case BankForm::int4_super:
+      return "int4_super_gemm";
+    default:
+      return "int6_super_gemm";
+  }
 }
 
 PackedLinear pack_gemm(BankForm f, std::vector<float>& w, int64_t n, int64_t k) {
   const TensorView v = TensorView::matrix(w.data(), DType::f32, n, k, k);
   if (f == BankForm::int8) return PackedLinear::int8_gemm(v, /*act_block=*/32);
+  if (f == BankForm::int4_super) return PackedLinear::int4_super_gemm(v);
+  if (f == BankForm::int6_super) return PackedLinear::int6_super_gemm(v);
   return PackedLinear::int4_gemm(v, f == BankForm::int4_sym);
 }
 
@@ -146,8 +160,10 @@ void expect_matches_reference(const Bank& b, Activation act, const Route& rt, co
   }
 }
 
-// Widths per form: int8 takes any widths (partial blocks, panel tails), int4 multiples of 32.
+// Widths per form: int8 takes any widths (partial blocks, panel tails), int4 multiples of 32,
+// the super-block forms of 256.
 Widths widths_for(BankForm f) {
+  if (f == BankForm::int4_super || f == BankForm::int6_super) return Widths{256, 512, 100};
   return f == BankForm::int8 ? Widths{120, 100, 75} : Widths{128, 192, 100};
 }
 

@@ -57,6 +57,13 @@ def pack_int4_super_gemm(weight: torch.Tensor) -> PackedLinear:
     return _core.pack_int4_super_gemm(weight.detach())
 
 
+def pack_int6_super_gemm(weight: torch.Tensor) -> PackedLinear:
+    """pack_int8_super's values (GGUF Q6_K's form, -32..31) in six bits, laid out for flashrt/gemm's
+    integer dot products against activation blocks of 32: 6.5625 bits a weight. k must be a
+    multiple of 256."""
+    return _core.pack_int6_super_gemm(weight.detach())
+
+
 def pack_int8_super(weight: torch.Tensor) -> PackedLinear:
     """Weight-only int8 in super-blocks of 256 (GGUF Q6_K's form): a symmetric 6-bit grid per
     group of 16 inputs whose scale is an int8 code under the super-block's f16 d."""
@@ -78,8 +85,8 @@ def linear(
     threads: int = 0,
 ) -> torch.Tensor:
     """y = x @ dequant(w).T (+ bias) for x [m, k] with 1 <= m <= 16 (flashrt/linear), or any
-    m for a pack_int8_gemm / pack_int4_gemm weight (flashrt/gemm, activations quantized at run
-    time)."""
+    m for a pack_int8_gemm / pack_int4_gemm / pack_int4_super_gemm / pack_int6_super_gemm
+    weight (flashrt/gemm, activations quantized at run time)."""
     y = _out(x, w.n, out)
     b = None if bias is None else bias.detach()
     _core.linear(x.detach(), w, b, y, threads)

@@ -43,7 +43,9 @@ void check_parts_shape(const ScaleArray& a, int64_t n, int64_t groups, const cha
 void super_parts(QuantizedParts& parts, const ScaleArray& codes,
                  const std::optional<ScaleArray>& mins, const std::optional<ScaleArray>& d,
                  const std::optional<ScaleArray>& dmin) {
-  const bool int4 = parts.format != WeightFormat::int8_super;
+  const bool int4 = parts.format == WeightFormat::int4_super ||
+                    parts.format == WeightFormat::int4_super_gemm ||
+                    parts.format == WeightFormat::int5_super_gemm;
   const std::string form = name_of(parts.format);
   if (!d || int4 != mins.has_value() || int4 != dmin.has_value())
     throw InvalidArgument("adopt: " + form +
@@ -150,6 +152,14 @@ void bind_quant(nb::module_& m) {
       },
       nb::arg("weight"));
   m.def(
+      "pack_int6_super_gemm",
+      [](nb::handle w) {
+        const TensorView v = view_of(w, "weight");
+        nb::gil_scoped_release release;
+        return PackedLinear::int6_super_gemm(v);
+      },
+      nb::arg("weight"));
+  m.def(
       "pack_int4",
       [](nb::handle w, int group, bool symmetric, const std::string& scales) {
         const TensorView v = view_of(w, "weight");
@@ -178,7 +188,8 @@ void bind_quant(nb::module_& m) {
         }
         if (super_scales || super_mins)
           throw InvalidArgument(
-              "adopt: super scales belong to int4_super, int8_super and int4_super_gemm");
+              "adopt: super scales belong to the super-block forms (int4_super, int8_super and "
+              "their gemm layouts)");
         parts.scale_dtype = array_dtype(scales);
         parts.scales = scales.data();
         const int64_t groups =

@@ -36,7 +36,8 @@ _BANK = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps")
 
 
 def _k_quant_blocks(rows: np.ndarray, qt) -> np.ndarray:
-    """Q4_K or Q6_K blocks for `rows` [..., k] (k a multiple of 256), which gguf has no quantiser
+    """Q4_K, Q5_K, Q6_K or Q2_K blocks for `rows` [..., k] (k a multiple of 256), which gguf has no
+    quantiser
     for: random valid super-blocks (any bytes with finite f16 scales are one) scaled to each
     row's magnitude, so the file's dequantised weights are in the host's range."""
     lead, k = rows.shape[:-1], rows.shape[-1]
@@ -51,6 +52,12 @@ def _k_quant_blocks(rows: np.ndarray, qt) -> np.ndarray:
     elif qt == gguf.GGMLQuantizationType.Q6_K:  # W = d*sc*q, |W| <= amax
         blocks = rng.integers(0, 256, size=(*lead, k // 256, 210), dtype=np.uint8)
         blocks[..., 208:210] = f16(amax / (128 * 32))
+    elif qt == gguf.GGMLQuantizationType.Q5_K:  # W = d*sc*q - dmin*m, q of 5 bits
+        blocks = rng.integers(0, 256, size=(*lead, k // 256, 176), dtype=np.uint8)
+        blocks[..., 0:2], blocks[..., 2:4] = f16(amax / (31 * 63)), f16(amax / (63 * 2))
+    elif qt == gguf.GGMLQuantizationType.Q2_K:  # d and dmin last: W = d*sc*q - dmin*m
+        blocks = rng.integers(0, 256, size=(*lead, k // 256, 84), dtype=np.uint8)
+        blocks[..., 80:82], blocks[..., 82:84] = f16(amax / (3 * 15)), f16(amax / (15 * 2))
     else:
         raise NotImplementedError(f"no test blocks for {qt.name}")
     return blocks.reshape(*lead, k // 256 * blocks.shape[-1])

@@ -47,11 +47,12 @@ def test_a_gguf_file_adopts_exactly_and_computes_what_the_host_does(tmp_path, ma
     hosts.computes_then_detaches(report, model, x, want, 0.99999)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q5_0", "Q5_1", "Q5_K"])
 def test_int8_activations_seat_the_int4_blocks_in_their_integer_dot_forms(tmp_path, qtype):
     """activations="int8": the same blocks laid out for flashrt/gemm's integer dot products
-    (Q4_0/Q4_1 as int4_gemm, Q4_K as int4_super_gemm), the conversion still exact, the plan
-    naming the activations' form; the model computes near the host and detaches bit for bit."""
+    (Q4_0/Q4_1 as int4_gemm, Q4_K as int4_super_gemm, Q6_K as int6_super_gemm, Q5_0/Q5_1 as
+    int5_gemm, Q5_K as int5_super_gemm), the conversion still exact, the plan naming the
+    activations' form; the model computes near the host and detaches bit for bit."""
     model = hosts.qwen3()
     path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
     x = hosts.ids(3)
@@ -60,12 +61,18 @@ def test_int8_activations_seat_the_int4_blocks_in_their_integer_dot_forms(tmp_pa
     report = S.adopt_prequantized(model, "gguf", path, activations="int8")
     text = S.explain(report)
     assert not report.plan.refused, text
-    assert report.conversion and report.worst_conversion <= (0.0 if qtype == "Q4_K" else 1e-6)
+    exact = qtype in ("Q4_K", "Q6_K", "Q5_0", "Q5_K")
+    assert report.conversion and report.worst_conversion <= (0.0 if exact else 1e-6)
     forms = set(report.forms.values())
     assert forms and all(f.endswith("activations int8 per 32") for f in forms), forms
     if qtype == "Q4_K":
         assert forms == {"int4 g32 in super-blocks of 256, 6-bit scale and min codes under f16 "
                          "scales, activations int8 per 32"}, forms
+    if qtype == "Q6_K":  # the file's six bits a value
+        assert forms == {"int6 g16 in super-blocks of 256, int8 scale codes under f16 scales, "
+                         "activations int8 per 32"}, forms
+    if qtype.startswith("Q5"):  # five bits a value
+        assert all(f.startswith("int5 g32") for f in forms), forms
     seats = {sp.site: sp for sp in report.plan.seats}
     # The gated feed-forward's projections one by one on flashrt/gemm (the fused op reads no
     # integer-dot form).
@@ -76,20 +83,46 @@ def test_int8_activations_seat_the_int4_blocks_in_their_integer_dot_forms(tmp_pa
 
 
 def test_int8_activations_keep_the_weight_only_forms_of_the_other_block_types(tmp_path):
-    """A Q4_K_M-like mix under activations="int8": Q4_K projections take int4_super_gemm, the
-    Q6_K ones stay int8_super (no integer-dot form), each named in the report."""
+    """A mix under activations="int8": Q4_K and Q6_K projections take their integer-dot forms,
+    a Q8_0 one stays int8 g32 (no integer-dot form) beside them in the same region, seated on
+    flashrt/linear while its siblings run on flashrt/gemm, each named in the report."""
     model = hosts.qwen3()
-    mix = {"*": "Q4_K", "output.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K"}
+    mix = {"*": "Q4_K", "output.weight": "Q6_K", "blk.0.ffn_down.weight": "Q8_0"}
     report = S.adopt_prequantized(model, "gguf", gguf_files.write(model, tmp_path / "m.gguf", mix),
                                   activations="int8")
     try:
-        assert not report.plan.refused and report.worst_conversion == 0.0, S.explain(report)
-        assert report.forms["lm_head"].startswith("int8 g16 in super"), report.forms
-        assert report.forms["model.layers.0.mlp.down_proj"].startswith("int8 g16 in super")
+        assert not report.plan.refused, S.explain(report)
+        assert report.forms["lm_head"].startswith("int6 g16 in super"), report.forms
+        assert report.forms["model.layers.0.mlp.down_proj"] == "int8 g32 f16 scales"
+        assert report.worst_conversion <= 1e-6
         assert report.forms["model.layers.1.mlp.down_proj"].endswith("activations int8 per 32")
+        seats = {sp.site: sp for sp in report.plan.seats}
+        assert seats["model.layers.0.mlp.gate_proj"].package == "flashrt/gemm"
+        assert seats["model.layers.0.mlp.down_proj"].package == "flashrt/linear"
+        # gate passed flashrt/linear's per-node rung, which does not read its form, on its way.
+        gate = seats["model.layers.0.mlp.gate_proj"]
+        assert "ffn_as_projections_q4_k_a8: linear" in gate.ladder[-1], gate.ladder
         assert report.forms["model.layers.0.self_attn.q_proj"].endswith("activations int8 per 32")
     finally:
         report.handle.detach()
+
+
+def test_a_block_type_no_form_reads_is_refused_by_name_with_int8_activations_too(tmp_path):
+    """Q2_K has no form at all: refused by name per tensor under int8 activations as under the
+    host's, the rest of the file adopted."""
+    qtype = {"*": "Q4_K", "blk.0.ffn_down.weight": "Q2_K"}
+    model = hosts.qwen3()
+    path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
+    report = S.adopt_prequantized(model, "gguf", path, activations="int8")
+    try:
+        refused = dict(report.plan.refused)
+        why = refused.get("model.layers.0.mlp.down_proj") or refused.get("model.layers.0.mlp")
+        assert why and "blk.0.ffn_down.weight is Q2_K blocks; adoptable:" in why, S.explain(report)
+        assert "Q5_K" in why and "Q2_K (" not in why, why
+        assert report.forms["model.layers.1.mlp.down_proj"].endswith("activations int8 per 32")
+    finally:
+        if report.handle is not None:
+            report.handle.detach()
 
 
 def test_activations_outside_the_readers_forms_are_clear_errors(tmp_path):
@@ -139,7 +172,9 @@ def test_a_block_type_no_kernel_reads_is_refused_by_name_per_tensor(tmp_path):
     with gguf_files.adopted(hosts.qwen3(), tmp_path, qtype) as report:
         refused = dict(report.plan.refused)
         assert "model.layers.0.mlp" in refused, S.explain(report)
-        assert "blk.0.ffn_down.weight is Q5_1 blocks" in refused["model.layers.0.mlp"]
+        why = refused["model.layers.0.mlp"]
+        assert "blk.0.ffn_down.weight is Q5_1 blocks" in why, why
+        assert "adopted with activations='int8' (int5_gemm)" in why, why
         seated = {sp.site for sp in report.plan.seats}
         assert "model.layers.1.mlp" in seated  # the other layer's blocks are adopted
 

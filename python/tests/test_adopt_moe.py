@@ -77,6 +77,30 @@ def test_a_gguf_moe_file_seats_every_bank_with_its_own_blocks(tmp_path, make, qt
     assert hosts.same_weights(model, snap)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_K", "Q4_0"])
+def test_int8_activations_seat_k_quant_banks_on_the_integer_dot_bank(tmp_path, qtype):
+    """activations="int8": a K-quant (or Q4_0) file's banks are one gemm_moe seat each in the
+    integer-dot form of their blocks (int4_super_gemm, int6_super_gemm, int4_gemm), the
+    conversion still exact, computing near the host; the host's weights untouched."""
+    model = qwen3_moe_wide()
+    path = gguf_files.write(model, tmp_path / "m.gguf", qtype)
+    snap = hosts.snapshot(model)
+    x = hosts.ids(4, seed=3)
+    with torch.no_grad():
+        want = model(x).logits
+    report = S.adopt_prequantized(model, "gguf", path, activations="int8")
+    text = S.explain(report)
+    seated = banks(report)
+    assert len(seated) == model.config.num_hidden_layers, text
+    for site, sp in seated.items():
+        assert sp.impl == f"gemm_moe_{qtype.lower()}_a8", text
+        assert sp.form.describe().endswith("activations int8 per 32"), text
+        for op in ("gate", "up", "down"):
+            assert report.conversion[f"{site}/{op}"] <= (0.0 if qtype != "Q4_0" else 1e-6)
+    hosts.computes_then_detaches(report, model, x, want, 0.999)
+    assert hosts.same_weights(model, snap)
+
+
 def test_a_bank_tensor_in_a_block_type_no_kernel_reads_is_refused_by_name(tmp_path):
     qtype = {"*": "Q8_0", "blk.0.ffn_down_exps.weight": "Q5_1"}
     with gguf_files.adopted(moe_hosts.qwen3_moe(), tmp_path, qtype) as report:

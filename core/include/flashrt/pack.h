@@ -36,8 +36,8 @@ struct QuantizedParts {
   // int4_super (GGUF Q4_K, group 32): scales and mins are uint8 codes 0..63 [n][k / 32] under
   // f16 super scales d and dmin [n][k / 256]; W = q * (d * sc) - dmin * m. int8_super (GGUF
   // Q6_K, group 16): scales are int8 codes [n][k / 16] under f16 d [n][k / 256], no mins;
-  // W = q * (d * sc). int4_gemm and int4_super_gemm take the parts of int4_group (group 32, f16)
-  // and int4_super, laid out for the GEMM.
+  // W = q * (d * sc). int4_gemm, int4_super_gemm and int6_super_gemm take the parts of
+  // int4_group (group 32, f16), int4_super and int8_super, laid out for the GEMM.
   const uint16_t* super_scales = nullptr;
   const uint16_t* super_mins = nullptr;
 };
@@ -80,9 +80,18 @@ class PackedLinear {
   // int4_super's values (GGUF Q4_K's form) in the same layout (FRT_W_INT4_SUPER_GEMM): the
   // values PackedLinear::int4_super(weight) holds, activations per block of 32.
   static PackedLinear int4_super_gemm(const TensorView& weight);
-  // An int4 g32 pack with f16 scales, or an int4_super pack, laid out for the GEMM (int4_gemm,
-  // int4_super_gemm): the same values. Throws InvalidArgument for any other pack.
-  static PackedLinear gemm_layout(const PackedLinear& int4_pack);
+  // int8_super's values (GGUF Q6_K's form, -32..31) in six bits for the same GEMM
+  // (FRT_W_INT6_SUPER_GEMM): the values PackedLinear::int8_super(weight) holds, 6.5625 bits a
+  // weight.
+  static PackedLinear int6_super_gemm(const TensorView& weight);
+  // An int4 g32 pack with f16 scales, an int4_super or an int8_super pack, laid out for the GEMM
+  // (int4_gemm, int4_super_gemm, int6_super_gemm): the same values. Throws InvalidArgument for
+  // any other pack.
+  static PackedLinear gemm_layout(const PackedLinear& pack);
+  // GGUF Q5 values (u = low | fifth << 4 in [0, 31]) for the GEMM: `low` an int4 g32 f16 pack
+  // of the low nibbles with the checkpoint's scales and mins (int5_gemm; symmetric drops the
+  // mins, W = (u - 16) * s) or an int4_super pack of them (int5_super_gemm), fifth [n][k] 0/1.
+  static PackedLinear int5_layout(const PackedLinear& low, const uint8_t* fifth, bool symmetric);
 
   const frt_packed_weight& view() const { return view_; }
   const PackStats& stats() const { return stats_; }

@@ -37,6 +37,9 @@ enum class WeightFormat : int32_t {
   int8_gemm = FRT_W_INT8_GEMM,    // the w8a8 GEMM's layout (activations quantized per row)
   int4_gemm = FRT_W_INT4_GEMM,    // int4 g32 for the same GEMM (activations per block of 32)
   int4_super_gemm = FRT_W_INT4_SUPER_GEMM,  // int4_super's values laid out as int4_gemm
+  int6_super_gemm = FRT_W_INT6_SUPER_GEMM,  // int8_super's (Q6_K's) values in 6 bits, the same
+  int5_gemm = FRT_W_INT5_GEMM,              // GGUF Q5_0 / Q5_1: 5-bit values in groups of 32
+  int5_super_gemm = FRT_W_INT5_SUPER_GEMM,  // GGUF Q5_K: 5-bit values under int4_super's records
 };
 // How plans and packs describe int4_super (the same words on both sides, so an adopted pack is
 // recognised as the form the plan seats).
@@ -47,9 +50,19 @@ inline constexpr const char* kInt8SuperForm =
 inline constexpr const char* kInt4SuperGemmForm =
     "int4 g32 in super-blocks of 256, 6-bit scale and min codes under f16 scales, activations "
     "int8 per 32";
+inline constexpr const char* kInt6SuperGemmForm =
+    "int6 g16 in super-blocks of 256, int8 scale codes under f16 scales, activations int8 per 32";
+inline constexpr const char* kInt5SuperGemmForm =
+    "int5 g32 in super-blocks of 256, 6-bit scale and min codes under f16 scales, activations "
+    "int8 per 32";
 inline bool is_super_format(WeightFormat f) {
   return f == WeightFormat::int4_super || f == WeightFormat::int8_super ||
-         f == WeightFormat::int4_super_gemm;
+         f == WeightFormat::int4_super_gemm || f == WeightFormat::int6_super_gemm ||
+         f == WeightFormat::int5_super_gemm;
+}
+// The forms only a checkpoint's own values arrive in (from_quantized): no host packer.
+inline bool adopted_only_format(WeightFormat f) {
+  return f == WeightFormat::int5_gemm || f == WeightFormat::int5_super_gemm;
 }
 // The multiple every input width of a group form must be: its group, or int4_super's
 // super-block of 256.
@@ -58,7 +71,7 @@ inline int64_t width_multiple(WeightFormat f, int group) {
 }
 inline bool is_group_format(WeightFormat f) {
   return f == WeightFormat::int4_group || f == WeightFormat::int8_group ||
-         f == WeightFormat::int4_gemm || is_super_format(f);
+         f == WeightFormat::int4_gemm || f == WeightFormat::int5_gemm || is_super_format(f);
 }
 
 // The ops kernel packages own (frt_op_kind).

@@ -57,8 +57,10 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
     const int64_t g = f.integer(f.require(node, field, "group"), child(field, "group"));
     // The GEMM's int4 groups are its activation blocks too (frt_kernel_abi.h, FRT_W_INT4_GEMM);
     // the super-block forms' groups are Q4_K's and Q6_K's sub-blocks. All keep f16 scales.
-    const bool gemm = w.format == WeightFormat::int4_gemm || is_super_format(w.format);
-    const int fixed = w.format == WeightFormat::int8_super ? 16 : 32;
+    const bool gemm = w.format == WeightFormat::int4_gemm || w.format == WeightFormat::int5_gemm ||
+                      is_super_format(w.format);
+    const int fixed =
+        w.format == WeightFormat::int8_super || w.format == WeightFormat::int6_super_gemm ? 16 : 32;
     if (gemm ? g != fixed : (g != 32 && g != 64 && g != 128))
       f.fail(child(field, "group"),
              gemm ? "not in {" + std::to_string(fixed) + "}" : "not in {32, 64, 128}");
@@ -74,7 +76,7 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   } else if (node["group"] || node["scales"]) {
     f.fail(field,
            "group and scales belong to the group forms (int8_group, int4_group, int4_gemm, "
-           "int4_super, int8_super, int4_super_gemm)");
+           "int4_super, int8_super and the gemm forms)");
   }
   if (const YAML::Node block = node["act_block"]) {
     // The int8_gemm layout's activation blocks travel in the ABI's group field (Note [W8A8
@@ -87,7 +89,8 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
     w.group = 32;
   }
   if (const YAML::Node sym = node["symmetric"]) {
-    if (w.format != WeightFormat::int4_group && w.format != WeightFormat::int4_gemm)
+    if (w.format != WeightFormat::int4_group && w.format != WeightFormat::int4_gemm &&
+        w.format != WeightFormat::int5_gemm)
       f.fail(child(field, "symmetric"), "belongs to int4 forms with a min or a zero point");
     w.symmetric = f.boolean(sym, child(field, "symmetric"));
   }
@@ -432,6 +435,11 @@ std::string WeightForm::describe() const {
   if (format == WeightFormat::int4_super) return kInt4SuperForm;
   if (format == WeightFormat::int8_super) return kInt8SuperForm;
   if (format == WeightFormat::int4_super_gemm) return kInt4SuperGemmForm;
+  if (format == WeightFormat::int6_super_gemm) return kInt6SuperGemmForm;
+  if (format == WeightFormat::int5_super_gemm) return kInt5SuperGemmForm;
+  if (format == WeightFormat::int5_gemm)
+    return std::string("int5 g32") + (symmetric ? " symmetric" : " asymmetric") + scales +
+           ", activations int8 per 32";
   return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;
 }
 

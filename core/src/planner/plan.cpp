@@ -595,23 +595,29 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       std::string why;
       for (size_t i = 0; i < cs.size() && why.empty(); ++i) {
         why = form_refusal(*table, cs[i].desc);
+        if (why.empty() || !mixed_source || !rung.per_node) continue;
         // A region the checkpoint holds in different forms, seated per node: a projection this
         // rung's package does not take goes to the first later per-node rung that takes its
         // form (a Q4_K_M layer's int8-activation gate and up on flashrt/gemm, its Q6_K down on
-        // flashrt/linear).
-        for (size_t r = 0; mixed_source && rung.per_node && !why.empty(); ++r) {
-          const std::vector<Rung>& ladder = catalog.ladder(seam.structure);
-          const auto at = std::find_if(ladder.begin(), ladder.end(),
-                                       [&](const Rung& x) { return &x == &rung; });
-          if (at == ladder.end() || at + 1 + static_cast<ptrdiff_t>(r) >= ladder.end()) break;
-          const Rung& other = *(at + 1 + static_cast<ptrdiff_t>(r));
-          if (!other.per_node || other.op != OpKind::linear) continue;
-          const PackageResolution& res = hub.resolve(other.package);
-          if (res.table == nullptr) continue;
+        // flashrt/linear), with the rungs it passed on its own ladder.
+        const std::vector<Rung>& ladder = catalog.ladder(seam.structure);
+        auto later =
+            std::find_if(ladder.begin(), ladder.end(), [&](const Rung& x) { return &x == &rung; });
+        if (later == ladder.end()) continue;
+        std::vector<std::string> passed{cs[i].seat.impl + ": " + why};
+        for (++later; later < ladder.end() && !why.empty(); ++later) {
+          if (!later->per_node || later->op != OpKind::linear) continue;
           std::vector<Candidate> alt =
-              candidates(graph, spec, seam, other, form, act, *band, options);
-          if (alt.size() != cs.size() || !form_refusal(*res.table, alt[i].desc).empty()) continue;
-          alt[i].seat.ladder.push_back(cs[i].seat.impl + ": " + why);
+              candidates(graph, spec, seam, *later, form, act, *band, options);
+          if (alt.size() != cs.size() || alt[i].seat.site != cs[i].seat.site) continue;
+          const frt_kernel_table* other =
+              rung_table(hub, *later, alt[i].seat.impl, passed, unavailable_noted, p);
+          if (other == nullptr) continue;
+          if (std::string no = form_refusal(*other, alt[i].desc); !no.empty()) {
+            passed.push_back(alt[i].seat.impl + ": " + no);
+            continue;
+          }
+          alt[i].seat.ladder = std::move(passed);
           cs[i] = std::move(alt[i]);
           why.clear();
         }

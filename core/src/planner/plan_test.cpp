@@ -774,6 +774,47 @@ const SeatPlan* seat_at(const Plan& p, const std::string& site) {
   return nullptr;
 }
 
+// A region the checkpoint holds in two forms that no one package takes both of: seated per
+// projection, each on the first per-node rung whose package takes its own form (GGUF Q4_K with
+// int8 activations on flashrt/gemm beside a Q5_0 down, int8 g32, on flashrt/linear), each seat's
+// ladder naming the rung it passed.
+TEST(Plan, AMixedFormRegionIsSeatedPerProjectionAcrossPackages) {
+  WeightForm q4k = source_form("gguf_q4_k_a8", WeightFormat::int4_super_gemm, false);
+  const WeightForm q5 = source_form("gguf_q5_0", WeightFormat::int8_group, true);
+  PlanOptions o;
+  o.source = "gguf";
+  o.structures = {"decoder_ffn"};
+  o.source_forms["layers.0.mlp.gate_proj"] = q4k;
+  o.source_forms["layers.0.mlp.up_proj"] = q4k;
+  o.source_forms["layers.0.mlp.down_proj"] = q5;
+  const Plan p = plan(decoder(1).g, catalog(), o, hub());
+  ASSERT_TRUE(p.refused.empty()) << explain(p);
+  for (const char* proj : {"gate_proj", "up_proj"}) {
+    const SeatPlan* s = seat_at(p, std::string("layers.0.mlp.") + proj);
+    ASSERT_NE(s, nullptr) << explain(p);
+    EXPECT_EQ(s->package, "flashrt/gemm");
+    EXPECT_EQ(s->impl, "gemm_as_projections_gguf_q4_k_a8");
+    ASSERT_FALSE(s->ladder.empty());
+    EXPECT_NE(s->ladder.back().find("ffn_as_projections_gguf_q4_k_a8: linear"), std::string::npos)
+        << s->ladder.back();
+  }
+  const SeatPlan* down = seat_at(p, "layers.0.mlp.down_proj");
+  ASSERT_NE(down, nullptr) << explain(p);
+  EXPECT_EQ(down->package, "flashrt/linear");
+  EXPECT_EQ(down->impl, "ffn_as_projections_gguf_q5_0");
+  // A projection in a form no per-node rung's package takes (int8_gemm in blocks of 48) leaves
+  // the region refused, the reason naming each rung.
+  q4k.format = WeightFormat::int8_gemm;
+  q4k.group = 48;
+  o.source_forms["layers.0.mlp.gate_proj"] = q4k;
+  const Plan r = plan(decoder(1).g, catalog(), o, hub());
+  ASSERT_EQ(r.refused.size(), 1u) << explain(r);
+  EXPECT_NE(r.refused[0].second.find("ffn_as_projections_gguf_q4_k_a8: linear"), std::string::npos)
+      << r.refused[0].second;
+  EXPECT_NE(r.refused[0].second.find("gemm_as_projections_gguf_q4_k_a8: gemm"), std::string::npos)
+      << r.refused[0].second;
+}
+
 TEST(Plan, AnAdoptedBankTakesItsSourceFormAndAMixedFormBankIsRefused) {
   const WeightForm q8 = source_form("gguf_q8_0", WeightFormat::int8_group, true);
   const WeightForm q4 = source_form("gguf_q4_0", WeightFormat::int4_group, true);

@@ -208,7 +208,8 @@ WeightFormat PackedLinear::format() const { return static_cast<WeightFormat>(vie
 
 int64_t PackedLinear::nbytes() const {
   const bool two = view_.format == FRT_W_INT4_GROUP || view_.format == FRT_W_INT8_GEMM ||
-                   (view_.format == FRT_W_INT4_GEMM && view_.mins != nullptr);
+                   ((view_.format == FRT_W_INT4_GEMM || view_.format == FRT_W_INT5_GEMM) &&
+                    view_.mins != nullptr);
   return qbytes_ + scale_buffer_bytes() * (two ? 2 : 1);  // scales, and mins or column sums
 }
 
@@ -257,6 +258,11 @@ std::string PackedLinear::form() const {
   if (view_.format == FRT_W_INT4_SUPER) return kInt4SuperForm;
   if (view_.format == FRT_W_INT8_SUPER) return kInt8SuperForm;
   if (view_.format == FRT_W_INT4_SUPER_GEMM) return kInt4SuperGemmForm;
+  if (view_.format == FRT_W_INT6_SUPER_GEMM) return kInt6SuperGemmForm;
+  if (view_.format == FRT_W_INT5_SUPER_GEMM) return kInt5SuperGemmForm;
+  if (view_.format == FRT_W_INT5_GEMM)
+    return std::string("int5 g32") + (symmetric_ ? " symmetric" : " asymmetric") + scales +
+           ", activations int8 per 32";
   if (view_.format == FRT_W_INT4_GEMM)
     return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
            scales + ", w4a8 gemm, activations per " + std::to_string(view_.group);
@@ -446,15 +452,16 @@ std::string shape_of(const QuantizedParts& in) {
 
 // What a Q4_K or Q6_K checkpoint's parts must hold before anything is allocated for them.
 void check_super_parts(const QuantizedParts& in) {
-  if ((in.format == WeightFormat::int4_super || in.format == WeightFormat::int4_super_gemm) &&
+  if ((in.format == WeightFormat::int4_super || in.format == WeightFormat::int4_super_gemm ||
+       in.format == WeightFormat::int5_super_gemm) &&
       (in.group != 32 || in.scale_dtype != DType::f16 || in.mins == nullptr ||
        in.super_scales == nullptr || in.super_mins == nullptr))
     throw InvalidArgument("adopt: " + std::string(name_of(in.format)) + " " + shape_of(in) +
                           " takes group 32, uint8 scale and min codes and f16 d and dmin");
-  if (in.format == WeightFormat::int8_super &&
+  if ((in.format == WeightFormat::int8_super || in.format == WeightFormat::int6_super_gemm) &&
       (in.group != 16 || in.scale_dtype != DType::f16 || in.mins != nullptr ||
        in.super_scales == nullptr || in.super_mins != nullptr))
-    throw InvalidArgument("adopt: int8_super " + shape_of(in) +
+    throw InvalidArgument("adopt: " + std::string(name_of(in.format)) + " " + shape_of(in) +
                           " takes group 16, int8 scale codes and f16 d, no mins");
   check_super_width(in.k, "adopted " + std::string(name_of(in.format)) + " weight " + shape_of(in));
 }
@@ -519,20 +526,61 @@ void adopt_super(const QuantizedParts& in, uint8_t* q, void* scales) {
 
 }  // namespace
 
+namespace {
+
+// GGUF Q5_0 / Q5_1 (int5_gemm: scales, and mins unless symmetric) and Q5_K (int5_super_gemm:
+// int4_super's codes) parts: values 0..31 split into the low nibbles, adopted as the int4 form
+// of the same scales, and the fifth bits, laid out together (PackedLinear::int5_layout).
+PackedLinear adopt_int5(const QuantizedParts& in) {
+  const bool super = in.format == WeightFormat::int5_super_gemm;
+  if (super) {
+    check_super_parts(in);
+  } else if (in.group != 32 || in.scale_dtype != DType::f16 || in.k % 32 != 0) {
+    throw InvalidArgument("adopt: int5_gemm " + shape_of(in) +
+                          " takes group 32 dividing k and f16 scales (and mins)");
+  }
+  const int64_t n = in.n, k = in.k;
+  std::vector<int8_t> low(static_cast<size_t>(n * k));
+  std::vector<uint8_t> fifth(static_cast<size_t>(n * k));
+  for (int64_t i = 0; i < n * k; ++i) {
+    const int v = in.q[i];
+    if (v < 0 || v > 31)
+      throw InvalidArgument("adopt: value " + std::to_string(v) + " at [" + std::to_string(i / k) +
+                            ", " + std::to_string(i % k) + "] is outside int5's 0..31");
+    low[i] = static_cast<int8_t>(v & 15);
+    fifth[i] = static_cast<uint8_t>(v >> 4);
+  }
+  QuantizedParts base = in;
+  base.q = low.data();
+  base.format = super ? WeightFormat::int4_super : WeightFormat::int4_group;
+  // Q5_0 has no mins: W = (u - 16) * s. The int4 form of its nibbles takes mins, which the
+  // symmetric layout drops again; the scales serve (finite, checked there).
+  const bool symmetric = !super && in.mins == nullptr;
+  if (symmetric) base.mins = in.scales;
+  return PackedLinear::int5_layout(PackedLinear::from_quantized(base), fifth.data(), symmetric);
+}
+
+}  // namespace
+
 PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
   const int64_t n = in.n, k = in.k;
   if (n <= 0 || k <= 0 || in.q == nullptr || in.scales == nullptr)
     throw InvalidArgument("adopt: empty quantised weight [" + std::to_string(n) + ", " +
                           std::to_string(k) + "]");
   check_scale_dtype(in.scale_dtype);
-  if (in.format == WeightFormat::int4_gemm || in.format == WeightFormat::int4_super_gemm) {
-    const bool super = in.format == WeightFormat::int4_super_gemm;
+  if (in.format == WeightFormat::int5_gemm || in.format == WeightFormat::int5_super_gemm)
+    return adopt_int5(in);
+  if (in.format == WeightFormat::int4_gemm || in.format == WeightFormat::int4_super_gemm ||
+      in.format == WeightFormat::int6_super_gemm) {
+    const bool super = in.format != WeightFormat::int4_gemm;
     if (super) check_super_parts(in);  // refused by its own name
     if (!super && (in.group != 32 || in.scale_dtype != DType::f16))
       throw InvalidArgument("adopt: int4_gemm " + shape_of(in) +
                             " takes group 32 and f16 scales and mins");
     QuantizedParts base = in;
-    base.format = super ? WeightFormat::int4_super : WeightFormat::int4_group;
+    base.format = in.format == WeightFormat::int4_gemm         ? WeightFormat::int4_group
+                  : in.format == WeightFormat::int4_super_gemm ? WeightFormat::int4_super
+                                                               : WeightFormat::int8_super;
     return gemm_layout(from_quantized(base));
   }
   if (in.format == WeightFormat::int4_super) {
@@ -551,8 +599,8 @@ PackedLinear PackedLinear::from_quantized(const QuantizedParts& in) {
   if (in.format != WeightFormat::int8_channel && in.format != WeightFormat::int8_group &&
       in.format != WeightFormat::int4_group)
     throw InvalidArgument(std::string("adopt: a checkpoint's weights arrive as int8_channel, ") +
-                          "int8_group, int4_group, int4_super, int8_super, int4_gemm or " +
-                          "int4_super_gemm, not " + name_of(in.format));
+                          "int8_group, int4_group, int4_super, int8_super, int4_gemm, " +
+                          "int4_super_gemm or int6_super_gemm, not " + name_of(in.format));
   const bool int4 = in.format == WeightFormat::int4_group;
   if (in.format == WeightFormat::int8_channel) {
     if (in.scale_dtype != DType::f32)
@@ -617,6 +665,15 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
     const uint8_t byte = nibbles[((panel * (k / 8) + i / 8) * kPanel + j) * 4 + i % 4];
     return i % 8 < 4 ? (byte & 0x0f) : (byte >> 4);
   };
+  // Input i's value in the int5 layouts: its nibble in the block's octs and its plane bit.
+  const auto five_bits = [&](int64_t i) {
+    const uint8_t* block = nibbles + (panel * (k / 32) + i / 32) * FRT_INT5_BLOCK;
+    const int64_t t = (i % 32) / 8, l = i % 4;
+    const bool second = i % 8 >= 4;
+    const int low = (block[64 * t + 4 * j + l] >> (second ? 4 : 0)) & 15;
+    const int top = (block[FRT_INT6_PLANES_AT + 4 * j + l] >> (t + (second ? 4 : 0))) & 1;
+    return low | top << 4;
+  };
   for (int64_t i = 0; i < k; ++i) {
     float v;
     if (view_.format == FRT_W_INT8_GEMM) {
@@ -628,8 +685,17 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
       const float s = read_scale(view_.scales, at, dt);
       v = view_.mins == nullptr ? static_cast<float>(nib - 8) * s
                                 : static_cast<float>(nib) * s + read_scale(view_.mins, at, dt);
-    } else if (view_.format == FRT_W_INT4_SUPER || view_.format == FRT_W_INT4_SUPER_GEMM) {
-      const int nib = view_.format == FRT_W_INT4_SUPER ? nibble_at(panel, i, j) : gemm_nibble(i);
+    } else if (view_.format == FRT_W_INT5_GEMM) {
+      const int64_t at = (panel * (k / 32) + i / 32) * kPanel + j;
+      const float s = read_scale(view_.scales, at, dt);
+      v = view_.mins == nullptr
+              ? static_cast<float>(five_bits(i) - 16) * s
+              : static_cast<float>(five_bits(i)) * s + read_scale(view_.mins, at, dt);
+    } else if (view_.format == FRT_W_INT4_SUPER || view_.format == FRT_W_INT4_SUPER_GEMM ||
+               view_.format == FRT_W_INT5_SUPER_GEMM) {
+      const int nib = view_.format == FRT_W_INT4_SUPER        ? nibble_at(panel, i, j)
+                      : view_.format == FRT_W_INT4_SUPER_GEMM ? gemm_nibble(i)
+                                                              : five_bits(i);
       uint8_t* rec = super_record(const_cast<void*>(view_.scales), panel, i / FRT_SUPER_K, k,
                                   FRT_SUPER4_RECORD);
       const int64_t g = (i % FRT_SUPER_K) / 32;
@@ -638,16 +704,25 @@ void PackedLinear::dequantize_row(int64_t r, std::vector<float>& out) const {
       const float o = frt_f16_to_f32(*super_half(rec, FRT_SUPER4_DMIN_AT, j)) *
                       static_cast<float>(rec[FRT_SUPER4_M_AT + g * kPanel + j]);
       v = static_cast<float>(nib) * s - o;  // product then difference, as GGUF's dequantiser
-    } else if (view_.format == FRT_W_INT8_SUPER) {
+    } else if (view_.format == FRT_W_INT8_SUPER || view_.format == FRT_W_INT6_SUPER_GEMM) {
+      int q;
+      if (view_.format == FRT_W_INT8_SUPER) {
+        q = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j];
+      } else {  // frt_kernel_abi.h: the nibble and the plane's two bits of u = q + 32
+        const uint8_t* block = nibbles + (panel * (k / 32) + i / 32) * FRT_INT6_BLOCK;
+        const int64_t t = (i % 32) / 8, l = i % 4;
+        const bool second = i % 8 >= 4;
+        const int low = (block[64 * t + 4 * j + l] >> (second ? 4 : 0)) & 15;
+        const int top = (block[FRT_INT6_PLANES_AT + (second ? 64 : 0) + 4 * j + l] >> (2 * t)) & 3;
+        q = (low | top << 4) - 32;
+      }
       uint8_t* rec = super_record(const_cast<void*>(view_.scales), panel, i / FRT_SUPER_K, k,
                                   FRT_SUPER8_RECORD);
       const int64_t g = (i % FRT_SUPER_K) / 16;
       const float s =
           frt_f16_to_f32(*super_half(rec, 0, j)) *
           static_cast<float>(static_cast<int8_t>(rec[FRT_SUPER8_SC_AT + g * kPanel + j]));
-      v = static_cast<float>(
-              static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j]) *
-          s;
+      v = static_cast<float>(q) * s;
     } else if (view_.format == FRT_W_INT8_CHANNEL) {
       v = static_cast<const int8_t*>(view_.qdata)[(panel * k + i) * kPanel + j] *
           static_cast<const float*>(view_.scales)[r];

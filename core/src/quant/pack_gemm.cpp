@@ -2,7 +2,8 @@
 // per-channel quantization as PackedLinear::int8 (it is packed by it), laid out four input
 // channels deep for vpmaddubsw / vpdpbusd, with each channel's sum of q for the activations'
 // zero point; FRT_W_INT4_GEMM, PackedLinear::int4's g32 values laid out the same way, and
-// FRT_W_INT4_SUPER_GEMM, PackedLinear::int4_super's.
+// FRT_W_INT4_SUPER_GEMM, PackedLinear::int4_super's; FRT_W_INT6_SUPER_GEMM, int8_super's in
+// six bits.
 #include <flashrt/errors.h>
 #include <flashrt/pack.h>
 
@@ -49,7 +50,7 @@ struct GemmPackAccess {
     if (!super && (base.format() != WeightFormat::int4_group || base.group() != 32 ||
                    base.view().scale_dtype != FRT_F16))
       throw InvalidArgument(
-          "int4_gemm: re-lays int4 g32 packs with f16 scales or int4_super "
+          "gemm layout: re-lays int4 g32 packs with f16 scales, int4_super and int8_super "
           "packs, not " +
           base.form());
     PackedLinear p;
@@ -87,6 +88,86 @@ struct GemmPackAccess {
     return p;
   }
 
+  // Lays out GGUF Q5 values as FRT_W_INT5_GEMM (from an int4 g32 f16 pack of their low nibbles)
+  // or FRT_W_INT5_SUPER_GEMM (from an int4_super pack of them): per panel and block of 32 the
+  // nibbles as FRT_W_INT4_GEMM's octs, then the plane of fifth bits (fifth [n][k], 0 or 1); the
+  // base's scales (and, unless symmetric, mins) or records.
+  static PackedLinear from_int5(const PackedLinear& base, const uint8_t* fifth, bool symmetric) {
+    const bool super = base.format() == WeightFormat::int4_super;
+    PackedLinear p;
+    const int64_t n = base.n(), k = base.k(), panels = (n + FRT_PANEL - 1) / FRT_PANEL;
+    p.qbytes_ = panels * (k / 32) * FRT_INT5_BLOCK;
+    p.scale_count_ = base.scale_count_;
+    p.qdata_.reset(zeroed(p.qbytes_));
+    p.scales_.reset(zeroed(p.scale_count_ * 2));
+    std::memcpy(p.scales_.get(), base.view().scales, static_cast<size_t>(p.scale_count_) * 2);
+    if (!super && !symmetric) {
+      p.mins_.reset(zeroed(p.scale_count_ * 2));
+      std::memcpy(p.mins_.get(), base.view().mins, static_cast<size_t>(p.scale_count_) * 2);
+    }
+    const auto* src = static_cast<const uint8_t*>(base.view().qdata);  // [P][k/2][16]
+    auto* q = static_cast<uint8_t*>(p.qdata_.get());
+    for (int64_t pn = 0; pn < panels; ++pn)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < FRT_PANEL; ++j) {
+          const uint8_t byte = src[(pn * (k / 2) + i / 2) * FRT_PANEL + j];
+          const uint8_t nib = (i % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
+          const int64_t t = (i % 32) / 8, l = i % 4, c = pn * FRT_PANEL + j;
+          const bool second = i % 8 >= 4;
+          uint8_t* block = q + (pn * (k / 32) + i / 32) * FRT_INT5_BLOCK;
+          block[64 * t + 4 * j + l] |= static_cast<uint8_t>(nib << (second ? 4 : 0));
+          if (c < n && fifth[c * k + i] != 0)
+            block[FRT_INT6_PLANES_AT + 4 * j + l] |=
+                static_cast<uint8_t>(1u << (t + (second ? 4 : 0)));
+        }
+    p.symmetric_ = symmetric;
+    p.view_ = {super ? FRT_W_INT5_SUPER_GEMM : FRT_W_INT5_GEMM,
+               32,
+               FRT_F16,
+               0,
+               n,
+               k,
+               p.qdata_.get(),
+               p.scales_.get(),
+               p.mins_.get()};
+    p.stats_ = base.stats();
+    return p;
+  }
+
+  // Re-lays an int8_super pack (Q6_K's values, -32..31) out as FRT_W_INT6_SUPER_GEMM: u = q + 32
+  // in six bits, the low nibbles as FRT_W_INT4_GEMM's octs and the top two bits in two planes
+  // per block of 32, the same super records.
+  static PackedLinear from_int8_super(const PackedLinear& base) {
+    PackedLinear p;
+    const int64_t n = base.n(), k = base.k(), panels = (n + FRT_PANEL - 1) / FRT_PANEL;
+    p.qbytes_ = panels * (k / 32) * FRT_INT6_BLOCK;
+    p.scale_count_ = base.scale_count_;  // halves: the super records
+    p.qdata_.reset(zeroed(p.qbytes_));
+    p.scales_.reset(zeroed(p.scale_count_ * 2));
+    std::memcpy(p.scales_.get(), base.view().scales, static_cast<size_t>(p.scale_count_) * 2);
+    const auto* src = static_cast<const int8_t*>(base.view().qdata);  // [P][k][16]
+    auto* q = static_cast<uint8_t*>(p.qdata_.get());
+    for (int64_t pn = 0; pn < panels; ++pn)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < FRT_PANEL; ++j) {
+          const int u = src[(pn * k + i) * FRT_PANEL + j] + 32;
+          if (u < 0 || u > 63)
+            throw InvalidArgument("int6_super_gemm: value " + std::to_string(u - 32) +
+                                  " outside Q6_K's -32..31");
+          const int64_t t = (i % 32) / 8, l = i % 4;
+          const bool second = i % 8 >= 4;  // inputs 8t + 4..7: high nibble, second plane
+          uint8_t* block = q + (pn * (k / 32) + i / 32) * FRT_INT6_BLOCK;
+          block[64 * t + 4 * j + l] |= static_cast<uint8_t>((u & 15) << (second ? 4 : 0));
+          block[FRT_INT6_PLANES_AT + (second ? 64 : 0) + 4 * j + l] |=
+              static_cast<uint8_t>((u >> 4) << (2 * t));
+        }
+    p.symmetric_ = true;
+    p.view_ = {FRT_W_INT6_SUPER_GEMM, 16,     FRT_F16, 0, n, k, p.qdata_.get(),
+               p.scales_.get(),       nullptr};
+    p.stats_ = base.stats();  // the same quantized values
+    return p;
+  }
+
  private:
   // With 64 zeroed bytes of slack past the end, as this layout has always had.
   static void* zeroed(int64_t bytes) { return alloc_weight_memory(bytes + 64); }
@@ -107,8 +188,25 @@ PackedLinear PackedLinear::int4_super_gemm(const TensorView& weight) {
   return GemmPackAccess::from_int4(PackedLinear::int4_super(weight));
 }
 
-PackedLinear PackedLinear::gemm_layout(const PackedLinear& int4_pack) {
-  return GemmPackAccess::from_int4(int4_pack);
+PackedLinear PackedLinear::int6_super_gemm(const TensorView& weight) {
+  return GemmPackAccess::from_int8_super(PackedLinear::int8_super(weight));
+}
+
+PackedLinear PackedLinear::int5_layout(const PackedLinear& low, const uint8_t* fifth,
+                                       bool symmetric) {
+  if (low.format() != WeightFormat::int4_super &&
+      (low.format() != WeightFormat::int4_group || low.group() != 32 ||
+       low.view().scale_dtype != FRT_F16))
+    throw InvalidArgument(
+        "int5 layout: takes the low nibbles as an int4 g32 f16 or int4_super "
+        "pack, not " +
+        low.form());
+  return GemmPackAccess::from_int5(low, fifth, symmetric);
+}
+
+PackedLinear PackedLinear::gemm_layout(const PackedLinear& pack) {
+  if (pack.format() == WeightFormat::int8_super) return GemmPackAccess::from_int8_super(pack);
+  return GemmPackAccess::from_int4(pack);
 }
 
 }  // namespace frt

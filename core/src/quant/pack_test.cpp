@@ -417,6 +417,12 @@ TEST(Pack, RelocatedPacksHoldTheSameValuesInTheCallersRegion) {
   packs.push_back(PackedLinear::int8_gemm(view, 32));
   packs.push_back(PackedLinear::int4_gemm(view, false));
   packs.push_back(PackedLinear::int4_gemm(view, true));
+  // The super-block forms over the same values as 20 rows of 256 (one super-block, 2 panels).
+  const TensorView wide = TensorView::matrix(w.data(), DType::f32, 20, 256, 256);
+  packs.push_back(PackedLinear::int4_super(wide));
+  packs.push_back(PackedLinear::int8_super(wide));
+  packs.push_back(PackedLinear::int4_super_gemm(wide));
+  packs.push_back(PackedLinear::int6_super_gemm(wide));
   for (PackedLinear& p : packs) {
     const std::vector<float> before = p.dequantize();
     const int64_t nbytes = p.nbytes(), size = p.region_bytes();

@@ -223,6 +223,12 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
       return PackedLinear::int8_super(w);
     case WeightFormat::int4_super_gemm:
       return PackedLinear::int4_super_gemm(w);
+    case WeightFormat::int6_super_gemm:
+      return PackedLinear::int6_super_gemm(w);
+    case WeightFormat::int5_gemm:
+    case WeightFormat::int5_super_gemm:
+      throw Refused(what + ": " + form.describe() +
+                    " holds a checkpoint's own values; no host weight is packed in it");
     case WeightFormat::int4_group:
       break;
   }

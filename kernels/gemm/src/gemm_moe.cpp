@@ -37,21 +37,6 @@
 namespace frt::kern {
 namespace {
 
-// Block scales (and sums) per row, padded to 16 so rows start 64-byte aligned.
-int64_t block_stride(int64_t k) { return div_up(div_up(k, kGemmActBlock), 16) * 16; }
-
-// Bytes of the quantized block rows of `slots` rows of width k: int8 rows, scales, sums.
-int64_t block_rows_bytes(int64_t slots, int64_t k) {
-  return align64(slots * gemm_row_stride(k)) + 2 * align64(slots * block_stride(k) * 4);
-}
-
-BlockRows block_view(uint8_t* base, int64_t slots, int64_t k) {
-  const int64_t lda = gemm_row_stride(k), ldd = block_stride(k);
-  const int64_t rows_bytes = align64(slots * lda), scale_bytes = align64(slots * ldd * 4);
-  return {reinterpret_cast<int8_t*>(base), lda, reinterpret_cast<float*>(base + rows_bytes), ldd,
-          reinterpret_cast<int32_t*>(base + rows_bytes + scale_bytes)};
-}
-
 struct MoeSpace {
   BlockRows xq;  // [slots] x k
   float* h;      // [slots][inner]
@@ -61,44 +46,46 @@ struct MoeSpace {
 
 int64_t space_bytes(const frt_moe_args* a) {
   const int64_t slots = a->m * a->top_k, k = a->gate[0].k, inner = a->gate[0].n;
-  return block_rows_bytes(slots, k) + align64(slots * inner * 4) + block_rows_bytes(slots, inner) +
-         align64(slots * part_stride(a) * 4);
+  return gemm_block_rows_bytes(slots, k) + align64(slots * inner * 4) +
+         gemm_block_rows_bytes(slots, inner) + align64(slots * part_stride(a) * 4);
 }
 
 MoeSpace carve(const frt_moe_args* a) {
   const int64_t slots = a->m * a->top_k, k = a->gate[0].k, inner = a->gate[0].n;
   auto* base = static_cast<uint8_t*>(a->workspace);
   MoeSpace s{};
-  s.xq = block_view(base, slots, k);
-  base += block_rows_bytes(slots, k);
+  s.xq = gemm_block_view(base, slots, k);
+  base += gemm_block_rows_bytes(slots, k);
   s.h = reinterpret_cast<float*>(base);
   base += align64(slots * inner * 4);
-  s.hq = block_view(base, slots, inner);
-  base += block_rows_bytes(slots, inner);
+  s.hq = gemm_block_view(base, slots, inner);
+  base += gemm_block_rows_bytes(slots, inner);
   s.part = reinterpret_cast<float*>(base);
   return s;
 }
 
 bool gated_act(int32_t act) { return act == FRT_ACT_SILU || act == FRT_ACT_GELU_TANH; }
 
-// One weight's form at plan time: int8_gemm with activation blocks of 32, or int4_gemm or
-// int4_super_gemm g32.
+// One weight's form at plan time: int8_gemm with activation blocks of 32, or a nibble form
+// (gemm_nibble_form: int4_gemm, int4_super_gemm, int6_super_gemm) in its groups.
 int32_t check_form(int32_t wformat, int32_t group, int64_t n, int64_t k, int32_t x_dtype,
                    int32_t y_dtype, const char* what, frt_error* err) {
-  if (wformat != FRT_W_INT8_GEMM && !gemm_int4_format(wformat))
+  if (wformat != FRT_W_INT8_GEMM && !gemm_nibble_format(wformat))
     return fail(err, FRT_REASON_FORMAT,
-                "gemm moe %s: weight format %d; takes int8_gemm (%d), int4_gemm (%d) or "
-                "int4_super_gemm (%d)",
-                what, wformat, FRT_W_INT8_GEMM, FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM);
-  const char* name = wformat == FRT_W_INT8_GEMM   ? "int8_gemm"
-                     : wformat == FRT_W_INT4_GEMM ? "int4_gemm"
-                                                  : "int4_super_gemm";
-  if (group != kGemmActBlock)
+                "gemm moe %s: weight format %d; takes int8_gemm (%d), int4_gemm (%d), "
+                "int4_super_gemm (%d), int6_super_gemm (%d), int5_gemm (%d) or int5_super_gemm "
+                "(%d)",
+                what, wformat, FRT_W_INT8_GEMM, FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM,
+                FRT_W_INT6_SUPER_GEMM, FRT_W_INT5_GEMM, FRT_W_INT5_SUPER_GEMM);
+  const NibbleForm f = wformat == FRT_W_INT8_GEMM ? NibbleForm{"int8_gemm", kGemmActBlock, 1}
+                                                  : gemm_nibble_form(wformat);
+  const char* name = f.name;
+  if (group != f.group)
     return fail(err, FRT_REASON_FORMAT,
                 "gemm moe %s: %s in groups/activation blocks of %d; takes %d only", what, name,
-                group, kGemmActBlock);
-  const int64_t multiple = wformat == FRT_W_INT4_SUPER_GEMM ? FRT_SUPER_K : kGemmActBlock;
-  if (gemm_int4_format(wformat) && k % multiple != 0)
+                group, f.group);
+  const int64_t multiple = f.multiple;
+  if (k % multiple != 0)
     return fail(err, FRT_REASON_SHAPE, "gemm moe %s: %s width k=%lld not a multiple of %lld", what,
                 name, static_cast<long long>(k), static_cast<long long>(multiple));
   if (n <= 0 || k <= 0 || k > kGemmMaxK)
@@ -125,7 +112,7 @@ int32_t check_expert(const frt_moe_args* a, int64_t e, frt_error* err) {
                         Part{"down", a->down + e, n, inner}}) {
     const frt_packed_weight* w = p.w;
     const bool int8 = w->format == FRT_W_INT8_GEMM;
-    const bool super = w->format == FRT_W_INT4_SUPER_GEMM;
+    const bool super = gemm_super4_format(w->format) || w->format == FRT_W_INT6_SUPER_GEMM;
     const bool complete = w->qdata != nullptr && w->scales != nullptr &&
                           (int8 ? w->mins != nullptr : w->scale_dtype == FRT_F16) &&
                           (!super || w->mins == nullptr);
@@ -139,7 +126,7 @@ int32_t check_expert(const frt_moe_args* a, int64_t e, frt_error* err) {
                   p.name, static_cast<long long>(e), w->format, w->group,
                   !int8 && w->mins != nullptr ? " with mins" : "",
                   complete ? "" : " (without data, scales or sums)", g0.format, g0.group,
-                  g0.format == FRT_W_INT4_GEMM && g0.mins != nullptr ? " with mins" : "");
+                  g0.mins != nullptr && g0.format != FRT_W_INT8_GEMM ? " with mins" : "");
     if (w->n != p.n || w->k != p.k)
       return fail(err, FRT_REASON_SHAPE,
                   "gemm moe %s[%lld] is %lldx%lld; the bank's gate and up are %lldx%lld and its "
@@ -155,15 +142,11 @@ int32_t check_expert(const frt_moe_args* a, int64_t e, frt_error* err) {
 // Runs w's panel p over the block rows [s0, s0 + rows) of q, rows <= 4.
 void tile(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t s0, int64_t rows,
           float* out) {
-  if (gemm_int4_format(w->format))
-    kGemmTiles.w4a8_blocks_tile(w, p, q, s0, rows, nullptr, out);
-  else
-    kGemmTiles.w8a8_blocks_tile(w, p, q, s0, rows, nullptr, out);
+  gemm_block_tile(w, p, q, s0, rows, nullptr, out);
 }
 
 void quantize_slot(const void* x, int32_t x_dtype, int64_t k, const BlockRows& q, int64_t s) {
-  kGemmTiles.quantize_row_blocks(x, x_dtype, k, q.a + s * q.lda, q.d + s * q.ldd);
-  block_sums(q.a + s * q.lda, k, q.sum + s * q.ldd);
+  gemm_quantize_block_row(x, x_dtype, k, q, s);
 }
 
 }  // namespace

@@ -69,26 +69,26 @@ void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int
 
 namespace {
 
-// The int4 forms' contract (FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM): groups of 32 that divide
-// k, and for the super form whole super-blocks of 256.
-int32_t check_int4_form(int32_t wformat, int32_t group, int64_t n, int64_t k, int32_t x_dtype,
-                        int32_t y_dtype, frt_error* err) {
-  const bool super = wformat == FRT_W_INT4_SUPER_GEMM;
-  const int64_t multiple = super ? FRT_SUPER_K : kGemmActBlock;
-  if (group != kGemmActBlock || k % multiple != 0)
+// The nibble forms' contract (gemm_nibble_form): their groups (32; int6_super_gemm's Q6_K
+// groups of 16), k a multiple of 32 (int4_gemm) or of whole super-blocks of 256.
+int32_t check_nibble_form(int32_t wformat, int32_t group, int64_t n, int64_t k, int32_t x_dtype,
+                          int32_t y_dtype, frt_error* err) {
+  const NibbleForm f = gemm_nibble_form(wformat);
+  if (group != f.group || k % f.multiple != 0)
     return fail(err, FRT_REASON_SHAPE,
                 "gemm: %s weight %lldx%lld in groups of %d; takes groups of %d and k a multiple of "
                 "%lld",
-                super ? "int4_super_gemm" : "int4_gemm", static_cast<long long>(n),
-                static_cast<long long>(k), group, kGemmActBlock, static_cast<long long>(multiple));
+                f.name, static_cast<long long>(n), static_cast<long long>(k), group, f.group,
+                static_cast<long long>(f.multiple));
   return check_widths_and_dtypes(n, k, x_dtype, y_dtype, err);
 }
 
 int32_t refuse_format(int32_t wformat, frt_error* err) {
   return fail(err, FRT_REASON_FORMAT,
-              "gemm: weight format %d; the linear takes int8_gemm (%d), int4_gemm (%d) or "
-              "int4_super_gemm (%d)",
-              wformat, FRT_W_INT8_GEMM, FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM);
+              "gemm: weight format %d; the linear takes int8_gemm (%d), int4_gemm (%d), "
+              "int4_super_gemm (%d), int6_super_gemm (%d), int5_gemm (%d) or int5_super_gemm (%d)",
+              wformat, FRT_W_INT8_GEMM, FRT_W_INT4_GEMM, FRT_W_INT4_SUPER_GEMM,
+              FRT_W_INT6_SUPER_GEMM, FRT_W_INT5_GEMM, FRT_W_INT5_SUPER_GEMM);
 }
 
 }  // namespace
@@ -97,8 +97,8 @@ int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
   if (d->rows_max < 1)
     return fail(err, FRT_REASON_ROWS_OUT_OF_BAND, "gemm: rows up to %lld",
                 static_cast<long long>(d->rows_max));
-  if (gemm_int4_format(d->wformat))
-    return check_int4_form(d->wformat, d->group, d->n, d->k, d->x_dtype, d->y_dtype, err);
+  if (gemm_nibble_format(d->wformat))
+    return check_nibble_form(d->wformat, d->group, d->n, d->k, d->x_dtype, d->y_dtype, err);
   if (d->wformat != FRT_W_INT8_GEMM) return refuse_format(d->wformat, err);
   if (d->group != 0 && d->group != kGemmActBlock)
     return fail(err, FRT_REASON_FORMAT, "gemm: activation blocks of %d; takes 0 (rows) or %d",
@@ -109,24 +109,25 @@ int32_t gemm_supports_form(const frt_op_desc* d, frt_error* err) {
 int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
   if (a == nullptr || a->w == nullptr) return fail(err, FRT_REASON_FORMAT, "gemm: no arguments");
   const frt_packed_weight* w = a->w;
-  if (w->format != FRT_W_INT8_GEMM && !gemm_int4_format(w->format))
+  if (w->format != FRT_W_INT8_GEMM && !gemm_nibble_format(w->format))
     return refuse_format(w->format, err);
-  if (gemm_int4_format(w->format)) {
-    if (int32_t r = check_int4_form(w->format, w->group, w->n, w->k, a->x_dtype, a->y_dtype, err);
+  if (gemm_nibble_format(w->format)) {
+    if (int32_t r = check_nibble_form(w->format, w->group, w->n, w->k, a->x_dtype, a->y_dtype, err);
         r != FRT_REASON_OK)
       return r;
+    const char* name = gemm_nibble_form(w->format).name;
     if (w->qdata == nullptr || w->scales == nullptr || w->scale_dtype != FRT_F16)
-      return fail(err, FRT_REASON_FORMAT, "gemm: int4 weight without data or f16 scales");
-    if (w->format == FRT_W_INT4_SUPER_GEMM && w->mins != nullptr)
-      return fail(err, FRT_REASON_FORMAT,
-                  "gemm: int4_super_gemm weight with mins (its records hold them)");
+      return fail(err, FRT_REASON_FORMAT, "gemm: %s weight without data or f16 scales", name);
+    if (w->format != FRT_W_INT4_GEMM && w->format != FRT_W_INT5_GEMM && w->mins != nullptr)
+      return fail(err, FRT_REASON_FORMAT, "gemm: %s weight with mins (its records hold them)",
+                  name);
   } else if (int32_t r = gemm_check_form(w->format, w->n, w->k, a->x_dtype, a->y_dtype, err);
              r != FRT_REASON_OK) {
     return r;
   } else if (w->qdata == nullptr || w->scales == nullptr || w->mins == nullptr) {
     return fail(err, FRT_REASON_FORMAT, "gemm: int8_gemm weight without data, scales or sums");
   }
-  if (w->group != 0 && w->group != kGemmActBlock)
+  if (w->format == FRT_W_INT8_GEMM && w->group != 0 && w->group != kGemmActBlock)
     return fail(err, FRT_REASON_FORMAT, "gemm: activation blocks of %d; takes 0 (rows) or %d",
                 w->group, kGemmActBlock);
   if (a->m < 1)
@@ -141,9 +142,29 @@ int32_t gemm_supports(const frt_linear_args* a, frt_error* err) {
   return ok(err);
 }
 
+int64_t gemm_block_rows_bytes(int64_t rows, int64_t k) {
+  return align64(rows * gemm_row_stride(k)) + 3 * align64(rows * block_stride(k) * 4);
+}
+
+BlockRows gemm_block_view(uint8_t* base, int64_t rows, int64_t k) {
+  const int64_t lda = gemm_row_stride(k), ldd = block_stride(k);
+  const int64_t rows_bytes = align64(rows * lda), scale_bytes = align64(rows * ldd * 4);
+  return {reinterpret_cast<int8_t*>(base),
+          lda,
+          reinterpret_cast<float*>(base + rows_bytes),
+          ldd,
+          reinterpret_cast<int32_t*>(base + rows_bytes + scale_bytes),
+          reinterpret_cast<int32_t*>(base + rows_bytes + 2 * scale_bytes)};
+}
+
+void gemm_quantize_block_row(const void* x, int32_t x_dtype, int64_t k, const BlockRows& q,
+                             int64_t r) {
+  kGemmTiles.quantize_row_blocks(x, x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
+  block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd, q.half + r * q.ldd);
+}
+
 int64_t gemm_workspace(const frt_linear_args* a) {
-  if (a->w->group == kGemmActBlock)  // rows, block scales and block sums
-    return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * block_stride(a->w->k) * 4);
+  if (gemm_block_form(a->w)) return gemm_block_rows_bytes(a->m, a->w->k);
   return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * 4);
 }
 
@@ -179,25 +200,13 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
   if (a->workspace == nullptr) return fail(err, FRT_E_INVALID, "no workspace");
   const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, k = a->w->k;
   auto x_row = [&](int64_t r) { return static_cast<const char*>(a->x) + r * a->ldx * xsize; };
-  if (a->w->group == kGemmActBlock) {  // the decode forms (Notes [W8A8 blocks], [W4A8])
-    auto* base = static_cast<uint8_t*>(a->workspace);
-    const int64_t lda = gemm_row_stride(k), ldd = block_stride(k);
-    const int64_t rows_bytes = align64(a->m * lda), scale_bytes = align64(a->m * ldd * 4);
-    const bool int4 = gemm_int4_format(a->w->format);
-    const BlockRows q{reinterpret_cast<int8_t*>(base), lda,
-                      reinterpret_cast<float*>(base + rows_bytes), ldd,
-                      reinterpret_cast<int32_t*>(base + rows_bytes + scale_bytes)};
+  if (gemm_block_form(a->w)) {  // the decode forms (Notes [W8A8 blocks], [W4A8], [W6A8])
+    const BlockRows q = gemm_block_view(static_cast<uint8_t*>(a->workspace), a->m, k);
     return run_phases(
         a, phase, ith, nth, err,
-        [&](int64_t r) {
-          kGemmTiles.quantize_row_blocks(x_row(r), a->x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
-          block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd);
-        },
+        [&](int64_t r) { gemm_quantize_block_row(x_row(r), a->x_dtype, k, q, r); },
         [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
-          if (int4)
-            kGemmTiles.w4a8_blocks_tile(a->w, p, q, r0, rows, a->bias, tile);
-          else
-            kGemmTiles.w8a8_blocks_tile(a->w, p, q, r0, rows, a->bias, tile);
+          gemm_block_tile(a->w, p, q, r0, rows, a->bias, tile);
         });
   }
   const QuantRows q = quant_view(a);

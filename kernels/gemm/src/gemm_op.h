@@ -63,15 +63,65 @@ struct BlockRows {
   int64_t lda;
   float* d;  // [m][ldd] block scales
   int64_t ldd;
-  int32_t* sum;  // [m][ldd] sums of a per block (the int4 form's offsets, the zmm int8 flip's)
+  int32_t* sum;   // [m][ldd] sums of a per block (the int4 form's offsets, the zmm int8 flip's)
+  int32_t* half;  // [m][ldd] sums of each block's first 16 (the int6 form's group offsets)
 };
+// Bytes of `rows` quantized block rows of width k (int8 rows, block scales, sums, half sums),
+// and the BlockRows over them.
+int64_t gemm_block_rows_bytes(int64_t rows, int64_t k);
+BlockRows gemm_block_view(uint8_t* base, int64_t rows, int64_t k);
+// Row r of x quantized into q (Note [W8A8 blocks]) with its block and half-block sums.
+void gemm_quantize_block_row(const void* x, int32_t x_dtype, int64_t k, const BlockRows& q,
+                             int64_t r);
 // The sums of a row's activation blocks (int4's offsets, the zmm int8 tile's flip); scalar, in
 // every variant (ref/w8a8_blocks_ref.cpp). The int4 form (FRT_W_INT4_GEMM; Note [W4A8] in
 // ref/w4a8_blocks_ref.cpp) reads the same activation blocks and their sums.
-void block_sums(const int8_t* a, int64_t k, int32_t* sum);
-// The int4 layouts the w4a8 tiles read: int4_gemm, and int4_super_gemm (Q4_K's super records).
+void block_sums(const int8_t* a, int64_t k, int32_t* sum, int32_t* half);
+// The layouts the w4a8 tiles read: int4_gemm, int4_super_gemm (Q4_K's super records) and their
+// five-bit twins int5_gemm (Q5_0, Q5_1) and int5_super_gemm (Q5_K); the w6a8 tile reads
+// int6_super_gemm (Q6_K's).
 inline bool gemm_int4_format(int32_t wformat) {
-  return wformat == FRT_W_INT4_GEMM || wformat == FRT_W_INT4_SUPER_GEMM;
+  return wformat == FRT_W_INT4_GEMM || wformat == FRT_W_INT4_SUPER_GEMM ||
+         wformat == FRT_W_INT5_GEMM || wformat == FRT_W_INT5_SUPER_GEMM;
+}
+// The int5 layouts (the w4a8 tiles with a plane of fifth bits per block).
+inline bool gemm_int5_format(int32_t wformat) {
+  return wformat == FRT_W_INT5_GEMM || wformat == FRT_W_INT5_SUPER_GEMM;
+}
+// The layouts whose scales are int4_super's records.
+inline bool gemm_super4_format(int32_t wformat) {
+  return wformat == FRT_W_INT4_SUPER_GEMM || wformat == FRT_W_INT5_SUPER_GEMM;
+}
+// The nibble layouts: the int4 forms and int6_super_gemm (its low nibbles as theirs).
+inline bool gemm_nibble_format(int32_t wformat) {
+  return gemm_int4_format(wformat) || wformat == FRT_W_INT6_SUPER_GEMM;
+}
+// The layouts whose rows are quantized per activation block: int8_gemm with group 32, and the
+// nibble forms.
+inline bool gemm_block_form(const frt_packed_weight* w) {
+  return w->group == 32 || gemm_nibble_format(w->format);
+}
+// A nibble form's name, its group and the multiple its width must be (0 for other formats).
+struct NibbleForm {
+  const char* name;
+  int32_t group;
+  int64_t multiple;
+};
+inline NibbleForm gemm_nibble_form(int32_t wformat) {
+  switch (wformat) {
+    case FRT_W_INT4_GEMM:
+      return {"int4_gemm", 32, 32};
+    case FRT_W_INT4_SUPER_GEMM:
+      return {"int4_super_gemm", 32, FRT_SUPER_K};
+    case FRT_W_INT6_SUPER_GEMM:
+      return {"int6_super_gemm", 16, FRT_SUPER_K};
+    case FRT_W_INT5_GEMM:
+      return {"int5_gemm", 32, 32};
+    case FRT_W_INT5_SUPER_GEMM:
+      return {"int5_super_gemm", 32, FRT_SUPER_K};
+    default:
+      return {"", 0, 0};
+  }
 }
 // Writes the valid columns of tile[rows][FRT_PANEL] (panel p) to rows r0.. of y in y_dtype.
 void gemm_store_rows(const float* tile, int64_t rows, int64_t r0, int64_t p, int64_t n, void* y,

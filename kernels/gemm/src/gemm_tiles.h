@@ -36,11 +36,26 @@ struct GemmTiles {
   // activation blocks (Note [W4A8]).
   void (*w4a8_blocks_tile)(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
                            int64_t rows, const float* bias, float* tile);
+  // As w4a8_blocks_tile over Q6_K's six-bit values (FRT_W_INT6_SUPER_GEMM; Note [W6A8]).
+  void (*w6a8_blocks_tile)(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                           int64_t rows, const float* bias, float* tile);
   // out[i] = act(in[i]) for i < n: the feed-forward's activation (Note [GEMM feed-forward]).
   void (*activate)(int32_t act, const float* in, float* out, int64_t n);
 };
 
 extern const GemmTiles kGemmTiles;
+
+// Panel p of a decode-form weight (activations per block of 32) over rows [r0, r0 + rows) of q:
+// the tile of its format.
+inline void gemm_block_tile(const frt_packed_weight* w, int64_t p, const BlockRows& q, int64_t r0,
+                            int64_t rows, const float* bias, float* tile) {
+  if (gemm_int4_format(w->format))
+    kGemmTiles.w4a8_blocks_tile(w, p, q, r0, rows, bias, tile);
+  else if (w->format == FRT_W_INT6_SUPER_GEMM)
+    kGemmTiles.w6a8_blocks_tile(w, p, q, r0, rows, bias, tile);
+  else
+    kGemmTiles.w8a8_blocks_tile(w, p, q, r0, rows, bias, tile);
+}
 
 // Quads (four inputs) and octs (eight) per activation block.
 inline constexpr int64_t kQuadsPerBlock = kGemmActBlock / 4;
@@ -90,6 +105,12 @@ inline const uint8_t* super_records(const frt_packed_weight* w, int64_t p) {
   return static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER4_RECORD;
 }
 
+// Panel p's first super record of an int6_super_gemm weight (FRT_W_INT6_SUPER_GEMM: int8_super's
+// records).
+inline const uint8_t* super8_records(const frt_packed_weight* w, int64_t p) {
+  return static_cast<const uint8_t*>(w->scales) + p * (w->k / FRT_SUPER_K) * FRT_SUPER8_RECORD;
+}
+
 // The scalar reference (src/ref/): the generic variant's table entries.
 void quantize_row_u7_ref(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale,
                          int32_t* zero);
@@ -99,6 +120,8 @@ void quantize_row_s8_blocks_ref(const void* x, int32_t dt, int64_t k, int8_t* a,
 void w8a8_blocks_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                int64_t r0, int64_t rows, const float* bias, float* tile);
 void w4a8_blocks_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                               int64_t r0, int64_t rows, const float* bias, float* tile);
+void w6a8_blocks_tile_4x16_ref(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                int64_t r0, int64_t rows, const float* bias, float* tile);
 void gemm_activate_ref(int32_t act, const float* in, float* out, int64_t n);
 
@@ -132,6 +155,8 @@ void w8a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const Blo
                                 int64_t r0, int64_t rows, const float* bias, float* tile);
 void w4a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                 int64_t r0, int64_t rows, const float* bias, float* tile);
+void w6a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                                int64_t r0, int64_t rows, const float* bias, float* tile);
 void gemm_activate_avx2(int32_t act, const float* in, float* out, int64_t n);
 
 // The zmm paths (src/x86/avx512/; the avx512vnni variant, and its test-only emulation).
@@ -143,6 +168,8 @@ void quantize_row_s8_blocks_zmm(const void* x, int32_t dt, int64_t k, int8_t* a,
 void w8a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                int64_t r0, int64_t rows, const float* bias, float* tile);
 void w4a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
+                               int64_t r0, int64_t rows, const float* bias, float* tile);
+void w6a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                int64_t r0, int64_t rows, const float* bias, float* tile);
 
 }  // namespace frt::kern

@@ -141,7 +141,7 @@ def _source_key(sp: _core.SeatPlan, op: str, slot: _core.SlotTensor) -> str:
     return f"{slot.module}/{op}" if sp.op == _core.OpKind.moe_ffn else slot.module
 
 
-_READERS: dict[str, Callable[[nn.Module, str | None, str], dict[str, Source]]] = {
+_READERS: dict[str, Callable[[nn.Module, str | None, gguf.Activations], dict[str, Source]]] = {
     "gguf": lambda model, source, activations: gguf.sources(model, str(source), activations),
     "compressed-tensors": lambda model, source, activations: compressed_tensors.sources(
         model, source),
@@ -157,7 +157,7 @@ def adopt_prequantized(
     structures: list[str] | None = None,
     on_guard_fail: str = "fallback",
     verbose: bool = True,
-    activations: str = "host",
+    activations: gguf.Activations = "host",
 ) -> AdoptionReport:
     """Seats the checkpoint's own quantised blocks on `model` (loaded from that checkpoint).
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 from torch import nn
@@ -51,19 +51,30 @@ _BLOCKS = {
     "Q4_K": _Block(256, 144, _core.WeightFormat.int4_super, 32, False, True),
     "Q6_K": _Block(256, 210, _core.WeightFormat.int8_super, 16, True, True),
 }
-# With int8 activations (adopt_prequantized(..., activations="int8")): the int4 blocks laid out
-# for flashrt/gemm's integer dot products against activation blocks of 32, the same values
-# (Q4_0 and Q4_1 as int4_gemm, Q4_K as int4_super_gemm); the other block types keep their
-# weight-only forms.
+# With int8 activations (adopt_prequantized(..., activations="int8")): the 4-, 5- and 6-bit
+# blocks laid out for flashrt/gemm's integer dot products against activation blocks of 32, the
+# same values at the file's own bits a weight or near them (Q4_0 and Q4_1 as int4_gemm, Q4_K as
+# int4_super_gemm, Q6_K as int6_super_gemm, Q5_0 and Q5_1 as int5_gemm: 5.5 and 6 bits, Q5_K as
+# int5_super_gemm: 5.625 against 5.5); Q8_0 keeps its weight-only form. Q5_1 and Q5_K have only
+# these forms: with the host's activations they are refused by name.
 _INT8_ACT = {
     "Q4_0": _BLOCKS["Q4_0"]._replace(format=_core.WeightFormat.int4_gemm),
     "Q4_1": _BLOCKS["Q4_1"]._replace(format=_core.WeightFormat.int4_gemm),
     "Q4_K": _BLOCKS["Q4_K"]._replace(format=_core.WeightFormat.int4_super_gemm),
+    "Q6_K": _BLOCKS["Q6_K"]._replace(format=_core.WeightFormat.int6_super_gemm),
+    "Q5_0": _BLOCKS["Q5_0"]._replace(format=_core.WeightFormat.int5_gemm),
+    "Q5_1": _Block(32, 24, _core.WeightFormat.int5_gemm, 32, False, True),
+    "Q5_K": _Block(256, 176, _core.WeightFormat.int5_super_gemm, 32, False, True),
 }
-ACTIVATIONS = ("host", "int8")
+Activations = Literal["host", "int8"]
+ACTIVATIONS: tuple[Activations, ...] = ("host", "int8")
 _UNQUANTISED = {"F32", "F16", "BF16", "F64"}
 # llama.cpp's names of a layer's banks of routed experts: [experts, out, in] in torch order.
 _EXPERTS = re.compile(r"blk\.(?P<blk>\d+)\.ffn_(?P<operand>gate|up|down)_exps\.weight")
+
+
+def _adoptable(block_type: str, activations: str) -> bool:
+    return block_type in _BLOCKS or (activations == "int8" and block_type in _INT8_ACT)
 
 
 def _block(block_type: str, activations: str) -> _Block:
@@ -76,7 +87,7 @@ def _block(block_type: str, activations: str) -> _Block:
 
 def _form(block_type: str, activations: str) -> _core.WeightForm:
     b = _block(block_type, activations)
-    a8 = "_a8" if b is not _BLOCKS[block_type] else ""
+    a8 = "_a8" if b.format in {f.format for f in _INT8_ACT.values()} else ""
     return weight_form(f"gguf_{block_type.lower()}{a8}", f"{block_type.lower()}{a8}", b.format,
                        b.group, b.symmetric, f16=b.f16)
 
@@ -102,8 +113,9 @@ class _Parts(NamedTuple):
 
 
 def _q4_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
-    """Q4_K super-blocks [n, k/256, 144] -> nibbles [n, k], scale and min codes uint8 [n, k/32],
-    d and dmin f16 [n, k/256]."""
+    """Q4_K super-blocks [n, k/256, 144] (or Q5_K's [n, k/256, 176], its 32 bytes of fifth bits
+    before the nibbles) -> nibbles [n, k], scale and min codes uint8 [n, k/32], d and dmin f16
+    [n, k/256]."""
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).reshape(n, k // 256)
     dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).reshape(n, k // 256)
     packed = blocks[..., 4:16].astype(np.uint8)  # 12 bytes: eight 6-bit scales and mins
@@ -115,9 +127,18 @@ def _q4_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
     mn = np.concatenate([hi & 63, (tail >> 4) | ((hi >> 6) << 4)], axis=-1)
     # 128 bytes of values: four runs of 32 bytes, run r holding sub-block 2r in its low nibbles
     # and sub-block 2r + 1 in its high nibbles.
-    qs = blocks[..., 16:].reshape(n, k // 256, 4, 1, 32)
+    qs = blocks[..., -128:].reshape(n, k // 256, 4, 1, 32)
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).astype(np.int8).reshape(n, k)
     return _Parts(q, sc.reshape(n, k // 32), mn.reshape(n, k // 32), d, dmin)
+
+
+def _q5_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
+    """Q5_K super-blocks [n, k/256, 176] -> values 0..31 [n, k] and Q4_K's codes: bit s of
+    byte l of the 32 bytes after the codes is sub-block s's element l's fifth bit."""
+    parts = _q4_k(blocks, n, k)
+    qh = blocks[..., 16:48].reshape(n, k // 256, 1, 32)
+    fifth = (qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
+    return parts._replace(q=parts.q | (fifth.astype(np.int8).reshape(n, k) << 4))
 
 
 def _q6_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
@@ -139,13 +160,22 @@ def _q6_k(blocks: np.ndarray, n: int, k: int) -> _Parts:
 def _unpack_blocks(block_type: str, raw: np.ndarray, n: int, k: int) -> _Parts:
     """GGUF blocks of one [n, k] tensor -> q int8 [n, k], scales f16 [n, k/group], mins or None
     (the K-quants: codes and super scales, above). int4 values come out as nibbles 0..15 with
-    W = q*d + m (Q4_0: m = -8 d)."""
-    b = _BLOCKS[block_type]
+    W = q*d + m (Q4_0: m = -8 d); Q5_1's values 0..31 with its d and m."""
+    b = _BLOCKS.get(block_type) or _INT8_ACT[block_type]
     blocks = np.ascontiguousarray(raw).reshape(n, k // b.per, b.size)
     if block_type == "Q4_K":
         return _q4_k(blocks, n, k)
+    if block_type == "Q5_K":
+        return _q5_k(blocks, n, k)
     if block_type == "Q6_K":
         return _q6_k(blocks, n, k)
+    if block_type == "Q5_1":  # d, m, 32 fifth bits (little-endian), 16 bytes of nibbles
+        d, m = (np.ascontiguousarray(blocks[..., at:at + 2]).view(np.float16).reshape(n, k // 32)
+                for at in (0, 2))
+        high = np.unpackbits(blocks[..., 4:8], axis=-1, bitorder="little")
+        packed = blocks[..., 8:]
+        low = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
+        return _Parts((low | (high << 4)).astype(np.int8).reshape(n, k), d, m)
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).reshape(n, k // 32)
     if block_type == "Q8_0":
         q = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k)
@@ -172,12 +202,18 @@ def _pack(block_type: str, raw: np.ndarray, n: int, k: int, order: np.ndarray,
     parts = _unpack_blocks(block_type, raw, n, k)
     parts = parts.rows(None if np.array_equal(order, np.arange(n)) else order)
     b = _block(block_type, activations)
+    if block_type == "Q5_0" and b.format == _core.WeightFormat.int5_gemm:
+        parts = parts._replace(q=parts.q + np.int8(16))  # int5_gemm holds u = q + 16, 0..31
     return _core.from_quantized(b.format, b.group, parts.q, parts.scales, parts.mins,
                                 super_scales=parts.super_scales, super_mins=parts.super_mins)
 
 
-def _refusal(name: str, block_type: str) -> str:
-    return (f"{name} is {block_type} blocks; adoptable: {', '.join(_BLOCKS)} (others refused "
+def _refusal(name: str, block_type: str, activations: str) -> str:
+    if block_type in _INT8_ACT:  # only with int8 activations
+        return (f"{name} is {block_type} blocks; no weight-only form reads them: adopted with "
+                f"activations='int8' ({_INT8_ACT[block_type].format.name})")
+    adoptable = sorted(set(_BLOCKS) | (set(_INT8_ACT) if activations == "int8" else set()))
+    return (f"{name} is {block_type} blocks; adoptable: {', '.join(adoptable)} (others refused "
             f"until supported)")
 
 
@@ -335,8 +371,8 @@ def _bank_source(model: nn.Module, t: Any, operand: str, blk: str, processor: An
     src.part, src.parts, order = rows
     if btype in _UNQUANTISED:
         return src
-    if btype not in _BLOCKS:
-        src.refusal = _refusal(t.name, btype)
+    if not _adoptable(btype, activations):
+        src.refusal = _refusal(t.name, btype, activations)
         return src
     data = np.asarray(t.data).reshape(e, f, -1)
     src.form = _form(btype, activations)
@@ -368,7 +404,8 @@ def _unplaced(unplaced: list[tuple[Any, str, str]], name_map: dict, processor: A
         out.setdefault(src.key, src)
 
 
-def sources(model: nn.Module, path: str, activations: str = "host") -> dict[str, Source]:
+def sources(model: nn.Module, path: str,
+            activations: Activations = "host") -> dict[str, Source]:
     """Each nn.Linear whose weight the GGUF file holds, and each bank operand (by Source.key):
     its block type, form and pack (or packs); with activations "int8" the int4 block types in
     their integer-dot forms (_INT8_ACT)."""
@@ -420,8 +457,8 @@ def sources(model: nn.Module, path: str, activations: str = "host") -> dict[str,
                     f"{[n, k]}: this file is not the one the model was loaded from")
             if btype in _UNQUANTISED:
                 continue
-            if btype not in _BLOCKS:
-                src.refusal = _refusal(t.name, btype)
+            if not _adoptable(btype, activations):
+                src.refusal = _refusal(t.name, btype, activations)
                 continue
             order = _row_order(processor, t.name, n, name_map, parsed)
             if order is None:

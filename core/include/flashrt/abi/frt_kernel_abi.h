@@ -36,8 +36,9 @@ extern "C" {
  * 4.4: FRT_W_INT4_SUPER, int4 in super-blocks of 256 with 6-bit sub-block scale and min codes
  *   under f16 super scales (GGUF Q4_K's own values), and FRT_W_INT8_SUPER, int8 in groups of 16
  *   with int8 scale codes under an f16 super scale (GGUF Q6_K's): formats appended.
- * 4.5: FRT_W_INT4_SUPER_GEMM, Q4_K's values laid out for the integer dot products of
- *   FRT_W_INT4_GEMM (a format appended). */
+ * 4.5: FRT_W_INT4_SUPER_GEMM, FRT_W_INT6_SUPER_GEMM, FRT_W_INT5_GEMM and
+ *   FRT_W_INT5_SUPER_GEMM: GGUF Q4_K's, Q6_K's, Q5_0/Q5_1's and Q5_K's values laid out for the
+ *   integer dot products of FRT_W_INT4_GEMM (formats appended). */
 #define FRT_KERNEL_ABI_MAJOR 4
 #define FRT_KERNEL_ABI_MINOR 5
 
@@ -84,6 +85,11 @@ static inline float frt_f16_to_f32(uint16_t h) {
 #define FRT_SUPER8_GROUPS 16
 #define FRT_SUPER8_RECORD (FRT_PANEL * (2 + FRT_SUPER8_GROUPS))
 #define FRT_SUPER8_SC_AT (2 * FRT_PANEL)
+/* FRT_W_INT6_SUPER_GEMM's bytes per panel and block of 32 inputs: nibbles, then two planes;
+ * FRT_W_INT5_GEMM's and FRT_W_INT5_SUPER_GEMM's: nibbles, then one plane. */
+#define FRT_INT5_BLOCK (FRT_PANEL * 32 * 5 / 8)
+#define FRT_INT6_BLOCK (FRT_PANEL * 32 * 6 / 8)
+#define FRT_INT6_PLANES_AT (FRT_PANEL * 16)
 
 enum frt_status { FRT_OK = 0, FRT_E_INVALID = 1, FRT_E_UNSUPPORTED = 2, FRT_E_INTERNAL = 3 };
 
@@ -172,6 +178,28 @@ enum frt_op_kind {
  *   points to FRT_W_INT4_SUPER's super records ([P][k/256] of FRT_SUPER4_RECORD bytes); mins is
  *   NULL; scale_dtype FRT_F16. Each group of 32 is an activation block, with scale = f32(d) * sc
  *   and min = -(f32(dmin) * m) (both exact in f32) in the with-mins sum above.
+ * FRT_W_INT6_SUPER_GEMM (4.5): GGUF Q6_K's values for the same integer dot products, at the
+ *   file's 6.5625 bits a weight. group == 16, k % 256 == 0; u = q + 32 in [0, 63];
+ *   qdata uint8 [P][k/32][FRT_INT6_BLOCK]: per panel and block of 32 inputs, bytes 0..255 the
+ *   low nibbles of u laid out as FRT_W_INT4_GEMM's four octs (byte 64t + 4j + l: column j's
+ *   inputs 8t + l (low nibble) and 8t + 4 + l (high)), then two planes of 64 bytes holding the
+ *   top two bits (u >> 4): in byte 4j + l of the first plane bits 2t..2t+1 are input 8t + l's,
+ *   in the second input 8t + 4 + l's; scales points to FRT_W_INT8_SUPER's records ([P][k/256]
+ *   of FRT_SUPER8_RECORD bytes), mins is NULL, scale_dtype FRT_F16. W = (u - 32) * s with
+ *   s = f32(d) * sc (exact in f32); block b's inputs 0..15 are group 2 (b % 8), 16..31 group
+ *   2 (b % 8) + 1 of super-block b / 8. With h_a the sum of a block's first 16 activations:
+ *   y[c] = sum over blocks, in fp32, of float(sum_{i < 16} a_i u_i - 32 h_a) * (s_0 * d) then
+ *   float(sum_{i >= 16} a_i u_i - 32 (s_a - h_a)) * (s_1 * d).
+ * FRT_W_INT5_GEMM (4.5): GGUF Q5_0's and Q5_1's values for the same integer dot products.
+ *   group == 32, k % 32 == 0; u in [0, 31]; qdata uint8 [P][k/32][FRT_INT5_BLOCK]: per panel and
+ *   block of 32 inputs, bytes 0..255 the low nibbles of u as FRT_W_INT6_SUPER_GEMM's, then one
+ *   plane of 64 bytes: in byte 4j + l bit t is the fifth bit (u >> 4) of column j's input
+ *   8t + l and bit 4 + t that of input 8t + 4 + l (t = 0..3); scales and mins f16
+ *   [P][k/32][FRT_PANEL] as FRT_W_INT4_GEMM's, mins NULL for a symmetric pack: W = (u - 16) * s
+ *   (Q5_0), else W = u * s + min (Q5_1); the sums as FRT_W_INT4_GEMM's with 16 for 8.
+ * FRT_W_INT5_SUPER_GEMM (4.5): GGUF Q5_K's values: group == 32, k % 256 == 0; qdata as
+ *   FRT_W_INT5_GEMM's, scales pointing to FRT_W_INT4_SUPER's records, mins NULL:
+ *   W = u * (f32(d) * sc) - f32(dmin) * m, summed as FRT_W_INT4_SUPER_GEMM's.
  * Numbered past the small values so formats appended later do not collide. */
 enum frt_wformat {
   FRT_W_INT8_CHANNEL = 1,
@@ -181,7 +209,10 @@ enum frt_wformat {
   FRT_W_INT8_SUPER = 5, /* 4.4 */
   FRT_W_INT8_GEMM = 16,
   FRT_W_INT4_GEMM = 17,
-  FRT_W_INT4_SUPER_GEMM = 18 /* 4.5 */
+  FRT_W_INT4_SUPER_GEMM = 18, /* 4.5 */
+  FRT_W_INT6_SUPER_GEMM = 19, /* 4.5 */
+  FRT_W_INT5_GEMM = 20,       /* 4.5 */
+  FRT_W_INT5_SUPER_GEMM = 21  /* 4.5 */
 };
 
 typedef struct frt_packed_weight {

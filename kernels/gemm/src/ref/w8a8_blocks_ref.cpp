@@ -56,10 +56,14 @@ void quantize_row_s8_blocks_ref(const void* x, int32_t dt, int64_t k, int8_t* a,
   s8_pad_ref(k, a);
 }
 
-void block_sums(const int8_t* a, int64_t k, int32_t* sum) {
+void block_sums(const int8_t* a, int64_t k, int32_t* sum, int32_t* half) {
   for (int64_t b = 0; b * kGemmActBlock < k; ++b) {
     int32_t s = 0;
-    for (int64_t i = b * kGemmActBlock; i < std::min(k, (b + 1) * kGemmActBlock); ++i) s += a[i];
+    for (int64_t i = b * kGemmActBlock; i < std::min(k, (b + 1) * kGemmActBlock); ++i) {
+      if (i == b * kGemmActBlock + kGemmActBlock / 2) half[b] = s;
+      s += a[i];
+    }
+    if (k < b * kGemmActBlock + kGemmActBlock / 2 + 1) half[b] = s;  // a short last block
     sum[b] = s;
   }
 }

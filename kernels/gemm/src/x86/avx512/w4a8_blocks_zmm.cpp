@@ -54,12 +54,31 @@ struct SuperBlocks {
   void prefetch(int64_t b) const { prefetch_super_record(records, b); }
 };
 
-template <int R, class Scales>
+// Oct o's nibbles of one half (inputs 8o..8o+3 or 8o+4..8o+7) as bytes, merged for the int5
+// forms with their fifth bits moved to bit 4: the low half's plane bit o up by 4 - o, the high
+// half's bit 4 + o down by o (16-bit shifts: what crosses into the neighbouring byte misses
+// bit 4).
+template <bool Five, bool High>
+__m512i nibbles(__m512i v, __m512i plane, int64_t o) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const __m512i n = _mm512_and_si512(High ? _mm512_srli_epi16(v, 4) : v, low);
+  if constexpr (!Five) return n;
+  const __m512i top = High ? _mm512_srli_epi16(plane, static_cast<unsigned>(o))
+                           : _mm512_slli_epi16(plane, static_cast<unsigned>(4 - o));
+  return _mm512_ternarylogic_epi32(n, top, _mm512_set1_epi8(0x10), 0xF8);  // n | (top & 0x10)
+}
+
+template <int R, class Scales, bool Five>
 void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const Scales& sc,
                           const BlockRows& q, int64_t r0, const float* bias, float* tile) {
   constexpr bool Mins = Scales::kMins;
+  constexpr int64_t kBlockBytes = Five ? FRT_INT5_BLOCK : kOctsPerBlock * 64;
+  constexpr int32_t kOffset = Five ? 16 : 8;  // the symmetric forms' zero
+  // The panel's prefetch distance: 2 KiB (eight int4 blocks, the scales' distance), or for the
+  // int5 forms eight of their blocks.
+  constexpr int64_t kAhead = Five ? 8 * kBlockBytes : kGemmPrefetchAhead;
   const int64_t blocks = w->k / kGemmActBlock;
-  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * (w->k / 8) * 64;
+  const uint8_t* wp = static_cast<const uint8_t*>(w->qdata) + p * blocks * kBlockBytes;
   const int8_t* a[R];
   const float* d[R];
   const int32_t* sa[R];
@@ -70,17 +89,23 @@ void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const Scales& s
     sa[r] = q.sum + (r0 + r) * q.ldd;
     f[r] = _mm512_setzero_ps();
   }
-  const __m512i low = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < blocks; ++b) {
     __m512i lo[R], hi[R];  // inputs 8o..8o+3 and 8o+4..8o+7: two chains per row
     for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
-    const uint8_t* wb = wp + b * kOctsPerBlock * 64;
+    const uint8_t* wb = wp + b * kBlockBytes;
     sc.prefetch(b);
+    __m512i plane = _mm512_setzero_si512();
+    if constexpr (Five) {
+      for (int64_t line = 0; line < kBlockBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(wb + line + kAhead), _MM_HINT_T0);
+      plane = _mm512_loadu_si512(wb + FRT_INT6_PLANES_AT);
+    }
     for (int64_t o = 0; o < kOctsPerBlock; ++o) {
-      _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kGemmPrefetchAhead), _MM_HINT_T0);
+      if constexpr (!Five)
+        _mm_prefetch(reinterpret_cast<const char*>(wb + o * 64 + kAhead), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(wb + o * 64);
-      const __m512i nl = _mm512_and_si512(v, low);
-      const __m512i nh = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      const __m512i nl = nibbles<Five, false>(v, plane, o);
+      const __m512i nh = nibbles<Five, true>(v, plane, o);
       for (int r = 0; r < R; ++r) {
         int32_t q0, q1;
         std::memcpy(&q0, a[r] + b * kGemmActBlock + 8 * o, 4);
@@ -94,7 +119,7 @@ void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const Scales& s
     if constexpr (Mins) m = sc.min(b);
     for (int r = 0; r < R; ++r) {
       __m512i i = _mm512_add_epi32(lo[r], hi[r]);
-      if constexpr (!Mins) i = _mm512_sub_epi32(i, _mm512_set1_epi32(8 * sa[r][b]));
+      if constexpr (!Mins) i = _mm512_sub_epi32(i, _mm512_set1_epi32(kOffset * sa[r][b]));
       f[r] = _mm512_add_ps(
           f[r], _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(s, _mm512_set1_ps(d[r][b]))));
       if constexpr (Mins)
@@ -112,19 +137,26 @@ void w4a8_blocks_tile_zmm(const frt_packed_weight* w, int64_t p, const Scales& s
 
 void w4a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                int64_t r0, int64_t rows, const float* bias, float* tile) {
-  if (w->format == FRT_W_INT4_SUPER_GEMM) {
-    const SuperBlocks sc{super_records(w, p)};
-    return with_tile_rows(rows, [&](auto r) {
-      w4a8_blocks_tile_zmm<decltype(r)::value>(w, p, sc, q, r0, bias, tile);
+  const auto run = [&](const auto& sc, auto five) {
+    with_tile_rows(rows, [&](auto r) {
+      w4a8_blocks_tile_zmm<decltype(r)::value, std::decay_t<decltype(sc)>, decltype(five)::value>(
+          w, p, sc, q, r0, bias, tile);
     });
+  };
+  const bool five = gemm_int5_format(w->format);
+  if (gemm_super4_format(w->format)) {
+    const SuperBlocks sc{super_records(w, p)};
+    return five ? run(sc, std::true_type{}) : run(sc, std::false_type{});
   }
   const int64_t at = p * (w->k / kGemmActBlock) * FRT_PANEL;
   const auto* sp = static_cast<const uint16_t*>(w->scales) + at;
   const auto* mp = w->mins != nullptr ? static_cast<const uint16_t*>(w->mins) + at : nullptr;
-  with_int4_tile(rows, w, [&](auto r, auto mins) {
-    w4a8_blocks_tile_zmm<decltype(r)::value>(w, p, F16Blocks<decltype(mins)::value>{sp, mp}, q, r0,
-                                             bias, tile);
-  });
+  if (mp != nullptr) {
+    const F16Blocks<true> sc{sp, mp};
+    return five ? run(sc, std::true_type{}) : run(sc, std::false_type{});
+  }
+  const F16Blocks<false> sc{sp, mp};
+  return five ? run(sc, std::true_type{}) : run(sc, std::false_type{});
 }
 
 }  // namespace frt::kern
