@@ -6,7 +6,8 @@ Per arm: perplexity over the text and top-1 agreement with the host's argmax, te
 through decode_loop over the arm's seats (one decode step per token: the seats run at decode
 rows), and with --attached also through the attached host one token per forward (its KV cache).
 The host's reference is one forward over the whole text. Arms: the host; the file's own blocks
-adopted (adopt_prequantized); requantised by every decode scheme the catalog lists (w8a16, w4a16,
+adopted (adopt_prequantized), against the host's activations and against int8 activation blocks
+(activations="int8"); requantised by every decode scheme the catalog lists (w8a16, w4a16,
 their g32 forms, w8a8, w4a8). 2048 tokens resolve differences of a few tenths of a percent: at
 256, two runs of forms that round the same weights differently moved by ~0.5%.
 
@@ -75,10 +76,13 @@ def main() -> None:
              "forms": ["fp32 (dequantised Q4_1/Q8_0)"]}]
     probe = torch.ones((1, 1), dtype=torch.long)
 
-    def adopt():
-        report = S.adopt_prequantized(model, "gguf", smollm2.checkpoint())
-        report.handle._plan_seats = report.plan.seats
-        return report.handle
+    def adopt(activations="host"):
+        def go():
+            report = S.adopt_prequantized(model, "gguf", smollm2.checkpoint(),
+                                          activations=activations)
+            report.handle._plan_seats = report.plan.seats
+            return report.handle
+        return go
 
     def scheme(name):
         def go():
@@ -88,7 +92,9 @@ def main() -> None:
             return handle
         return go
 
-    arms = [("adopted Q4_1/Q8_0", adopt)]
+    # The file's blocks against the host's activations, and with int8 activation blocks (its
+    # Q4_1 tensors as integer dot products, int4_gemm; Q8_0 keeps its weight-only form).
+    arms = [("adopted Q4_1/Q8_0", adopt()), ("adopted_int8_act", adopt("int8"))]
     for name in S.list_schemes():
         if name.endswith("_decode"):
             arms.append((name, scheme(name)))

@@ -37,7 +37,10 @@ struct QuantizedParts {
   // f16 super scales d and dmin [n][k / 256]; W = q * (d * sc) - dmin * m. int8_super (GGUF
   // Q6_K, group 16): scales are int8 codes [n][k / 16] under f16 d [n][k / 256], no mins;
   // W = q * (d * sc). int4_gemm, int4_super_gemm and int6_super_gemm take the parts of
-  // int4_group (group 32, f16), int4_super and int8_super, laid out for the GEMM.
+  // int4_group (group 32, f16), int4_super and int8_super, laid out for the GEMM. int5_gemm
+  // (GGUF Q5_0 / Q5_1, group 32, f16) takes values u in 0..31 (Q5_0's q + 16) with scales, and
+  // mins for Q5_1 (W = u * s + min) or none for Q5_0 (W = (u - 16) * s); int5_super_gemm
+  // (Q5_K) takes u in 0..31 with int4_super's codes and super scales.
   const uint16_t* super_scales = nullptr;
   const uint16_t* super_mins = nullptr;
 };

@@ -805,6 +805,10 @@ TEST_F(CatalogFiles, Int4GemmGroupsAre32WithHalfScales) {
       "schemes.yaml",
       replaced(kSchemes, form, "int8: {format: int4_gemm, group: 64, symmetric: true, tag: w4a8}"),
       "forms.int8.group", "not in {32}");
+  // The int5 layouts hold a checkpoint's own values only: no scheme may name them.
+  expect_policy_error("schemes.yaml",
+                      replaced(kSchemes, form, "int8: {format: int5_gemm, group: 32, tag: q5}"),
+                      "forms.int8.format", "no scheme packs a host weight in it");
   expect_policy_error(
       "schemes.yaml",
       replaced(kSchemes, form, "int8: {format: int4_gemm, group: 32, scales: f32, tag: w4a8}"),

@@ -44,6 +44,10 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
   w.format = f.named(f.require(node, field, "format"), child(field, "format"), "weight format",
                      parse_weight_format, known_weight_formats());
   w.tag = f.text(f.require(node, field, "tag"), child(field, "tag"));
+  if (adopted_only_format(w.format))
+    f.fail(child(field, "format"),
+           "holds a checkpoint's own values (adopt_prequantized); no scheme packs a host weight "
+           "in it");
   if (const YAML::Node rows = node["rows"]) {
     const std::string at = child(field, "rows");
     if (!rows.IsMap()) f.fail(at, "expected a mapping with min (and max)");

@@ -598,8 +598,8 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
         if (why.empty() || !mixed_source || !rung.per_node) continue;
         // A region the checkpoint holds in different forms, seated per node: a projection this
         // rung's package does not take goes to the first later per-node rung that takes its
-        // form (a Q4_K_M layer's int8-activation gate and up on flashrt/gemm, its Q6_K down on
-        // flashrt/linear), with the rungs it passed on its own ladder.
+        // form (a layer's int8-activation Q4_K gate and up on flashrt/gemm, a Q8_0 down beside
+        // them on flashrt/linear), with the rungs it passed on its own ladder.
         const std::vector<Rung>& ladder = catalog.ladder(seam.structure);
         auto later =
             std::find_if(ladder.begin(), ladder.end(), [&](const Rung& x) { return &x == &rung; });

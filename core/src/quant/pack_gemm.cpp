@@ -194,6 +194,9 @@ PackedLinear PackedLinear::int6_super_gemm(const TensorView& weight) {
 
 PackedLinear PackedLinear::int5_layout(const PackedLinear& low, const uint8_t* fifth,
                                        bool symmetric) {
+  if (fifth == nullptr) throw InvalidArgument("int5 layout: no fifth bits");
+  if (symmetric && low.format() == WeightFormat::int4_super)
+    throw InvalidArgument("int5 layout: a super-block pack keeps its mins in its records");
   if (low.format() != WeightFormat::int4_super &&
       (low.format() != WeightFormat::int4_group || low.group() != 32 ||
        low.view().scale_dtype != FRT_F16))

@@ -166,9 +166,10 @@ def adopt_prequantized(
     modules still carry their packs (read before the first forward decompresses them).
     forward: one real call of the host for the dataflow (default: the model on one token).
     activations: "host" (default) computes with the host's activations against the file's
-    values; "int8" (gguf) seats the int4 block types (Q4_0, Q4_1, Q4_K) in their integer-dot
-    forms instead, activations quantized to int8 per block of 32 as llama.cpp does: the same
-    weights, a different numeric form (its forms say "activations int8 per 32").
+    values; "int8" (gguf) seats the 4-, 5- and 6-bit block types (Q4_0, Q4_1, Q4_K, Q5_0,
+    Q5_1, Q5_K, Q6_K) in their integer-dot forms instead, activations quantized to int8 per
+    block of 32 as llama.cpp does: the same weights, a different numeric form (its forms say
+    "activations int8 per 32"; +0.40% perplexity on SmolLM2's Q4_1 file).
     Returns an AdoptionReport; ``explain(report)`` prints the plan, ``report.handle`` is the
     attach handle (ledger, summary, detach)."""
     if fmt not in FORMATS:

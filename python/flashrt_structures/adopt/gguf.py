@@ -5,8 +5,8 @@ The tensor-name map, the row permutation and the placement of expert tensors (ga
 the halves of a fused gate_up_proj) are transformers' own (its GGUF loader's), found by running
 its tensor processor on row indices; Q8_0, Q4_0 and Q4_1 blocks are laid out for the kernels
 unchanged, Q4_K and Q6_K in their own super-block forms, Q5_0 re-expressed exactly (below), other
-block types are refused by name, per tensor. With int8 activations the int4 block types are laid
-out for integer dot products instead (_INT8_ACT).
+block types are refused by name, per tensor. With int8 activations the 4-, 5- and 6-bit block
+types (Q5_1 and Q5_K only so) are laid out for integer dot products instead (_INT8_ACT).
 """
 
 from __future__ import annotations
@@ -407,8 +407,8 @@ def _unplaced(unplaced: list[tuple[Any, str, str]], name_map: dict, processor: A
 def sources(model: nn.Module, path: str,
             activations: Activations = "host") -> dict[str, Source]:
     """Each nn.Linear whose weight the GGUF file holds, and each bank operand (by Source.key):
-    its block type, form and pack (or packs); with activations "int8" the int4 block types in
-    their integer-dot forms (_INT8_ACT)."""
+    its block type, form and pack (or packs); with activations "int8" the 4-, 5- and 6-bit
+    block types in their integer-dot forms (_INT8_ACT)."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"adopt: activations {activations!r}; supported: "
                          f"{', '.join(ACTIVATIONS)}")
