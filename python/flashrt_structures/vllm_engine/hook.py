@@ -5,7 +5,6 @@ what it did to each model, with its built seat sets and the one attached."""
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import traceback
@@ -14,8 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from .. import _core, catalog, swap
-from ..autoswap import notes_of
+from ..engine_door import detach_all, plan_sets, refuse_all, request_in, select_set
 from . import tree
 from .adapters import build_seats
 
@@ -31,34 +29,7 @@ _PATCHED: dict[str, Any] = {}
 
 def request() -> dict[str, Any] | None:
     """The request install_load_hook() left in the environment, or None."""
-    raw = os.environ.get(ENV)
-    return json.loads(raw) if raw else None
-
-
-def _options(request: dict[str, Any], scheme: str) -> _core.PlanOptions:
-    options = _core.PlanOptions()
-    options.structures = list(request.get("structures") or [])
-    options.scheme = scheme
-    options.min_seat_weights = request.get("min_seat_weights")
-    return options
-
-
-def select_set(model: nn.Module, record: dict[str, Any], scheme: str | None,
-               log_line: bool = False) -> None:
-    """Attaches the seat set built for `scheme` (None: the host alone), detaching the current;
-    the load logs the door's line, a switch does not."""
-    current = record.get("handle")
-    if current is not None:
-        current.detach()
-        record["handle"] = None
-    record.update(seats=0, scheme=scheme)
-    if scheme is None:
-        return
-    plan, swaps, placed, notes = record["sets"][scheme]
-    record.update(explain=_core.explain(plan), refused=notes["refused"],
-                  keep_host=notes["scheme"]["keep_host"])
-    record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed, log_line=log_line)
-    record["seats"] = len(record["handle"].records)
+    return request_in(ENV)
 
 
 def _hooked_load(original):
@@ -86,24 +57,14 @@ def _hooked_load(original):
         try:
             model.eval()
             if why:
-                refused = everywhere or [("", why)]
-                record.update(refused=refused, explain=f"every projection refused: {why}")
-                record["handle"] = swap.attach(model, {}, notes={"refused": refused,
-                                                                 "door": "vllm_engine"})
+                refuse_all(model, record, everywhere, why, "vllm_engine")
                 return
             assert held is not None  # described above: nothing refused the whole engine
             tree.observe_forward(model, graph, hooked, held)
             # The door's own refusals (layers it reads, banks the bank op cannot compute) name
             # their sites; the plan's account of the same weights is dropped for them.
-            named = {site for site, _ in outside}
-            sets: dict[str, tuple] = {}
-            for scheme in [req.get("scheme", "auto")] + list(req.get("alternates") or []):
-                plan = _core.plan(graph, catalog.shipped(), _options(req, scheme))
-                notes = notes_of(plan)
-                notes["refused"] = [r for r in notes["refused"] if r[0] not in named] + outside
-                notes["door"] = "vllm_engine"
-                sets.setdefault(notes["scheme"]["name"],
-                                (plan, *build_seats(model, plan, held), notes))
+            sets = plan_sets(graph, req, outside, "vllm_engine",
+                             lambda plan: build_seats(model, plan, held))
             held = None  # the seats hold their packed weights; the host's go with the engine's
             record["sets"] = sets
             select_set(model, record, next(iter(sets)), log_line=True)
@@ -129,12 +90,4 @@ def patch_loader() -> None:
     _PATCHED["loader"] = original
 
 
-@atexit.register
-def _detach_all() -> None:
-    """Engines keep their model until the interpreter ends: their seats go first, before the
-    extension's own teardown."""
-    for record in list(RECORDS.values()):
-        handle = record.pop("handle", None)
-        if handle is not None:
-            handle.detach()
-    RECORDS.clear()
+atexit.register(detach_all, RECORDS)

@@ -26,7 +26,7 @@ def receipt(llm: Any) -> dict[str, Any]:
     """The receipt of `llm`'s seats (docs/receipts.md): the plan and the ledger of the process
     that runs its model (its first worker; `workers` holds each one's), and that process's
     environment lock. A worker where the hook never ran is listed with its reason."""
-    return receipts.of_workers(report(llm))
+    return receipts.of_workers(report(llm), "vllm_engine")
 
 
 def save_receipt(llm: Any, directory: str | Path) -> Path:

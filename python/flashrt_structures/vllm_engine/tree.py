@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .. import _core, observe
+from ..engine_door import head_module, no_norms
 from . import banks
 from .adapters import HEAD_ATTR, HeadMethod
 
@@ -67,26 +68,12 @@ def whole_engine_refusals(model: nn.Module, why: str) -> list[tuple[str, str]]:
     return out
 
 
-def _no_norms(graph: _core.HostGraph) -> None:
-    """vLLM's norms add the residual in the same call, (x, residual) -> (norm(x + residual),
-    x + residual): not the form norm_fused seats (a norm of x alone), so this door describes no
-    module as a norm (its attention is vLLM's own backend, no attention interface). Applied to
-    the tree and again after the observed calls, which would make a parameter-free leaf whose
-    calls measured as a norm one: vLLM's attention observed without metadata returns its output
-    buffer unwritten, and once in a while that memory held what matched (a flaky refusal)."""
-    modules = list(graph.modules)
-    for m in modules:
-        if m.kind == _core.ModuleKind.norm:
-            m.kind = _core.ModuleKind.module
-    graph.modules = modules
-
-
 def describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[str, torch.Tensor]]]:
     """Before the engine takes the weights: the tree, the modules to observe, and each
     projection's and seatable bank's tensors held by reference (a bank is described as a bank
     of experts: Note [The bank in the window])."""
     graph, hooked = observe.describe_tree(model)
-    _no_norms(graph)
+    no_norms(graph)
     held: dict[str, dict[str, torch.Tensor]] = {}
     for path, mod in model.named_modules():
         if observe.engine_projection(mod):
@@ -107,13 +94,7 @@ def describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[st
         # A tied head is the embedding module itself: named here by the attribute the logits
         # processor reads, so the head and the lookup are two sites over one weight.
         modules = [m for m in graph.modules if m.path != HEAD_ATTR]
-        hm = _core.HostModule()
-        hm.path, hm.type_name, hm.kind = HEAD_ATTR, type(layer).__name__, _core.ModuleKind.linear
-        hm.out_features, hm.in_features = layer.weight.shape
-        hm.weight_dtype = observe.dtype_of(layer.weight.dtype)
-        hm.weight_device = layer.weight.device.type
-        hm.weight_id = layer.weight.data_ptr()
-        graph.modules = modules + [hm]
+        graph.modules = modules + [head_module(HEAD_ATTR, layer)]
         graph.output_head = HEAD_ATTR
         held[HEAD_ATTR] = {"weight": layer.weight.detach()}
     return graph, hooked, held
@@ -153,7 +134,7 @@ def observe_forward(model: nn.Module, graph: _core.HostGraph, hooked: list,
 
     with banks.CallObserver(model, graph, held) as bank_calls:
         observe.record_calls(graph, hooked, [forward])
-    _no_norms(graph)
+    no_norms(graph)
     graph.calls = list(graph.calls) + head_calls
     bank_calls.write(graph)
     keep.clear()

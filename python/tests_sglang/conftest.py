@@ -1,0 +1,123 @@
+"""Real SGLang engines (sglang 0.5.23 on its torch-native CPU path, `.venv-sglang`:
+scripts/setup_sglang.sh) over checkpoints written by `save_pretrained` from config classes with
+random weights. The environment's stand-ins for `sgl_kernel` and `torchvision` (standins/) record
+every call in FLASHRT_STANDIN_CALLS; `no_standin_called` fails a test that reached one."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+sglang = pytest.importorskip("sglang", reason="SGLang is not installed (scripts/setup_sglang.sh)")
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+
+# The engine doors' shared checkpoints live beside the main tests (appended: no shadowing).
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
+from flashrt_structures import sglang_engine  # noqa: E402
+
+from engine_checkpoints import SMALL, save  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory) -> Path:
+    """Qwen3, separate head, weights on the int8 grid."""
+    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
+                tmp_path_factory.mktemp("qwen3"), grid=True)
+
+
+@pytest.fixture(scope="session")
+def qwen3_gauss_dir(tmp_path_factory) -> Path:
+    """Qwen3, separate head, the config class's own random initialisation."""
+    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
+                tmp_path_factory.mktemp("qwen3_gauss"), grid=False)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    """Llama, head tied to the token embedding, weights on the int8 grid."""
+    return save(LlamaForCausalLM, LlamaConfig(**SMALL, tie_word_embeddings=True),
+                tmp_path_factory.mktemp("llama"), grid=True)
+
+
+def prompts(n: int, seed: int = 1) -> list[list[int]]:
+    """n prompts of 18..40 token ids: their prefill is beyond the decode band (16 rows)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 1000, (int(torch.randint(18, 41, (1,), generator=g)),),
+                          generator=g).tolist() for _ in range(n)]
+
+
+@contextlib.contextmanager
+def engine(model: Path, **kw) -> Iterator[Any]:
+    """One SGLang engine on its torch-native CPU path, shut down after the block."""
+    args = dict(model_path=str(model), device="cpu", skip_tokenizer_init=True,
+                attention_backend="torch_native", disable_cuda_graph=True, dtype="float32",
+                disable_overlap_schedule=True, mem_fraction_static=0.2, max_total_tokens=4096,
+                log_level="warning", random_seed=0)
+    args.update(kw)
+    eng = sglang.Engine(**args)
+    try:
+        yield eng
+    finally:
+        with contextlib.suppress(Exception):
+            eng.shutdown()
+        del eng
+        gc.collect()
+
+
+def generate(eng: Any, batch: list[list[int]], steps: int = 16, logits: bool = False
+             ) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Greedy tokens per prompt and, with logits, each prompt's first-step log-probabilities over
+    the whole vocabulary ([vocab], float64; SGLang hands log-probabilities, which are the logits
+    less one constant per step: cosine() centres them)."""
+    params = {"max_new_tokens": steps, "temperature": 0.0, "ignore_eos": True}
+    extra: dict[str, Any] = {}
+    if logits:
+        extra = dict(return_logprob=True, top_logprobs_num=SMALL["vocab_size"])
+    outs = eng.generate(input_ids=batch, sampling_params=params, **extra)
+    tokens = [list(o["output_ids"]) for o in outs]
+    first = []
+    for o in outs if logits else []:
+        row = torch.full((SMALL["vocab_size"],), float("nan"), dtype=torch.float64)
+        for lp, tok, _ in o["meta_info"]["output_top_logprobs"][0]:
+            row[tok] = lp
+        first.append(row)
+    return tokens, first
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine of two steps' logits given as log-probabilities (each centred: the per-step
+    log-sum-exp falls out)."""
+    a, b = a - a.mean(), b - b.mean()
+    return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+@pytest.fixture
+def door_off():
+    """Each test starts and ends with no request in the environment."""
+    sglang_engine.uninstall()
+    yield
+    sglang_engine.uninstall()
+
+
+# Every SGLang process of the session (module fixtures' engines too) inherits where the
+# stand-ins record a call; each test fails if the file is there after it.
+_CALLS = Path(tempfile.mkdtemp(prefix="flashrt-standins-")) / "calls.txt"
+os.environ["FLASHRT_STANDIN_CALLS"] = str(_CALLS)
+
+
+@pytest.fixture(autouse=True)
+def no_standin_called():
+    """Every test: SGLang's processes never called a stand-in (before or during it)."""
+    yield
+    if _CALLS.exists():
+        pytest.fail(f"SGLang called a test stand-in: {_CALLS.read_text()}")
