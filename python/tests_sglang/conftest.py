@@ -121,3 +121,36 @@ def no_standin_called():
     yield
     if _CALLS.exists():
         pytest.fail(f"SGLang called a test stand-in: {_CALLS.read_text()}")
+
+
+def sglang_site(name: str) -> str | None:
+    """The SGLang site holding a checkpoint tensor: q/k/v fused as qkv_proj, gate/up as
+    gate_up_proj, a routed expert's tensors in the layer's fused bank; None for the lookup and
+    for vectors (norms, biases)."""
+    parts = name.removesuffix(".weight").split(".")
+    if "embed_tokens" in parts:
+        return None
+    if "experts" in parts:
+        return ".".join(parts[:parts.index("experts") + 1])
+    if parts[-1] in ("q_proj", "k_proj", "v_proj"):
+        return ".".join(parts[:-1] + ["qkv_proj"])
+    if parts[-1] in ("gate_proj", "up_proj"):
+        return ".".join(parts[:-1] + ["gate_up_proj"])
+    return ".".join(parts)
+
+
+def assert_every_weight_accounted(rep: dict, checkpoint: Path) -> None:
+    """Nothing silent: every matrix of the checkpoint (any size, the lookup aside) lands on a site
+    the report seated, kept at host with a reason, or refused with a reason; a tied head is the
+    lm_head site."""
+    from safetensors import safe_open
+    seated = {s["site"] for s in rep["seats_report"]}
+    kept = {site for site, why in (rep.get("keep_host") or {}).items() if why}
+    refused = {site for site, why in rep["refused"] if why}
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        names = [n for n in f.keys() if len(f.get_slice(n).get_shape()) >= 2]
+    sites = {sglang_site(n) for n in names} - {None}
+    if not any(n.startswith("lm_head") for n in names):  # tied: the head reads the lookup
+        sites.add("lm_head")
+    silent = sorted(s for s in sites if s not in seated | kept | refused)
+    assert not silent, f"neither seated, kept nor refused: {silent}"

@@ -9,7 +9,7 @@ import pytest
 
 from flashrt_structures import sglang_engine
 
-from conftest import cosine, engine, generate, prompts
+from conftest import assert_every_weight_accounted, cosine, engine, generate, prompts
 
 pytestmark = pytest.mark.usefixtures("door_off")
 
@@ -45,6 +45,7 @@ def test_none_is_sglang_itself(qwen3_dir, plain):
     assert {f"model.layers.{i}.{p}" for i in range(2) for p in PROJECTIONS} | {"lm_head"} <= set(
         kept)
     assert all("off" in why or "host" in why for why in kept.values())
+    assert_every_weight_accounted(rep, qwen3_dir)
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama"])
@@ -59,6 +60,7 @@ def test_w8_seats_give_sglangs_tokens_at_1_and_8(name, request, plain):
     layers = {f"model.layers.{i}.{p}" for i in range(2) for p in PROJECTIONS}
     assert _seated_sites(rep) == layers | {"lm_head"}  # the tied Llama head too
     assert rep["refused"] == []
+    assert_every_weight_accounted(rep, path)
     assert one == plain[name][0] and eight == plain[name][2]
     summary = rep["summary"]
     assert summary["fallbacks"] == 0 and summary["clean"]

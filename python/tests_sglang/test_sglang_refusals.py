@@ -10,7 +10,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from flashrt_structures import sglang_engine
 
-from conftest import SMALL, engine, generate, prompts, save
+from conftest import SMALL, assert_every_weight_accounted, engine, generate, prompts, save
 
 pytestmark = pytest.mark.usefixtures("door_off")
 
@@ -29,6 +29,7 @@ def test_tensor_parallel_is_refused_in_every_scheduler(qwen3_dir, monkeypatch):
         assert "model.layers.1.mlp.down_proj" in sites and "lm_head" in sites
         for why in sites.values():
             assert "tensor parallel size 2" in why
+        assert_every_weight_accounted(rep, qwen3_dir)
 
 
 def test_float16_is_refused_per_site_with_its_dtype(qwen3_dir):
@@ -42,6 +43,7 @@ def test_float16_is_refused_per_site_with_its_dtype(qwen3_dir):
     assert "model.layers.0.self_attn.qkv_proj" in sites and "lm_head" in sites
     for why in sites.values():
         assert "weight dtype f16" in why
+    assert_every_weight_accounted(rep, qwen3_dir)
 
 
 def test_expert_banks_are_refused_by_name_and_the_rest_seated(tmp_path):
@@ -64,6 +66,7 @@ def test_expert_banks_are_refused_by_name_and_the_rest_seated(tmp_path):
     for i in range(2):
         assert f"router of model.layers.{i}.mlp.experts" in refused[f"model.layers.{i}.mlp.gate"]
         assert f"model.layers.{i}.mlp.gate" not in seated
+    assert_every_weight_accounted(rep, path)
 
 
 def test_fp32_logits_keep_the_head_with_sglang(qwen3_dir):

@@ -82,12 +82,14 @@ def sites(model: nn.Module) -> list[str]:
 
 
 def repacked(model: nn.Module) -> list[tuple[str, str]]:
-    """After SGLang's post-processing: the layers its compiled CPU kernels repacked in place
-    (`use_intel_amx_backend`), each refused with that reason."""
+    """After SGLang's post-processing: the layers its compiled CPU kernels repacked
+    (`use_intel_amx_backend`), each refused with that reason. Read from the flag on every module,
+    not from the weight's shape, which the repacked copy need not keep."""
     why = ("SGLang's own compiled CPU kernel (sgl_kernel, AMX) repacked this weight for itself; "
            "the door does not seat over a layer SGLang already runs natively")
-    out = [(p, why) for p, m in projections(model) if getattr(m, "use_intel_amx_backend", False)]
-    head = head_layer(model)
+    head = getattr(model, HEAD_ATTR, None)
+    out = [(p, why) for p, m in model.named_modules()
+           if getattr(m, "use_intel_amx_backend", False) and m is not head]
     if head is not None and getattr(head, "use_intel_amx_backend", False):
         out.append((HEAD_ATTR, why))
     return out
