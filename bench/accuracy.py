@@ -8,8 +8,15 @@ rows), and with --attached also through the attached host one token per forward 
 The host's reference is one forward over the whole text. Arms: the host; the file's own blocks
 adopted (adopt_prequantized), against the host's activations and against int8 activation blocks
 (activations="int8"); requantised by every decode scheme the catalog lists (w8a16, w4a16,
-their g32 forms, w8a8, w4a8). 2048 tokens resolve differences of a few tenths of a percent: at
-256, two runs of forms that round the same weights differently moved by ~0.5%.
+their g32 forms, w8a8, w4a8), the calibrated int4 schemes (`*_cal_decode`) rounded against
+the moments of the text that follows the scored tokens (disjoint from them, named in the JSON).
+2048 tokens resolve differences of a few tenths of a percent: at 256, two runs of forms that
+round the same weights differently moved by ~0.5%.
+
+A prequantised host flatters some forms: this host's weights are the file's Q4_1 blocks
+dequantised, so the offset int4 grid (w4a16_decode) finds those very blocks again (+0.00%),
+where a symmetric grid cannot hold them; on a host whose weights are on no grid the offset form
+loses accuracy too (issue 32 measured +16% on another family's checkpoint).
 
     .venv/bin/python bench/accuracy.py --json bench/results/accuracy.json
 """
@@ -64,13 +71,24 @@ def main() -> None:
     ap.add_argument("--attached", action="store_true",
                     help="also score through the attached host, one token per forward (slow)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--calibration-tokens", type=int, default=2048,
+                    help="tokens of the text after the scored ones, in forwards of 512, that "
+                         "the calibrated schemes round against")
     ap.add_argument("--arms", default=None,
                     help="comma-separated arm names to run (default: all); the JSON keeps the "
                          "other arms' rows from its last run")
     args = ap.parse_args()
     chosen = None if args.arms is None else set(args.arms.split(","))
     tok, model = smollm2.load()
-    ids = tok(smollm2.english_text(), return_tensors="pt").input_ids[:, : args.tokens]
+    full = tok(smollm2.english_text(), return_tensors="pt").input_ids
+    ids = full[:, : args.tokens]
+    # The calibration text: what follows the scored tokens, never any of them.
+    cal_ids = full[:, args.tokens: args.tokens + args.calibration_tokens]
+    calibration_note = {"tokens": int(cal_ids.shape[1]), "forwards_of": 512,
+                        "text": f"{smollm2.TEXT_SOURCE}, tokens {args.tokens}.."
+                                f"{args.tokens + cal_ids.shape[1]} (after the scored ones)"}
+    calibrated = {name for name, spec in S.catalog.shipped().schemes.schemes.items()
+                  if spec.statistics}
     host_nll, host_top = host_reference(model, ids)
     rows = [{"arm": "host", "ppl": smollm2.perplexity(host_nll), "top1": 1.0,
              "forms": ["fp32 (dequantised Q4_1/Q8_0)"]}]
@@ -84,9 +102,15 @@ def main() -> None:
             return report.handle
         return go
 
+    timings: dict[str, float] = {}
+
     def scheme(name):
         def go():
-            plan = S.auto_swaps(model, lambda: model(probe), scheme=name)
+            cal = ([lambda c=c: model(c) for c in cal_ids.split(512, dim=1)]
+                   if name in calibrated else None)
+            t0 = time.perf_counter()
+            plan = S.auto_swaps(model, lambda: model(probe), scheme=name, calibration=cal)
+            timings[name] = time.perf_counter() - t0
             handle = plan.attach(model)
             handle._plan_seats = plan.seams
             return handle
@@ -101,7 +125,10 @@ def main() -> None:
     for name, attach in arms:
         if chosen is not None and name not in chosen:
             continue
-        rows.append(score_arm(name, model, ids, host_top, attach, args.attached))
+        row = score_arm(name, model, ids, host_top, attach, args.attached)
+        if name in calibrated:  # the plan's seconds: recording the moments and packing
+            row["calibration"] = {**calibration_note, "plan_seconds": timings[name]}
+        rows.append(row)
         print(f"  {name}: done", flush=True)
     host_ppl = rows[0]["ppl"]
     for r in rows[1:]:
@@ -136,6 +163,15 @@ def main() -> None:
                            "rows": rows, "earlier_forms": earlier,
                            "earlier_runs": last.get("earlier_runs", [])})
 
+    by_arm = {r["arm"]: r for r in rows}  # with the rows kept from earlier runs
+    print(f"\ncalibrated vs plain rounding (the same form and bytes), calibration: "
+          f"{calibration_note['text']}")
+    for r in rows:
+        plain = by_arm.get(r["arm"].replace("_cal_decode", "_decode"))
+        if r["arm"] in calibrated and plain is not None:
+            print(f"{plain['arm']:<22} {plain['ppl_vs_host_pct']:>+7.2f}% top-1 {plain['top1']:.3f}"
+                  f"  ->  {r['arm']:<24} {r['ppl_vs_host_pct']:>+7.2f}% top-1 {r['top1']:.3f}"
+                  f"  (plan {r['calibration']['plan_seconds']:.1f} s)")
 
 if __name__ == "__main__":
     main()

@@ -12,8 +12,9 @@ from typing import Any
 
 from torch import nn
 
-from . import _core, catalog, seats, swap
+from . import _core, accuracy, catalog, seats, swap
 from .observe import Forward, normalise_forwards, observe
+from .observe.calibration import Calibration, needs_moments, record
 from .seats import SeatModule
 
 log = logging.getLogger("flashrt")
@@ -33,14 +34,28 @@ class AutoPlan:
                            notes={**self.notes, "door": "auto_swaps"})
 
 
-def build_swaps(model: nn.Module, plan: _core.Plan) -> dict[str, SeatModule]:
+def build_swaps(model: nn.Module, plan: _core.Plan,
+                calibration: Calibration | None = None) -> dict[str, SeatModule]:
     """One seat module per planned seat, keyed by the module it stands in for; a packed seat
-    has one per projection it replaces."""
+    has one per projection it replaces. A calibrated form is packed against the calibration's
+    moments of each operand's input."""
     out: dict[str, SeatModule] = {}
     for sp in plan.seats:
+        moments = calibration.operand_moments(sp) if calibration is not None else {}
         out.update(seats.build_pack(model, sp) if len(sp.replaces) > 1
-                   else {sp.site: seats.build(model, sp)})
+                   else {sp.site: seats.build(model, sp, moments=moments)})
     return out
+
+
+def calibrate(model: nn.Module, forwards: list[Forward], schemes: Iterable[str], *,
+              source: str) -> Calibration:
+    """Runs the forwards once more with the projections' inputs recorded: a few rows each for
+    the accuracy bands, and their moments where one of `schemes` asks for them."""
+    names = list(schemes)
+    policy = catalog.shipped().schemes
+    if "auto" in names:
+        names += list(policy.auto_order)
+    return record(model, forwards, span_cap=needs_moments(names), source=source)
 
 
 def notes_of(plan: _core.Plan) -> dict[str, Any]:
@@ -61,29 +76,44 @@ def notes_of(plan: _core.Plan) -> dict[str, Any]:
 def auto_swaps(model: nn.Module, forward: Forward | Iterable[Forward], *,
                structures: Iterable[str] | None = None, scheme: str = "auto",
                min_seat_weights: int | None = None,
-               account_weights: int | None = None) -> AutoPlan:
+               account_weights: int | None = None,
+               calibration: Forward | Iterable[Forward] | None = None) -> AutoPlan:
     """Observes one real forward (or several), plans in the core, builds the seat modules.
     structures: catalog names to look for (default: every structure in the catalog).
     account_weights: the size from which the plan names every parameter (default: the
-    catalog's keep_host.account_weights; Note [Every weight accounted] in the core)."""
-    graph = observe(model, normalise_forwards(forward))
+    catalog's keep_host.account_weights; Note [Every weight accounted] in the core).
+    calibration: forwards whose projection inputs a calibrated scheme rounds against and every
+    seat's accuracy band is measured on (default: the observed forwards, run once more).
+    notes["accuracy"] holds each seat's band."""
+    forwards = normalise_forwards(forward)
+    graph = observe(model, forwards)
+    cal = calibrate(model, normalise_forwards(calibration) if calibration is not None
+                    else forwards, [scheme],
+                    source="calibration set" if calibration is not None else "observed forward")
     return plan_observed(model, graph, structures=structures, scheme=scheme,
-                         min_seat_weights=min_seat_weights, account_weights=account_weights)
+                         min_seat_weights=min_seat_weights, account_weights=account_weights,
+                         calibration=cal)
 
 
 def plan_observed(model: nn.Module, graph: _core.HostGraph, *,
                   structures: Iterable[str] | None = None, scheme: str = "auto",
                   min_seat_weights: int | None = None,
-                  account_weights: int | None = None) -> AutoPlan:
+                  account_weights: int | None = None,
+                  calibration: Calibration | None = None) -> AutoPlan:
     """auto_swaps over a host already observed (one observation, several schemes' plans)."""
+    if calibration is not None:
+        calibration.write(graph)
     options = _core.PlanOptions()
     options.structures = list(structures or [])
     options.scheme = scheme
     options.min_seat_weights = min_seat_weights
     options.account_weights = account_weights
     core_plan = _core.plan(graph, catalog.shipped(), options)
-    return AutoPlan(build_swaps(model, core_plan), notes_of(core_plan), list(core_plan.seats),
-                    core_plan)
+    swaps = build_swaps(model, core_plan, calibration)
+    notes = notes_of(core_plan)
+    if calibration is not None:
+        notes["accuracy"] = accuracy.bands(swaps, calibration)
+    return AutoPlan(swaps, notes, list(core_plan.seats), core_plan)
 
 
 def explain(plan: Any, verbose: bool = False) -> str:

@@ -21,9 +21,10 @@ from torch import nn
 
 from . import _core, catalog, swap
 from . import receipt as receipts
-from .autoswap import notes_of, plan_observed
+from .autoswap import calibrate, notes_of, plan_observed
 from .function_seats import FunctionSeat
 from .observe import Forward, normalise_forwards, observe
+from .observe.calibration import needs_moments
 
 log = logging.getLogger("flashrt")
 
@@ -190,13 +191,17 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
     floors = dict(floors or {})
     gated = list(catalog.shipped().schemes.gated_auto) if scheme == "auto" else []
     graph = observe(model, forwards)
+    # A calibrated scheme among the candidates rounds against the observed forwards' inputs;
+    # the gated door judges its units on the scored forward, so nothing else is recorded.
+    cal = (calibrate(model, forwards, gated or [scheme], source="observed forward")
+           if needs_moments(gated or [scheme]) else None)
 
     tried: dict[str, dict[str, dict[str, Any]]] = {}  # unit -> scheme -> its figures
     held: dict[str, dict[str, Any]] = {}  # unit -> the swaps of its best candidate so far
     arbiter = _core.UnitArbiter(bool(gated))  # the core decides (Note [Unit arbitration])
     plans: dict[str, _core.Plan] = {}  # scheme -> the core's typed plan
     for name in gated or [scheme]:
-        plan = plan_observed(model, graph, structures=structures, scheme=name)
+        plan = plan_observed(model, graph, structures=structures, scheme=name, calibration=cal)
         plans[name] = plan.core
         for path, reason in plan.core.refused:
             arbiter.plan_refused(name, path, reason)

@@ -123,6 +123,7 @@ def plan_of_handle(handle: AttachHandle | None, notes: dict[str, Any]) -> dict[s
         "refused": _reasons(notes.get("refused", [])),
         "assumed": plain(notes.get("assumed", [])),
         "kernel_unavailable": plain(notes.get("kernel_unavailable", [])),
+        "accuracy": plain(notes.get("accuracy", {})),
     }
 
 

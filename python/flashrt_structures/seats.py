@@ -375,12 +375,15 @@ def _operand(model: nn.Module, slot: _core.SlotTensor) -> torch.Tensor:
 
 
 def build(model: nn.Module, plan: _core.SeatPlan,
-          adopted: dict[str, _core.PackedLinear] | None = None) -> SeatModule:
+          adopted: dict[str, _core.PackedLinear] | None = None,
+          moments: dict[str, _core.InputMoments] | None = None) -> SeatModule:
     """The seat module for one planned seat: the host tensor of each operand, read in place, or
-    the checkpoint's own pack of it when adopted (which moves into the seat)."""
+    the checkpoint's own pack of it when adopted (which moves into the seat); a calibrated form
+    packs each operand against `moments` of its input."""
     tensors = {operand: _operand(model, slot) for operand, slot in plan.slots.items()
                if not (adopted and operand in adopted)}
-    seat = _core.build_seat(plan, tensors, adopted=adopted or {})  # attach sets its guard mode
+    seat = _core.build_seat(plan, tensors, adopted=adopted or {},
+                            moments=moments or {})  # attach sets its guard mode
     module: SeatModule
     if plan.op == _core.OpKind.attention:
         from .attention_seats import build_attention_seat  # it builds on this module's classes

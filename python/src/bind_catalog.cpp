@@ -81,6 +81,7 @@ void bind_catalog(nb::module_& m) {
       .def_rw("symmetric", &WeightForm::symmetric)
       .def_rw("scale_dtype", &WeightForm::scale_dtype)
       .def_rw("tag", &WeightForm::tag)
+      .def_rw("calibrated", &WeightForm::calibrated)
       .def("describe", &WeightForm::describe);
 
   nb::class_<SchemeSpec>(m, "SchemeSpec")
@@ -88,7 +89,10 @@ void bind_catalog(nb::module_& m) {
       .def_ro("description", &SchemeSpec::description)
       .def_ro("formats", &SchemeSpec::formats)
       .def_ro("requires_packages", &SchemeSpec::requires_packages)
-      .def_ro("indivisible", &SchemeSpec::indivisible);
+      .def_ro("indivisible", &SchemeSpec::indivisible)
+      .def_ro("statistics", &SchemeSpec::statistics)
+      .def_ro("calibration_rows", &SchemeSpec::calibration_rows)
+      .def_ro("calibration_span", &SchemeSpec::calibration_span);
 
   nb::class_<SchemePolicy>(m, "SchemePolicy")
       .def_ro("forms", &SchemePolicy::forms)

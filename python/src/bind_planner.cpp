@@ -143,6 +143,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("norm", &HostModule::norm)
       .def_rw("rotary", &HostModule::rotary)
       .def_rw("embed_scale", &HostModule::embed_scale)
+      .def_rw("calibration_rows", &HostModule::calibration_rows)
       .def_rw("seated", &HostModule::seated)
       .def_rw("experts", &HostModule::experts)
       .def_rw("router", &HostModule::router)
@@ -208,7 +209,11 @@ void bind_planner(nb::module_& m) {
       .def_ro("act_dtype", &SeatPlan::act_dtype)
       .def_ro("ladder", &SeatPlan::ladder);
 
-  nb::class_<Scheme>(m, "Scheme").def_ro("name", &Scheme::name).def_ro("formats", &Scheme::formats);
+  nb::class_<Scheme>(m, "Scheme")
+      .def_ro("name", &Scheme::name)
+      .def_ro("formats", &Scheme::formats)
+      .def_ro("statistics", &Scheme::statistics)
+      .def_ro("calibration_rows", &Scheme::calibration_rows);
 
   nb::class_<Discovery>(m, "Discovery")
       .def_ro("seams", &Discovery::seams)

@@ -4,6 +4,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "convert.h"
 
@@ -78,7 +79,28 @@ void bind_quant(nb::module_& m) {
       .def_ro("max_abs_err", &PackStats::max_abs_err)
       .def_ro("rms_err", &PackStats::rms_err)
       .def_ro("rel_err", &PackStats::rel_err)
-      .def_ro("max_abs_ref", &PackStats::max_abs_ref);
+      .def_ro("max_abs_ref", &PackStats::max_abs_ref)
+      .def_ro("out_rel_err", &PackStats::out_rel_err)
+      .def_ro("out_rel_err_plain", &PackStats::out_rel_err_plain)
+      .def_ro("calibration_rows", &PackStats::calibration_rows);
+
+  // The door hands each projection's input rows as they pass; the core keeps the sums.
+  nb::class_<InputMoments>(m, "InputMoments")
+      .def(nb::init<int64_t, int64_t>(), nb::arg("width"), nb::arg("span"))
+      .def_static("span_for", &InputMoments::span_for, nb::arg("width"), nb::arg("group"),
+                  nb::arg("cap"))
+      .def(
+          "add",
+          [](InputMoments& im, nb::handle x) {
+            const TensorView v = view_of(x, "x");
+            nb::gil_scoped_release release;
+            im.add(v);
+          },
+          nb::arg("x"))
+      .def_prop_ro("width", &InputMoments::width)
+      .def_prop_ro("span", &InputMoments::span)
+      .def_prop_ro("rows", &InputMoments::rows)
+      .def("mean_square", &InputMoments::mean_square);
 
   nb::class_<PackedLinear>(m, "PackedLinear")
       .def_prop_ro("n", &PackedLinear::n)
@@ -121,12 +143,12 @@ void bind_quant(nb::module_& m) {
       nb::arg("weight"), nb::arg("act_block") = 0);
   m.def(
       "pack_int4_gemm",
-      [](nb::handle w, bool symmetric) {
+      [](nb::handle w, bool symmetric, const InputMoments* moments) {
         const TensorView v = view_of(w, "weight");
         nb::gil_scoped_release release;
-        return PackedLinear::int4_gemm(v, symmetric);
+        return PackedLinear::int4_gemm(v, symmetric, moments);
       },
-      nb::arg("weight"), nb::arg("symmetric") = true);
+      nb::arg("weight"), nb::arg("symmetric") = true, nb::arg("moments") = nb::none());
   m.def(
       "pack_int8_super",
       [](nb::handle w) {
@@ -161,13 +183,15 @@ void bind_quant(nb::module_& m) {
       nb::arg("weight"));
   m.def(
       "pack_int4",
-      [](nb::handle w, int group, bool symmetric, const std::string& scales) {
+      [](nb::handle w, int group, bool symmetric, const std::string& scales,
+         const InputMoments* moments) {
         const TensorView v = view_of(w, "weight");
         const DType dt = scale_dtype(scales);
         nb::gil_scoped_release release;
-        return PackedLinear::int4(v, group, symmetric, dt);
+        return PackedLinear::int4(v, group, symmetric, dt, moments);
       },
-      nb::arg("weight"), nb::arg("group"), nb::arg("symmetric"), nb::arg("scales") = "f32");
+      nb::arg("weight"), nb::arg("group"), nb::arg("symmetric"), nb::arg("scales") = "f32",
+      nb::arg("moments") = nb::none());
 
   // A checkpoint's own quantised values (numpy, C-contiguous), laid out without requantising.
   m.def(

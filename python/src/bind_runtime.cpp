@@ -99,6 +99,12 @@ void bind_runtime(nb::module_& m) {
              nb::gil_scoped_release release;
              return static_cast<int>(s.run(xv, yv, training));
            })
+      .def("probe",
+           [](Seat& s, nb::handle x, nb::handle y) {
+             const TensorView xv = as_rows(view_of(x, "input")), yv = as_rows(view_of(y, "output"));
+             nb::gil_scoped_release release;
+             return s.probe(xv, yv);
+           })
       // A bank of experts' call: the router's choice beside x (index int64, weights f32/bf16).
       .def("run_routed",
            [](Seat& s, nb::handle x, nb::handle index, nb::handle weights, nb::handle y,
@@ -225,7 +231,8 @@ void bind_runtime(nb::module_& m) {
   m.def(
       "build_seat",
       [](const SeatPlan& plan, const std::map<std::string, nb::handle>& tensors, GuardMode mode,
-         const std::map<std::string, PackedLinear*>& adopted) {
+         const std::map<std::string, PackedLinear*>& adopted,
+         const std::map<std::string, const InputMoments*>& moments) {
         std::map<std::string, TensorView> views;
         for (const auto& [name, t] : tensors) views[name] = view_of(t, name.c_str());
         // Adopted packs move into the seat: the Python objects are left empty (n = 0).
@@ -236,10 +243,11 @@ void bind_runtime(nb::module_& m) {
           packs.emplace(name, std::move(*p));
         }
         nb::gil_scoped_release release;
-        return build_seat(plan, views, mode, process_hub(), std::move(packs));
+        return build_seat(plan, views, mode, process_hub(), std::move(packs), moments);
       },
       nb::arg("plan"), nb::arg("tensors"), nb::arg("mode") = GuardMode::fallback,
-      nb::arg("adopted") = std::map<std::string, PackedLinear*>{});
+      nb::arg("adopted") = std::map<std::string, PackedLinear*>{},
+      nb::arg("moments") = std::map<std::string, const InputMoments*>{});
   m.def("member_seat", &member_seat, nb::arg("packed"), nb::arg("index"), nb::arg("site"));
 }
 

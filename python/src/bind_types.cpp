@@ -1,5 +1,6 @@
 // The core's vocabulary enums (flashrt/types.h, host_graph.h) as nb::enum_: what a plan, a seat
 // form and a host graph carry across the binding instead of strings.
+#include <flashrt/calibration.h>
 #include <flashrt/host_graph.h>
 #include <flashrt/types.h>
 #include <nanobind/nanobind.h>
@@ -32,6 +33,7 @@ void bind_types(nb::module_& m) {
   bind_enum<RecurrenceForm>(m, "RecurrenceForm");
   bind_enum<AttentionForm>(m, "AttentionForm");
   bind_enum<RotaryForm>(m, "RotaryForm");
+  nb::enum_<Statistic>(m, "Statistic").value("input_moments", Statistic::input_moments);
   nb::enum_<ModuleKind>(m, "ModuleKind")
       .value("linear", ModuleKind::linear)
       .value("embedding", ModuleKind::embedding)

@@ -9,6 +9,7 @@
 // and field: a declaration nobody checks is a comment (DESIGN §10).
 #pragma once
 
+#include <flashrt/calibration.h>
 #include <flashrt/types.h>
 
 #include <cstdint>
@@ -167,6 +168,9 @@ struct WeightForm {
   // The rows a seat of this form serves, when the form has a band of its own (a GEMM form for
   // many rows); 0 = the structure's decode band. rows_max -1 = unbounded.
   int64_t rows_min = 0, rows_max = 0;
+  // Rounded against the input's second moments (Note [Calibrated rounding] in
+  // core/src/quant/calibrated.cpp): int4 forms only; a scheme naming one declares its calibration.
+  bool calibrated = false;
   // "int8 per-channel", "int8 g32", "int4 g32 symmetric", "int4 g32 asymmetric f16 scales"
   std::string describe() const;
 };
@@ -176,6 +180,12 @@ struct SchemeSpec {
   std::map<std::string, std::string> formats;  // structure -> form name; absent: keep at host
   std::vector<std::string> requires_packages;  // the scheme is usable only where these load
   std::string indivisible;  // form used where a group form does not divide a width ("" = none)
+  // What its calibrated forms are rounded against (empty when it names none): the statistics
+  // recorded at each projection's input, and the rows below which a plan refuses the seat.
+  std::vector<Statistic> statistics;
+  int64_t calibration_rows = 0;
+  // The widest span of inputs whose cross moments are kept (InputMoments::span_for's cap).
+  int64_t calibration_span = 0;
 };
 
 struct SchemePolicy {

@@ -163,7 +163,10 @@ struct HostModule {
   // An embedding's call returns its rows times this (measured; Gemma scales by sqrt(hidden)),
   // 0 when its call is not its rows times one constant.
   double embed_scale = 1.0;
-  std::optional<OpKind> seated;       // a flashrt seat stands here and runs this op
+  std::optional<OpKind> seated;  // a flashrt seat stands here and runs this op
+  // The rows of its input the door recorded statistics of (Statistic::input_moments), for a
+  // calibrated form; 0 when none were recorded.
+  int64_t calibration_rows = 0;
   std::vector<std::string> children;  // direct children's paths
 };
 

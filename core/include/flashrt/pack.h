@@ -3,6 +3,7 @@
 #pragma once
 
 #include <flashrt/abi/frt_kernel_abi.h>
+#include <flashrt/calibration.h>
 #include <flashrt/tensor.h>
 #include <flashrt/types.h>
 
@@ -20,6 +21,14 @@ struct PackStats {
   double rms_err = 0;      // root mean square of the same
   double rel_err = 0;      // ||W - dequant||_F / ||W||_F (0 when W is all zero)
   double max_abs_ref = 0;  // max |W|: what max_abs_err is small against
+  // A calibrated pack's output-space error (Note [Calibrated rounding]): sqrt(sum e^T H e /
+  // sum w^T H w), H the calibration rows' second moments (damped as the rounding is) within
+  // each span of inputs the moments keep (InputMoments), estimated on every eighth tile of 16
+  // channels; `_plain` the same for the uncalibrated rounding of this form. -1 for a pack made
+  // without calibration.
+  double out_rel_err = -1;
+  double out_rel_err_plain = -1;
+  int64_t calibration_rows = 0;
 };
 
 // A weight a checkpoint already holds quantised (GGUF blocks, compressed-tensors packs), unpacked
@@ -52,8 +61,11 @@ class PackedLinear {
   // scale_dtype f16 stores group scales (and mins) in half precision, rounded before the
   // weights are quantised against them.
   static PackedLinear int8(const TensorView& weight, int group = 0, DType scale_dtype = DType::f32);
+  // With `moments` (the input's, block = group, width k, at least one row), each group is
+  // rounded against them (Note [Calibrated rounding]): the same layout and kernels, other
+  // levels and grids. Throws InvalidArgument for moments of another width or block or no rows.
   static PackedLinear int4(const TensorView& weight, int group, bool symmetric,
-                           DType scale_dtype = DType::f32);
+                           DType scale_dtype = DType::f32, const InputMoments* moments = nullptr);
   // int4 in super-blocks of 256 (FRT_W_INT4_SUPER, GGUF Q4_K's form): each group of 32 gets a
   // min-max grid, and the eight groups' scales and offsets are coded in 6 bits under f16 d and
   // dmin. Throws InvalidArgument as int4() does, and for a width k not a multiple of 256.
@@ -79,7 +91,8 @@ class PackedLinear {
   static PackedLinear int8_gemm(const TensorView& weight, int act_block = 0);
   // int4 g32 (f16 scales; mins only when asymmetric) in the same GEMM's layout, activations per
   // block of 32 (FRT_W_INT4_GEMM): the values PackedLinear::int4(weight, 32, symmetric, f16) holds.
-  static PackedLinear int4_gemm(const TensorView& weight, bool symmetric);
+  static PackedLinear int4_gemm(const TensorView& weight, bool symmetric,
+                                const InputMoments* moments = nullptr);
   // int4_super's values (GGUF Q4_K's form) in the same layout (FRT_W_INT4_SUPER_GEMM): the
   // values PackedLinear::int4_super(weight) holds, activations per block of 32.
   static PackedLinear int4_super_gemm(const TensorView& weight);

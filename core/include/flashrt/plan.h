@@ -84,6 +84,9 @@ struct SeatPlan {
 struct Scheme {
   std::string name;
   std::map<std::string, WeightForm> formats;  // structure -> form
+  // The calibration its calibrated forms need (SchemeSpec's): statistics and the rows.
+  std::vector<Statistic> statistics;
+  int64_t calibration_rows = 0;
 };
 
 // "auto" and the catalog's schemes.

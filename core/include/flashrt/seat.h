@@ -2,6 +2,7 @@
 // against it, runs its kernel or tells the door to run the host, and keeps the ledger.
 #pragma once
 
+#include <flashrt/calibration.h>
 #include <flashrt/hub.h>
 #include <flashrt/kernel_ops.h>
 #include <flashrt/pack.h>
@@ -20,6 +21,9 @@
 #include <vector>
 
 namespace frt {
+
+// Operand name ("weight", "gate", "up", "down") -> the moments of the input it reads.
+using OperandMoments = std::map<std::string, const InputMoments*>;
 
 // What the door must do after a call.
 enum class Verdict : int32_t {
@@ -73,6 +77,10 @@ class Seat {
   // `routing`: the router's choice, for a seat of a bank of experts (nullptr for the others).
   Verdict run(const TensorView& x, const TensorView& y, bool training,
               const Routing* routing = nullptr);
+  // Runs the kernel on a call outside the host's forward (the door's accuracy band on
+  // calibration rows) with run()'s form checks but no ledger entry: "" when the kernel wrote y,
+  // else why it did not (rows outside the band among the reasons).
+  std::string probe(const TensorView& x, const TensorView& y);
   // The door reports a miss it found itself (an input it cannot view without a copy).
   Verdict miss(const std::string& reason);
   // First time a reason is seen (the door warns once per reason).
@@ -347,8 +355,11 @@ std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::s
 // A bank (moe_ffn) is adopted per expert: "gate/0".."gate/<E-1>", "up/<e>", "down/<e>", each
 // that expert's [out, in] pack; an operand is adopted for every expert or for none, and a key
 // outside the bank is refused. The door still hands the bank's host views (its shapes).
+// `moments`: operand name -> the input moments a calibrated form rounds it against (the door's
+// record of that projection's input); a calibrated operand without them is Refused.
 std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const std::map<std::string, TensorView>& tensors, GuardMode mode,
-                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted = {});
+                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted = {},
+                                 const OperandMoments& moments = {});
 
 }  // namespace frt

@@ -819,6 +819,37 @@ TEST_F(CatalogFiles, Int4GemmGroupsAre32WithHalfScales) {
       "forms.int8.symmetric", "belongs to int4 forms");
 }
 
+// A calibrated form is an int4 one, and a scheme naming it says what it is rounded against
+// (Note [Calibrated rounding]); a calibration with no calibrated form is a comment.
+TEST_F(CatalogFiles, CalibratedFormsAreInt4AndTheirSchemesDeclareTheirCalibration) {
+  const std::string form = "int8: {format: int8_channel, tag: w8a16}";
+  const std::string int4 = "int8: {format: int4_group, group: 32, tag: w4, calibrated: true}";
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int8_channel, tag: w8a16, calibrated: true}"),
+      "forms.int8.calibrated", "belongs to int4_group and int4_gemm forms");
+  expect_policy_error("schemes.yaml", replaced(kSchemes, form, int4), "schemes.w8",
+                      "declares no calibration");
+  expect_policy_error(
+      "schemes.yaml",
+      replaced(kSchemes, form, "int8: {format: int4_group, group: 64, tag: w4, calibrated: true}"),
+      "forms.int8.calibrated", "calibrated forms take groups of 32");
+  const std::string with = replaced(replaced(kSchemes, form, int4), "formats: {demo: int8}",
+                                    "formats: {demo: int8}\n    calibration: {statistics: "
+                                    "[input_moments], rows: 64, span: 512}");
+  expect_policy_error("schemes.yaml", replaced(with, "[input_moments]", "[percentile]"),
+                      "schemes.w8.calibration.statistics", "'percentile' not in {input_moments}");
+  expect_policy_error("schemes.yaml", replaced(with, "rows: 64", "rows: 0"),
+                      "schemes.w8.calibration.rows", "must be >= 1");
+  expect_policy_error("schemes.yaml", replaced(with, "span: 512", "span: 500"),
+                      "schemes.w8.calibration.span", "a positive multiple of 32");
+  expect_policy_error("schemes.yaml",
+                      replaced(kSchemes, "formats: {demo: int8}",
+                               "formats: {demo: int8}\n    calibration: {statistics: "
+                               "[input_moments], rows: 64, span: 512}"),
+                      "schemes.w8.calibration", "names no calibrated form");
+}
+
 TEST_F(CatalogFiles, SchemeGivesAFormToAStructureWithoutALadder) {
   write_valid_catalog();
   fs::remove(dir_ / "ladders.yaml");

@@ -38,7 +38,9 @@ void check_structure(const YamlFields& f, const Catalog& c, const std::string& f
 WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::string& field,
                       const std::string& name) {
   if (!node.IsMap()) f.fail(field, "expected a mapping with format and tag");
-  f.check_keys(node, field, {"format", "group", "symmetric", "scales", "tag", "rows", "act_block"});
+  f.check_keys(
+      node, field,
+      {"format", "group", "symmetric", "scales", "tag", "rows", "act_block", "calibrated"});
   WeightForm w;
   w.name = name;
   w.format = f.named(f.require(node, field, "format"), child(field, "format"), "weight format",
@@ -98,6 +100,14 @@ WeightForm parse_form(const YamlFields& f, const YAML::Node& node, const std::st
       f.fail(child(field, "symmetric"), "belongs to int4 forms with a min or a zero point");
     w.symmetric = f.boolean(sym, child(field, "symmetric"));
   }
+  if (const YAML::Node cal = node["calibrated"]) {
+    // The packer rounds int4 groups against the moments; the other forms have no such path.
+    if (w.format != WeightFormat::int4_group && w.format != WeightFormat::int4_gemm)
+      f.fail(child(field, "calibrated"), "belongs to int4_group and int4_gemm forms");
+    // The door records moments in spans that are multiples of 32 (InputMoments::span_for).
+    if (w.group != 32) f.fail(child(field, "calibrated"), "calibrated forms take groups of 32");
+    w.calibrated = f.boolean(cal, child(field, "calibrated"));
+  }
   return w;
 }
 
@@ -117,7 +127,8 @@ void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
     const std::string name = kv.first.Scalar(), field = child("schemes", name);
     if (name == "auto") f.fail(field, "'auto' is the choice among schemes, not a scheme");
     if (!kv.second.IsMap()) f.fail(field, "expected a mapping with description and formats");
-    f.check_keys(kv.second, field, {"description", "formats", "requires", "indivisible"});
+    f.check_keys(kv.second, field,
+                 {"description", "formats", "requires", "indivisible", "calibration"});
     SchemeSpec s;
     s.name = name;
     s.description = f.text(f.require(kv.second, field, "description"), child(field, "description"));
@@ -137,6 +148,27 @@ void load_schemes(Catalog& c, SchemePolicy& p, const fs::path& path) {
       s.indivisible = f.text(ind, child(field, "indivisible"));
       if (!p.forms.count(s.indivisible))
         f.fail(child(field, "indivisible"), "'" + s.indivisible + "' is not a declared form");
+    }
+    bool calibrated = false;
+    for (const auto& [structure, form] : s.formats) calibrated |= p.forms.at(form).calibrated;
+    if (const YAML::Node cal = kv.second["calibration"]) {
+      const std::string at = child(field, "calibration");
+      if (!cal.IsMap()) f.fail(at, "expected a mapping with statistics and rows");
+      f.check_keys(cal, at, {"statistics", "rows", "span"});
+      for (const std::string& st :
+           f.string_list(f.require(cal, at, "statistics"), child(at, "statistics"), false)) {
+        if (st != name_of(Statistic::input_moments))
+          f.fail(child(at, "statistics"), "'" + st + "' not in {input_moments}");
+        s.statistics.push_back(Statistic::input_moments);
+      }
+      s.calibration_rows = f.integer(f.require(cal, at, "rows"), child(at, "rows"));
+      if (s.calibration_rows < 1) f.fail(child(at, "rows"), "must be >= 1");
+      s.calibration_span = f.integer(f.require(cal, at, "span"), child(at, "span"));
+      if (s.calibration_span < 32 || s.calibration_span % 32 != 0)
+        f.fail(child(at, "span"), "must be a positive multiple of 32");
+      if (!calibrated) f.fail(at, "the scheme names no calibrated form");
+    } else if (calibrated) {
+      f.fail(field, "names a calibrated form but declares no calibration (statistics, rows)");
     }
     p.schemes[name] = std::move(s);
   }
@@ -432,9 +464,10 @@ std::string WeightForm::describe() const {
     return group > 0 ? "int8 per-channel, activations int8 per " + std::to_string(group)
                      : "int8 per-channel, activations int8 per row";
   const std::string scales = scale_dtype == DType::f16 ? " f16 scales" : "";
+  const std::string cal = calibrated ? ", calibrated" : "";
   if (format == WeightFormat::int4_gemm)
     return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales +
-           ", activations int8 per " + std::to_string(group);
+           cal + ", activations int8 per " + std::to_string(group);
   if (format == WeightFormat::int8_group) return "int8 g" + std::to_string(group) + scales;
   if (format == WeightFormat::int4_super) return kInt4SuperForm;
   if (format == WeightFormat::int8_super) return kInt8SuperForm;
@@ -444,7 +477,8 @@ std::string WeightForm::describe() const {
   if (format == WeightFormat::int5_gemm)
     return std::string("int5 g32") + (symmetric ? " symmetric" : " asymmetric") + scales +
            ", activations int8 per 32";
-  return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales;
+  return "int4 g" + std::to_string(group) + (symmetric ? " symmetric" : " asymmetric") + scales +
+         cal;
 }
 
 const std::vector<Rung>& Catalog::ladder(const std::string& structure) const {

@@ -44,6 +44,8 @@ Scheme resolve_scheme(const std::string& name, const Catalog& catalog, KernelHub
   s.name = chosen;
   for (const auto& [structure, form] : it->second.formats)
     s.formats[structure] = policy.forms.at(form);
+  s.statistics = it->second.statistics;
+  s.calibration_rows = it->second.calibration_rows;
   return s;
 }
 
@@ -551,6 +553,31 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
                         " (" + seam.shape + "): " +
                         instead.describe().substr(0, instead.describe().find(' ')) + " instead");
         form = instead;
+      }
+    }
+    // A calibrated form rounds each projection against its input's recorded moments; without
+    // enough rows there is nothing to round against, and an uncalibrated seat in its place would
+    // be a silent change of form.
+    if (form.calibrated) {
+      std::string missing;
+      for (const auto& [slot, module] : seam.slots) {
+        const TensorSpec* ts = spec.slot(slot);
+        if (ts == nullptr || ts->shape.size() != 2) continue;  // biases, norms' vectors
+        const HostModule* m = graph.find(module);
+        const int64_t rows = m != nullptr ? m->calibration_rows : 0;
+        if (rows < p.scheme.calibration_rows)
+          missing += (missing.empty() ? "" : ", ") + module + " (" + std::to_string(rows) + ")";
+      }
+      if (!missing.empty()) {
+        std::string stats;
+        for (Statistic st : p.scheme.statistics)
+          stats += (stats.empty() ? "" : ", ") + std::string(name_of(st));
+        p.refused.emplace_back(
+            seam.site, where + ": " + form.describe() + " needs " + stats + " of at least " +
+                           std::to_string(p.scheme.calibration_rows) +
+                           " input rows per projection; recorded rows: " + missing +
+                           " (more tokens in the forward, or calibration=...)");
+        continue;
       }
     }
     // The rows the seat serves: the form's own band where it declares one (a GEMM form for many

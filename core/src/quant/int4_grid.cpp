@@ -19,8 +19,9 @@
 
 namespace frt::detail {
 
-Int4Grid Int4Search::run(const float* v) {
+Int4Grid Int4Search::run(const float* v, const double* importance) {
   v_ = v;
+  imp_ = importance;
   best_err_ = INFINITY;
   float lo = v[0], hi = v[0], extreme = v[0];
   for (int i = 1; i < n_; ++i) {
@@ -55,27 +56,27 @@ bool Int4Search::score(Int4Grid grid) {
     const float level = std::clamp(std::nearbyint((v_[i] - grid.min) * inv), 0.0f, 15.0f);
     q_[i] = static_cast<uint8_t>(level);
     const double d = static_cast<double>(v_[i]) - (level * grid.scale + grid.min);
-    err += d * d;
+    err += weight(i) * d * d;
   }
   if (err < best_err_) best_err_ = err, best_ = grid, std::memcpy(best_q_, q_, sizeof q_);
   return true;
 }
 
-// The least-squares grid for the levels the last score assigned.
+// The (weighted) least-squares grid for the levels the last score assigned.
 void Int4Search::refit() {
-  double sq = 0, sqq = 0, sv = 0, sqv = 0;
+  double sw = 0, sq = 0, sqq = 0, sv = 0, sqv = 0;
   for (int i = 0; i < n_; ++i) {
-    const double l = symmetric_ ? q_[i] - 8.0 : q_[i];
-    sq += l, sqq += l * l, sv += v_[i], sqv += l * v_[i];
+    const double l = symmetric_ ? q_[i] - 8.0 : q_[i], wt = weight(i);
+    sw += wt, sq += wt * l, sqq += wt * l * l, sv += wt * v_[i], sqv += wt * l * v_[i];
   }
   if (symmetric_) {
     if (sqq > 0) score(grid_of(static_cast<float>(sqv / sqq)));
     return;
   }
-  const double det = n_ * sqq - sq * sq;
+  const double det = sw * sqq - sq * sq;
   if (det <= 0) return;
-  const double scale = (n_ * sqv - sq * sv) / det;
-  score({static_cast<float>(scale), static_cast<float>((sv - scale * sq) / n_)});
+  const double scale = (sw * sqv - sq * sv) / det;
+  score({static_cast<float>(scale), static_cast<float>((sv - scale * sq) / sw)});
 }
 
 float Int4Search::as_stored(float v) const {

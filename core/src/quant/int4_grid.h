@@ -18,8 +18,10 @@ class Int4Search {
  public:
   Int4Search(int n, bool symmetric, DType dt) : n_(n), symmetric_(symmetric), dt_(dt) {}
 
-  // The best grid for the n values at v (kept by pointer until the next run()).
-  Int4Grid run(const float* v);
+  // The best grid for the n values at v (kept by pointer until the next run()). With
+  // `importance` (n weights >= 0, kept by pointer too), the squared errors are weighted by it:
+  // a calibrated pack's diagonal of its input moments (Note [Calibrated rounding]).
+  Int4Grid run(const float* v, const double* importance = nullptr);
   // False when no grid was finite as stored (f16 scales past 65504).
   bool found() const { return best_err_ < INFINITY; }
   // The levels (0..15) of the best grid, one per value.
@@ -30,6 +32,7 @@ class Int4Search {
   static constexpr float kSteps[] = {0.0f, -1.0f, -0.75f, -0.5f, -0.25f, 0.25f, 0.5f, 0.75f, 1.0f};
 
   Int4Grid grid_of(float scale) const { return {scale, -8.0f * scale}; }
+  double weight(int i) const { return imp_ != nullptr ? imp_[i] : 1.0; }
   void consider(Int4Grid grid);
   bool score(Int4Grid grid);
   void refit();
@@ -39,6 +42,7 @@ class Int4Search {
   bool symmetric_;
   DType dt_;
   const float* v_ = nullptr;
+  const double* imp_ = nullptr;
   double best_err_ = INFINITY;
   Int4Grid best_;
   uint8_t q_[128] = {}, best_q_[128] = {};

@@ -3,6 +3,7 @@
 #include <flashrt/thread_pool.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <sstream>
 #include <utility>
 
+#include "quant/calibrated.h"
 #include "quant/f16.h"
 #include "quant/int4_grid.h"
 #include "quant/weight_memory.h"
@@ -167,6 +169,8 @@ struct PackAccess {
     return p;
   }
   static void finish_stats(PackedLinear& p, const TensorView& w) { p.stats_ = p.compare(w); }
+  static void calibrate_int4(PackedLinear& p, const TensorView& w, int group, bool symmetric,
+                             DType dt, const InputMoments& m);
 };
 
 PackStats PackedLinear::compare(const TensorView& w) const {
@@ -263,11 +267,13 @@ std::string PackedLinear::form() const {
   if (view_.format == FRT_W_INT5_GEMM)
     return std::string("int5 g32") + (symmetric_ ? " symmetric" : " asymmetric") + scales +
            ", activations int8 per 32";
+  // A calibrated pack (Note [Calibrated rounding]) holds the same layout, other values.
+  const std::string cal = stats_.calibration_rows > 0 ? ", calibrated" : "";
   if (view_.format == FRT_W_INT4_GEMM)
     return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
-           scales + ", w4a8 gemm, activations per " + std::to_string(view_.group);
+           scales + cal + ", w4a8 gemm, activations per " + std::to_string(view_.group);
   return "int4 g" + std::to_string(view_.group) + (symmetric_ ? " symmetric" : " asymmetric") +
-         scales;
+         scales + cal;
 }
 
 PackedLinear PackedLinear::int8(const TensorView& w, int group, DType scale_dtype) {
@@ -304,7 +310,31 @@ PackedLinear PackedLinear::int8(const TensorView& w, int group, DType scale_dtyp
   return p;
 }
 
-PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric, DType scale_dtype) {
+namespace {
+
+// Writes group g of channel r (its grid and `group` levels) into an int4 pack's buffers.
+void write_int4_group(void* qdata, void* scales, void* mins, DType dt, int64_t k, int group,
+                      int64_t r, int64_t g, Int4Grid grid, const uint8_t* levels) {
+  const int64_t panel = r / kPanel, j = r % kPanel, groups = k / group;
+  uint8_t* qp = static_cast<uint8_t*>(qdata) + panel * (k / 2) * kPanel;
+  const int64_t at = (panel * groups + g) * kPanel + j;
+  write_scale(scales, at, dt, grid.scale);
+  write_scale(mins, at, dt, grid.min);
+  for (int i = 0; i < group; ++i) {
+    const int64_t kk = g * group + i;
+    qp[(kk / 2) * kPanel + j] |= static_cast<uint8_t>(levels[i] << ((kk % 2) * 4));
+  }
+}
+
+[[noreturn]] void no_int4_grid(int64_t g, int64_t r, const TensorView& w) {
+  throw InvalidArgument("pack: int4 group " + std::to_string(g) + " of row " + std::to_string(r) +
+                        " needs a scale past f16's range in " + w.describe());
+}
+
+}  // namespace
+
+PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric, DType scale_dtype,
+                                const InputMoments* moments) {
   check_weight(w);
   check_scale_dtype(scale_dtype);
   const int64_t n = w.shape[0], k = w.shape[1];
@@ -312,30 +342,108 @@ PackedLinear PackedLinear::int4(const TensorView& w, int group, bool symmetric, 
   const int64_t groups = k / group;
   PackedLinear p = PackAccess::allocate(WeightFormat::int4_group, group, n, k, scale_dtype);
   p.symmetric_ = symmetric;
-  auto* q = static_cast<uint8_t*>(p.qdata_.get());
+  if (moments != nullptr) {
+    PackAccess::calibrate_int4(p, w, group, symmetric, scale_dtype, *moments);
+    return p;
+  }
   // Padding columns of the last panel keep scale and min 0, so they contribute nothing.
   for_each_row(n, [&](int64_t r, std::vector<float>& row) {
     load_row(w, r, row);
-    const int64_t panel = r / kPanel, j = r % kPanel;
-    uint8_t* qp = q + panel * (k / 2) * kPanel;
     Int4Search search(group, symmetric, scale_dtype);
     for (int64_t g = 0; g < groups; ++g) {
       const Int4Grid grid = search.run(row.data() + g * group);
-      if (!search.found())
-        throw InvalidArgument("pack: int4 group " + std::to_string(g) + " of row " +
-                              std::to_string(r) + " needs a scale past f16's range in " +
-                              w.describe());
-      const int64_t at = (panel * groups + g) * kPanel + j;
-      write_scale(p.scales_.get(), at, scale_dtype, grid.scale);
-      write_scale(p.mins_.get(), at, scale_dtype, grid.min);
-      for (int i = 0; i < group; ++i) {
-        const int64_t kk = g * group + i;
-        qp[(kk / 2) * kPanel + j] |= static_cast<uint8_t>(search.levels()[i] << ((kk % 2) * 4));
-      }
+      if (!search.found()) no_int4_grid(g, r, w);
+      write_int4_group(p.qdata_.get(), p.scales_.get(), p.mins_.get(), scale_dtype, k, group, r, g,
+                       grid, search.levels());
     }
   });
   PackAccess::finish_stats(p, w);
   return p;
+}
+
+// Note [Calibrated rounding] (calibrated.cpp): channels in tiles of 16, so each span's moments
+// are streamed once a tile for the output-space errors the stats report (the rounding's and the
+// plain pack's, against the weights' own), estimated on every eighth tile.
+void PackAccess::calibrate_int4(PackedLinear& p, const TensorView& w, int group, bool symmetric,
+                                DType dt, const InputMoments& m) {
+  const int64_t n = w.shape[0], k = w.shape[1], span = m.span();
+  if (m.width() != k || span % group != 0)
+    throw InvalidArgument("pack: input moments of width " + std::to_string(m.width()) +
+                          " in spans of " + std::to_string(span) + " for " + w.describe() +
+                          " in groups of " + std::to_string(group));
+  const std::shared_ptr<const std::vector<detail::SpanSolve>> solved = m.solves();
+  const std::vector<detail::SpanSolve>& solves = *solved;
+  constexpr int64_t kTile = 16, kReportEvery = 8;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  struct Sums {
+    double chosen = 0, plain = 0, ref = 0;
+  };
+  std::vector<Sums> sums(static_cast<size_t>(tiles));
+  std::exception_ptr error;
+  std::mutex mu;
+  Parallel& pool = process_parallel();
+  pool.run(static_cast<int>(std::min<int64_t>(pool.size(), tiles)), [&](int ith, int team) {
+    std::vector<float> row, v, cal, plain;
+    std::vector<uint8_t> levels(static_cast<size_t>(span));
+    std::vector<Int4Grid> grids(static_cast<size_t>(span / group));
+    std::vector<double> q(kTile);
+    try {
+      for (int64_t t = ith; t < tiles; t += team) {
+        const int64_t r0 = t * kTile, m_rows = std::min(kTile, n - r0);
+        // The report's errors are estimated on every eighth tile: the quadratic forms cost
+        // more than the rounding itself.
+        const bool report = t % kReportEvery == 0;
+        for (size_t b = 0; b < solves.size(); ++b) {
+          const detail::SpanSolve& s = solves[b];
+          v.assign(static_cast<size_t>(m_rows * span), 0.0f);
+          cal.assign(v.size(), 0.0f);
+          plain.assign(v.size(), 0.0f);
+          for (int64_t i = 0; i < m_rows; ++i) {
+            const int64_t r = r0 + i;
+            load_row(w, r, row);
+            const float* x = row.data() + static_cast<int64_t>(b) * span;
+            std::copy(x, x + span, v.begin() + i * span);
+            if (!detail::round_span(x, s, group, symmetric, dt, levels.data(), grids.data()))
+              no_int4_grid(static_cast<int64_t>(b) * span / group, r, w);
+            Int4Search search(group, symmetric, dt);
+            for (int64_t g = 0; g < span / group; ++g) {
+              const int64_t col = static_cast<int64_t>(b) * span + g * group;
+              write_int4_group(p.qdata_.get(), p.scales_.get(), p.mins_.get(), dt, k, group, r,
+                               col / group, grids[g], levels.data() + g * group);
+              if (!report) continue;
+              const Int4Grid pg = search.run(x + g * group);
+              for (int j = 0; j < group; ++j) {
+                const int64_t at = i * span + g * group + j;
+                cal[at] =
+                    x[g * group + j] - (levels[g * group + j] * grids[g].scale + grids[g].min);
+                plain[at] = search.found()
+                                ? x[g * group + j] - (search.levels()[j] * pg.scale + pg.min)
+                                : 0.0f;
+              }
+            }
+          }
+          if (!report) continue;
+          Sums& out = sums[static_cast<size_t>(t)];
+          detail::quadratic_forms(cal.data(), m_rows, s, q.data());
+          for (int64_t i = 0; i < m_rows; ++i) out.chosen += q[i];
+          detail::quadratic_forms(plain.data(), m_rows, s, q.data());
+          for (int64_t i = 0; i < m_rows; ++i) out.plain += q[i];
+          detail::quadratic_forms(v.data(), m_rows, s, q.data());
+          for (int64_t i = 0; i < m_rows; ++i) out.ref += q[i];
+        }
+      }
+    } catch (...) {
+      std::lock_guard lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+  finish_stats(p, w);
+  Sums total;
+  for (const Sums& t : sums) total.chosen += t.chosen, total.plain += t.plain, total.ref += t.ref;
+  p.stats_.out_rel_err = total.ref > 0 ? std::sqrt(total.chosen / total.ref) : 0;
+  p.stats_.out_rel_err_plain = total.ref > 0 ? std::sqrt(total.plain / total.ref) : 0;
+  p.stats_.calibration_rows = m.rows();
 }
 
 // Per super-block: each group's min-max grid (offset o = -min(w, 0) >= 0, scale s = range / 15),

@@ -180,8 +180,9 @@ PackedLinear PackedLinear::int8_gemm(const TensorView& weight, int act_block) {
   return GemmPackAccess::from(PackedLinear::int8(weight), act_block);
 }
 
-PackedLinear PackedLinear::int4_gemm(const TensorView& weight, bool symmetric) {
-  return GemmPackAccess::from_int4(PackedLinear::int4(weight, 32, symmetric, DType::f16));
+PackedLinear PackedLinear::int4_gemm(const TensorView& weight, bool symmetric,
+                                     const InputMoments* moments) {
+  return GemmPackAccess::from_int4(PackedLinear::int4(weight, 32, symmetric, DType::f16, moments));
 }
 
 PackedLinear PackedLinear::int4_super_gemm(const TensorView& weight) {

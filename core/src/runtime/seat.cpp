@@ -76,6 +76,18 @@ Verdict Seat::run(const TensorView& x, const TensorView& y, bool training, const
   return Verdict::ran;
 }
 
+std::string Seat::probe(const TensorView& x, const TensorView& y) {
+  if (x.dtype != form_.dtype)
+    return std::string("input dtype ") + dtype_name(x.dtype) + ", seated for " +
+           dtype_name(form_.dtype);
+  if (x.rank != 2 || x.shape[0] < form_.band_min || x.shape[0] > form_.band_max)
+    return "rows " + x.describe() + " outside the band " + std::to_string(form_.band_min) + ".." +
+           std::to_string(form_.band_max);
+  if (std::string why = refusal(x, y, nullptr); !why.empty()) return why;
+  execute(x, y, nullptr);
+  return "";
+}
+
 Verdict Seat::run_call(bool training, DType dtype, const std::function<std::string()>& refusal,
                        const std::function<void()>& execute) {
   if (training) return miss("training mode");
@@ -186,10 +198,11 @@ const TensorView* optional_operand(const std::map<std::string, TensorView>& t,
 }
 
 // The operand's packed weight: the adopted one when the checkpoint supplied it, else the host
-// tensor packed to the plan's form. n, k > 0 are the shape the other operands imply.
+// tensor packed to the plan's form (a calibrated form against `moments`' entry for the
+// operand). n, k > 0 are the shape the other operands imply.
 PackedLinear pack(const std::map<std::string, TensorView>& tensors,
                   std::map<std::string, PackedLinear>& adopted, const std::string& name,
-                  const SeatPlan& plan, int64_t n, int64_t k) {
+                  const SeatPlan& plan, int64_t n, int64_t k, const OperandMoments& moments) {
   const std::string what = name == "weight" ? plan.site + " weight" : name;
   const WeightForm& form = plan.form;
   if (const auto it = adopted.find(name); it != adopted.end()) {
@@ -208,6 +221,14 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
   if (w.rank != 2 || (n > 0 && w.shape[0] != n) || (k > 0 && w.shape[1] != k))
     throw Refused(what + " " + w.describe() + ": expected a [" + std::to_string(n) + ", " +
                   std::to_string(k) + "] weight");
+  const InputMoments* m = nullptr;
+  if (form.calibrated) {
+    const auto it = moments.find(name);
+    if (it == moments.end() || it->second == nullptr)
+      throw Refused(what + ": " + form.describe() + " is rounded against its input's moments; " +
+                    "none were handed for operand '" + name + "'");
+    m = it->second;
+  }
   switch (form.format) {
     case WeightFormat::int8_channel:
       return PackedLinear::int8(w);
@@ -216,7 +237,7 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
     case WeightFormat::int8_gemm:
       return PackedLinear::int8_gemm(w, form.group);
     case WeightFormat::int4_gemm:
-      return PackedLinear::int4_gemm(w, form.symmetric);
+      return PackedLinear::int4_gemm(w, form.symmetric, m);
     case WeightFormat::int4_super:
       return PackedLinear::int4_super(w);
     case WeightFormat::int8_super:
@@ -232,7 +253,7 @@ PackedLinear pack(const std::map<std::string, TensorView>& tensors,
     case WeightFormat::int4_group:
       break;
   }
-  return PackedLinear::int4(w, form.group, form.symmetric, form.scale_dtype);
+  return PackedLinear::int4(w, form.group, form.symmetric, form.scale_dtype, m);
 }
 
 // A bias read once into fp32 (it is small, and kernels take fp32 biases).
@@ -365,9 +386,10 @@ std::unique_ptr<Seat> build_bank(const SeatPlan& plan,
     std::map<std::string, TensorView> one = {{"gate" + i, expert_matrix(g, e)},
                                              {"up" + i, expert_matrix(u, e)},
                                              {"down" + i, expert_matrix(d, e)}};
-    gates.push_back(pack(one, adopted, "gate" + i, plan, inner, hidden));
-    ups.push_back(pack(one, adopted, "up" + i, plan, inner, hidden));
-    downs.push_back(pack(one, adopted, "down" + i, plan, hidden, inner));
+    // Each expert reads only its own rows: no bank-wide moments stand for them.
+    gates.push_back(pack(one, adopted, "gate" + i, plan, inner, hidden, {}));
+    ups.push_back(pack(one, adopted, "up" + i, plan, inner, hidden, {}));
+    downs.push_back(pack(one, adopted, "down" + i, plan, hidden, inner, {}));
   }
   ExpertBank bank(std::move(gates), std::move(ups), std::move(downs), plan.activation);
   form.width = form.out = hidden;
@@ -395,7 +417,8 @@ std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::s
 
 std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const std::map<std::string, TensorView>& tensors, GuardMode mode,
-                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted) {
+                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted,
+                                 const OperandMoments& moments) {
   const frt_kernel_table& table = hub.table(plan.package);
   if (!kernel_dtype(plan.act_dtype))
     throw Refused("activation dtype " + std::string(name_of(plan.act_dtype)) +
@@ -411,7 +434,7 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
   if (plan.op == OpKind::linear && plan.replaces.size() > 1)
     return build_packed(plan, tensors, table, mode, form);
   if (plan.op == OpKind::linear) {
-    PackedLinear w = pack(tensors, adopted, "weight", plan, 0, 0);
+    PackedLinear w = pack(tensors, adopted, "weight", plan, 0, 0, moments);
     std::vector<float> b = bias_values(optional_operand(tensors, "bias"), w.n(), "bias");
     form.width = w.k();
     form.out = w.n();
@@ -472,9 +495,10 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
   if (plan.op != OpKind::gated_ffn && plan.op != OpKind::ffn)
     throw InvalidArgument("seat " + plan.site + ": op " + name_of(plan.op) + " is not a seat op");
   std::optional<PackedLinear> gate;
-  PackedLinear up = pack(tensors, adopted, "up", plan, 0, 0);
-  if (plan.op == OpKind::gated_ffn) gate = pack(tensors, adopted, "gate", plan, up.n(), up.k());
-  PackedLinear down = pack(tensors, adopted, "down", plan, up.k(), up.n());
+  PackedLinear up = pack(tensors, adopted, "up", plan, 0, 0, moments);
+  if (plan.op == OpKind::gated_ffn)
+    gate = pack(tensors, adopted, "gate", plan, up.n(), up.k(), moments);
+  PackedLinear down = pack(tensors, adopted, "down", plan, up.k(), up.n(), moments);
   std::vector<float> up_bias = bias_values(optional_operand(tensors, "up_bias"), up.n(), "up bias");
   std::vector<float> down_bias =
       bias_values(optional_operand(tensors, "down_bias"), down.n(), "down bias");

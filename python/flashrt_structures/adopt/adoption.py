@@ -19,10 +19,11 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .. import _core, catalog, seats, swap
+from .. import _core, accuracy, catalog, seats, swap
 from .. import receipt as receipts
 from ..autoswap import notes_of
 from ..observe import observe
+from ..observe.calibration import record
 from . import compressed_tensors, gguf
 from .source import Source
 
@@ -210,6 +211,9 @@ def adopt_prequantized(
                 report.forms[key] = sp.form.describe()
     if swaps:
         notes = notes_of(plan)
+        # Each seat's band on rows the forward showed (the file's values against the host's).
+        notes["accuracy"] = accuracy.bands(
+            swaps, record(model, [forward], span_cap=0, source="observed forward"))
         notes["adoption"] = report.summary()
         notes.update(door="adopt_prequantized", measurements=report.measurements())
         report.handle = swap.attach(model, swaps, on_guard_fail=on_guard_fail, notes=notes)
