@@ -27,11 +27,10 @@ SAMPLE_PER_CALL = 16  # at most this many of them from one call, spread over its
 
 @dataclass
 class Calibration:
-    """The record of one set of forwards: where it came from, the rows each input showed, the
-    moments (empty when no scheme asked for them) and the sample rows."""
+    """The record of one set of forwards: where it came from, the moments (empty when no scheme
+    asked for them; each holds its own row count) and the sample rows."""
 
     source: str
-    rows: dict[str, int] = field(default_factory=dict)
     moments: dict[str, _core.InputMoments] = field(default_factory=dict)
     samples: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -97,7 +96,6 @@ class _Recorder:
         self._keep_sample(path, rows)
         if not isinstance(mod, nn.Linear) or self.span_cap <= 0 or mod.in_features % 32:
             return
-        self.record.rows[path] = self.record.rows.get(path, 0) + rows.shape[0]
         moments = self.record.moments.get(path)
         shared = self._call_owner.get(id(x))
         if moments is None:
