@@ -115,6 +115,8 @@ def cpu_flags_tier() -> str:
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
             break
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"} <= flags:
+        return "amx"
     if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
         return "avx512vnni"
     return "avx2" if {"avx2", "fma", "f16c"} <= flags else "generic"

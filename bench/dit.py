@@ -116,6 +116,20 @@ def torchao_arm(model: nn.Module) -> tuple[nn.Module | None, str]:
     return twin, f"torchao {torchao.__version__} Int8DynamicActivationInt8WeightConfig"
 
 
+def bf16_twin(model: nn.Module) -> nn.Module:
+    """The host cast to bf16 (torch's own bf16 path: oneDNN, on AMX where the CPU has it), its
+    floating inputs cast on the way in, so the same step closure drives it."""
+    twin = copy.deepcopy(model).to(torch.bfloat16)
+
+    def cast(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def one(v: Any) -> Any:
+            return v.bfloat16() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+    twin.register_forward_pre_hook(cast, with_kwargs=True)
+    return twin
+
+
 def timed(fn: Step) -> tuple[float, torch.Tensor]:
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -143,7 +157,15 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
                     "gemm linear seats, the GELU runs at the host between them"}
         arms["flashrt_w8a8"]["ffn_seats"] = sum(
             1 for sp in plan.seams if sp.seam.structure == "encoder_ffn")
-    twins: dict[str, nn.Module] = {}
+    twins: dict[str, nn.Module] = {"host_bf16": bf16_twin(model)}
+    arms["host_bf16"] = {"what": "the host cast to bf16 (inputs cast on entry): torch's bf16 "
+                                 "path, oneDNN (AMX where the CPU has it)"}
+    # w8a8_dynamic's seats on that bf16 twin: the GEMMs on flashrt/gemm (AMX tiles where the
+    # CPU grants them), attention and the rest on torch's bf16 path.
+    bf16_host = twins["host_bf16"]
+    plans["flashrt_w8a8_on_bf16_host"] = S.auto_swaps(bf16_host, step_for(bf16_host),
+                                                      scheme="w8a8_dynamic")
+    arms["flashrt_w8a8_on_bf16_host"] = {"what": "w8a8_dynamic seats on the bf16 twin"}
     if peers:
         twins["fbgemm_quantize_dynamic"] = fbgemm_arm(model)
         arms["fbgemm_quantize_dynamic"] = {"what": "torch.ao.quantization.quantize_dynamic "
@@ -159,11 +181,11 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
     def run(arm: str) -> tuple[float, torch.Tensor]:
         nonlocal handle
         if arm in plans:
-            h = plans[arm].attach(model)
+            h = plans[arm].attach(bf16_host if arm.endswith("_on_bf16_host") else model)
             if arm == "flashrt_w8a8":
                 handle = h
             try:
-                return timed(step)
+                return timed(step_for(bf16_host) if arm.endswith("_on_bf16_host") else step)
             finally:
                 h.detach()
         if arm == "host_fp32":
@@ -189,11 +211,13 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
             outs[a] = out
         print(f"  {name} round {r + 1}/{rounds}: " +
               ", ".join(f"{a} {times[a][-1]:.2f}s" for a in order if times[a]), flush=True)
-    host = times["host_fp32"]
+    host, host_bf16 = times["host_fp32"], times["host_bf16"]
     for a in order:
         ratios = [h / t for h, t in zip(host, times[a])]  # paired by round
         arms[a].update({"step_s": statistics.median(times[a]), "times_s": times[a],
                         "speedup_vs_host": statistics.median(ratios),
+                        "speedup_vs_host_bf16": statistics.median(
+                            h / t for h, t in zip(host_bf16, times[a])),
                         "cosine_vs_host": cosine(outs[a], want)})
     summary = handle.summary() if handle is not None else {}
     return {"host": name, "params": sum(p.numel() for p in model.parameters()),
@@ -439,13 +463,14 @@ def run_ffn(a: argparse.Namespace) -> None:
 
 
 def print_steps(hosts: list[dict]) -> None:
-    print(f"\n{'host':8} {'arm':32} {'step s':>8} {'x host':>7} {'cosine':>9}")
+    print(f"\n{'host':8} {'arm':32} {'step s':>8} {'x host':>7} {'x bf16':>7} {'cosine':>9}")
     for h in hosts:
         for arm, r in h["arms"].items():
             if "unavailable" in r:
                 print(f"{h['host']:8} {arm:32} unavailable: {r['unavailable']}")
                 continue
             print(f"{h['host']:8} {arm:32} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
+                  f"{r.get('speedup_vs_host_bf16', float('nan')):7.2f} "
                   f"{r['cosine_vs_host']:9.5f}")
 
 

@@ -10,6 +10,7 @@ _common.py).
 
     .venv/bin/python bench/kernels.py            # writes bench/results/<tier>/kernels.json
     .venv/bin/python bench/kernels.py --floor-only   # only the bracketed goal figures
+    .venv/bin/python bench/kernels.py --gemm-only    # the w8a8 GEMM at many rows (key "gemm")
     FRT_CPU_CAP=avx2 .venv/bin/python bench/kernels.py   # the AVX2 tier on an AVX-512 machine
 """
 
@@ -18,7 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -360,6 +364,84 @@ def print_huge_pages(pairs: list[dict]) -> None:
               f"{max(h['probe_gbps_small_pages']):.1f} GB/s")
 
 
+# The GEMM at many rows (prefill chunks, DiT tokens): K x N of the DiT (PixArt-Sigma 1152 wide,
+# Flux 3072) and Qwen3-0.6B (hidden 1024, 16 x 128 query heads, intermediate 3072) projections.
+GEMM_SHAPES = [(1152, 1152), (1152, 4608), (4608, 1152), (3072, 3072), (3072, 12288),
+               (1024, 2048), (1024, 3072), (3072, 1024)]
+GEMM_ROWS = [128, 512, 2048]
+
+
+def tile_int8_ceiling(threads: int) -> dict | None:
+    """The measured AMX-INT8 ceiling (bench/probes/amx_int8_ceiling.cpp: tdpbusd on operands
+    already in tiles), or None where this CPU has no AMX or no compiler is at hand."""
+    if "amx_int8" not in _core.cpu().features or shutil.which("g++") is None:
+        return None
+    src = Path(__file__).resolve().parent / "probes" / "amx_int8_ceiling.cpp"
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = Path(tmp) / "probe"
+        subprocess.run(["g++", "-O2", "-mamx-tile", "-mamx-int8", "-pthread", str(src), "-o",
+                        str(exe)], check=True)
+        out = subprocess.run([str(exe), str(threads)], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def bench_gemm(rounds: int, shapes: list[tuple[int, int]]) -> dict:
+    """The w8a8 GEMM (int8_gemm per channel, activations per row at run time; the variant the hub
+    chose) against torch's F.linear in fp32 and in bf16 (oneDNN; AMX where the CPU has it), bf16
+    in and out for flashrt and the bf16 arm, paired: the arms alternate within every round and the
+    figure is the median round. TOP/s counts 2 * M * K * N."""
+    ceiling = {t: tile_int8_ceiling(t) for t in (1, 2)}
+    rows = []
+    print(f"{'M':>5}{'K':>6}{'N':>7}{'fp32 ms':>9}{'bf16 ms':>9}{'flashrt ms':>11}{'TOP/s':>7}"
+          f"{'vs bf16':>8}{'vs fp32':>8}")
+    for k, n in shapes:
+        w = torch.randn(n, k) * 0.02
+        bias = torch.randn(n) * 0.1
+        packed = ops.pack_int8_gemm(w)
+        wb, bb = w.bfloat16(), bias.bfloat16()
+        for m in GEMM_ROWS:
+            x = torch.randn(m, k)
+            xb = x.bfloat16()
+            y = torch.empty(m, n, dtype=torch.bfloat16)
+            arms: dict[str, Callable[[], object]] = {
+                "torch_fp32": lambda x=x, w=w, bias=bias: F.linear(x, w, bias),
+                "torch_bf16": lambda xb=xb, wb=wb, bb=bb: F.linear(xb, wb, bb),
+                "flashrt_w8a8": lambda xb=xb, y=y: ops.linear(xb, packed, bias, out=y),
+            }
+            for fn in arms.values():  # warm: first-touch pages, oneDNN's primitive cache
+                fn()
+            reps = max(1, int(0.2 / max(1e-4, time_arm([arms["torch_fp32"]], 1))))
+            times: dict[str, list[float]] = {a: [] for a in arms}
+            for _ in range(rounds):
+                for a, fn in arms.items():
+                    times[a].append(time_arm([fn], reps))
+            med = {a: statistics.median(t) for a, t in times.items()}
+            ops_ = 2.0 * m * k * n
+            want = F.linear(x.double(), w.double(), bias.double())
+            got = ops.linear(xb, packed, bias, out=y).double()
+            cos = float(F.cosine_similarity(got.flatten(), want.flatten(), dim=0))
+            bf = arms["torch_bf16"]().double()
+            cos_bf16 = float(F.cosine_similarity(bf.flatten(), want.flatten(), dim=0))
+            row = {"M": m, "K": k, "N": n, "seconds": med,
+                   "tops": {a: ops_ / t / 1e12 for a, t in med.items()},
+                   "flashrt_vs_torch_bf16": med["torch_bf16"] / med["flashrt_w8a8"],
+                   "flashrt_vs_torch_fp32": med["torch_fp32"] / med["flashrt_w8a8"],
+                   "round_ratios_vs_bf16": [b / f for b, f in zip(times["torch_bf16"],
+                                                                  times["flashrt_w8a8"])],
+                   "cosine_vs_fp64": {"flashrt_w8a8": cos, "torch_bf16": cos_bf16}}
+            if ceiling[2]:
+                row["frac_of_int8_tile_ceiling"] = row["tops"]["flashrt_w8a8"] / max(
+                    ceiling[1]["int8_tops"], ceiling[2]["int8_tops"])
+            rows.append(row)
+            print(f"{m:>5}{k:>6}{n:>7}{med['torch_fp32'] * 1e3:>9.2f}"
+                  f"{med['torch_bf16'] * 1e3:>9.2f}{med['flashrt_w8a8'] * 1e3:>11.2f}"
+                  f"{row['tops']['flashrt_w8a8']:>7.2f}{row['flashrt_vs_torch_bf16']:>7.2f}x"
+                  f"{row['flashrt_vs_torch_fp32']:>7.2f}x", flush=True)
+    return {"int8_tile_ceiling": ceiling, "rounds": rounds, "rows": rows,
+            "variant": next(p["chosen"] for p in impls.kernels_report()["packages"]
+                            if p["repo"] == "flashrt/gemm")}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, default=None,
@@ -374,6 +456,8 @@ def main() -> int:
     parser.add_argument("--floor-only", action="store_true",
                         help="only the bracketed M=1 goal shapes (key 'floor' of kernels.json)")
     parser.add_argument("--floor-rounds", type=int, default=9)
+    parser.add_argument("--gemm-only", action="store_true",
+                        help="only the w8a8 GEMM at 128, 512 and 2048 rows (key 'gemm')")
     parser.add_argument("--floor-forms", default=None,
                         help="with --floor-only: a comma list of forms (default every one)")
     args = parser.parse_args()
@@ -381,6 +465,20 @@ def main() -> int:
         pairs = huge_page_pairs()
         print_huge_pages(pairs)
         write_result(result_path(args.json, "huge_pages"), {"machine": machine(), "pairs": pairs})
+        return 0
+
+    if args.gemm_only:
+        path = result_path(args.json, "kernels")
+        result = json.loads(path.read_text()) if path.exists() else {}
+        result["machine"] = machine()
+        shapes = GEMM_SHAPES if args.shapes == "all" else [
+            tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+        result["gemm"] = bench_gemm(args.rounds, shapes)
+        c = result["gemm"]["int8_tile_ceiling"]
+        print(f"variant {result['gemm']['variant']}; AMX-INT8 ceiling: "
+              + (f"{c[1]['int8_tops']:.2f} TOP/s on 1 thread, {c[2]['int8_tops']:.2f} on 2"
+                 if c[2] else "none (no AMX)"))
+        write_result(path, result)
         return 0
 
     if args.floor_only:

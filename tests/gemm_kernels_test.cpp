@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -156,6 +157,43 @@ TEST_P(GemmKernel, OneAndTwoThreadsAndTheGenericVariantAgreeBitwise) {
   run_linear(*generic, pool, packed, bias.data(), x.view(), g.view(), 2);
   EXPECT_EQ(0, std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4));
   EXPECT_EQ(0, std::memcmp(a.f32.data(), g.f32.data(), a.f32.size() * 4));
+}
+
+// Many rows (the amx build's tiles take rows past 16 in blocks of about 1 MiB of quantized rows,
+// sixteen at a time, panels in pairs; the rest on the 4-row tiles): several row blocks, a
+// 16-row chunk, a row tail and an odd panel count per thread, bf16 in and out, rows with a NaN
+// and an infinity (their outputs NaN, and only theirs), on 1 and 2 threads, bitwise against the
+// generic variant.
+TEST_P(GemmKernel, ManyRowsAgreeBitwiseWithTheGenericVariant) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  // The second shape's rows are too wide for tile order (kGemmAmxTiledMaxLda): row-major tiles.
+  for (const Case& c : {Case{16 * 37 + 7, 4093, 5 * 16 + 3}, Case{40, 16389, 21}}) {
+    SCOPED_TRACE("m" + std::to_string(c.m) + " k" + std::to_string(c.k));
+    std::vector<float> w = random_weight(c.n, c.k, rng);
+    const PackedLinear packed =
+        PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, c.n, c.k, c.k));
+    std::vector<float> bias(c.n);
+    for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+    Rows x(DType::bf16, c.m, c.k, c.k + 5, rng, 0.3f);
+    x.set(20, 7, std::numeric_limits<float>::quiet_NaN());
+    x.set(33, c.k - 1, std::numeric_limits<float>::infinity());
+    Out a(DType::bf16, c.m, c.n), b(DType::bf16, c.m, c.n), g(DType::bf16, c.m, c.n);
+    run_linear(*t, pool, packed, bias.data(), x.view(), a.view(), 1);
+    run_linear(*t, pool, packed, bias.data(), x.view(), b.view(), 2);
+    run_linear(*generic, pool, packed, bias.data(), x.view(), g.view(), 2);
+    EXPECT_EQ(a.bf16, b.bf16);
+    EXPECT_EQ(a.bf16, g.bf16);
+    for (int64_t r : {int64_t{19}, int64_t{20}, int64_t{33}})
+      for (int64_t col = 0; col < c.n; ++col)
+        EXPECT_EQ(std::isnan(a.at(r, col)), r != 19) << "row " << r << " column " << col;
+  }
 }
 
 TEST_P(GemmKernel, ConstantAndZeroRowsAreExactAndNonFiniteRowsStayNonFinite) {
@@ -814,7 +852,7 @@ TEST_P(GemmKernel, Int5RefusesValuesOutOfRangeWidthsAndGroupsOutsideItsForm) {
       << form_refusal(*t, d);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kIsas));
+INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kGemmIsas));
 
 }  // namespace
 }  // namespace frt

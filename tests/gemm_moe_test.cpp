@@ -384,7 +384,7 @@ TEST_P(GemmMoe, FormRefusalAnswersForTheDescribedBank) {
   expect_refused(d, "outside the decode band 1..16");
   // The ffn package's bank refuses the gemm forms.
   std::string why;
-  const frt_kernel_table* ffn = open_variant_library(library("ffn", GetParam()), &why);
+  const frt_kernel_table* ffn = open_variant_library(library("ffn", without_amx(GetParam())), &why);
   ASSERT_NE(ffn, nullptr) << why;
   for (int32_t wf : {FRT_W_INT8_GEMM, FRT_W_INT4_GEMM}) {
     d = good;
@@ -394,7 +394,7 @@ TEST_P(GemmMoe, FormRefusalAnswersForTheDescribedBank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GemmMoe, ::testing::ValuesIn(kIsas));
+INSTANTIATE_TEST_SUITE_P(Variants, GemmMoe, ::testing::ValuesIn(kGemmIsas));
 
 // ---- Timing (disabled: --gtest_also_run_disabled_tests --gtest_filter='*GemmMoeTiming*')
 // A Qwen3-30B-A3B-shaped bank (128 experts, hidden 2048, intermediate 768, top_k 8) in the gemm

@@ -25,8 +25,20 @@ namespace frt::ktest {
 // The shipped variants, then "avx512vnni-simde": the avx512vnni sources built on AVX2 through
 // SIMDe, test only (Note [Emulated zmm variant], kernels/common/include/frt_kern/zmm_simde.h).
 inline const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni", "avx512vnni-simde"};
+// flashrt/gemm's, with its amx build and that build's emulation ("amx-simde": the zmm paths
+// through SIMDe and the tiles in plain C++, Note [Emulated AMX tiles] in
+// kernels/gemm/src/x86/amx/amx_tiles.h).
+inline const std::vector<std::string> kGemmIsas = {"generic",          "avx2", "avx512vnni",
+                                                   "avx512vnni-simde", "amx",  "amx-simde"};
 
 inline constexpr const char* kEmulatedSuffix = "-simde";
+
+// The build of a package without an amx variant that stands where gemm's amx build does.
+inline std::string without_amx(const std::string& isa) {
+  if (isa == "amx") return "avx512vnni";
+  if (isa == "amx-simde") return "avx512vnni-simde";
+  return isa;
+}
 
 inline bool emulated(const std::string& isa) { return isa.ends_with(kEmulatedSuffix); }
 
@@ -51,7 +63,11 @@ inline const frt_kernel_table* open_variant(const std::string& pkg, const std::s
 #endif
   for (const std::string& f : tier_features(emulated(isa) ? "avx2" : isa))
     if (!detect_cpu().has(f)) {
-      *skip = "this CPU lacks " + f + " for the " + isa + " variant";
+      const auto withheld = detect_cpu().withheld.find(f);
+      *skip = withheld != detect_cpu().withheld.end()
+                  ? "this process may not use " + f + " for the " + isa +
+                        " variant: " + withheld->second
+                  : "this CPU lacks " + f + " for the " + isa + " variant";
       return nullptr;
     }
   std::string why;

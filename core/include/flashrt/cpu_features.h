@@ -2,6 +2,7 @@
 // from here and nowhere else (STYLE (f): no CPU detection in two places).
 #pragma once
 
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -12,15 +13,18 @@ struct CpuFeatures {
   std::string arch;                // "x86_64", "aarch64"
   std::string os;                  // "linux"
   std::set<std::string> features;  // lower-case names: "avx2", "fma", "avx512_vnni", ...
+  // Features the silicon has that this process may not use, and why (the OS does not save
+  // their state, or refused to grant it: AMX's tile data).
+  std::map<std::string, std::string> withheld;
 
   bool has(std::string_view feature) const;
-  // The best ISA tier the features reach: "avx512vnni", "avx2" or "generic".
+  // The best ISA tier the features reach: "amx", "avx512vnni", "avx2" or "generic".
   std::string tier() const;
 };
 
 // Features this process may use: CPUID (with the OS's XSAVE state checked), then capped by the
-// environment variable FRT_CPU_CAP=<tier> when it is set ("generic", "avx2", "avx512vnni"): a cap
-// only removes features, never adds them. Detected once per process.
+// environment variable FRT_CPU_CAP=<tier> when it is set ("generic", "avx2", "avx512vnni", "amx"):
+// a cap only removes features, never adds them. Detected once per process.
 const CpuFeatures& detect_cpu();
 
 // The features a tier needs; unknown tier names throw InvalidArgument.

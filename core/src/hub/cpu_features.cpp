@@ -6,18 +6,25 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#endif
 
 namespace frt {
 namespace {
 
 // Tiers from best to worst; tier() answers the first whose features are all present.
-constexpr std::array<std::string_view, 3> kTiers = {"avx512vnni", "avx2", "generic"};
+constexpr std::array<std::string_view, 4> kTiers = {"amx", "avx512vnni", "avx2", "generic"};
 
 #if defined(__x86_64__) || defined(__i386__)
 
@@ -25,6 +32,25 @@ constexpr std::array<std::string_view, 3> kTiers = {"avx512vnni", "avx2", "gener
 // what the silicon has; without these an AVX instruction still faults (Intel SDM 13.3).
 constexpr uint64_t kXcr0Ymm = (1u << 1) | (1u << 2);              // SSE + AVX state
 constexpr uint64_t kXcr0Zmm = (1u << 5) | (1u << 6) | (1u << 7);  // opmask, ZMM_Hi256, Hi16_ZMM
+constexpr uint64_t kXcr0Tile = (1u << 17) | (1u << 18);           // XTILECFG, XTILEDATA
+
+// Linux keeps the AMX tile data (8 KiB of XSAVE state) out of a process until it asks for it:
+// the first tile instruction without ARCH_REQ_XCOMP_PERM is a SIGILL (Linux
+// Documentation/arch/x86/xstate.rst). "" once granted, else why not. Asked once per process; the
+// grant covers every thread, present and future.
+std::string request_tile_data() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) return "";
+  return std::string(
+             "Linux refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, "
+             "XTILEDATA): ") +
+         std::strerror(errno);
+#else
+  return "this OS has no way to grant the AMX tile state";
+#endif
+}
 
 uint64_t read_xcr0() {
   uint32_t eax = 0, edx = 0;
@@ -35,7 +61,7 @@ uint64_t read_xcr0() {
 
 bool bit(uint32_t reg, int n) { return (reg >> n) & 1u; }
 
-std::set<std::string> detect_x86() {
+std::set<std::string> detect_x86(std::map<std::string, std::string>* withheld) {
   std::set<std::string> f;
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(1, 0, &a, &b, &c, &d)) return f;
@@ -58,7 +84,7 @@ std::set<std::string> detect_x86() {
   unsigned max_leaf = 0;
   if (!__get_cpuid_count(0, 0, &max_leaf, &b, &c, &d) || max_leaf < 7) return f;
   __get_cpuid_count(7, 0, &a, &b, &c, &d);
-  const uint32_t max_sub7 = a, ebx7 = b, ecx7 = c;
+  const uint32_t max_sub7 = a, ebx7 = b, ecx7 = c, edx7 = d;
   if (bit(ebx7, 8)) f.insert("bmi2");  // scalar, no OS state needed
   if (os_ymm && bit(ebx7, 5)) f.insert("avx2");
   if (os_zmm) {
@@ -72,6 +98,23 @@ std::set<std::string> detect_x86() {
       if (bit(a, 5)) f.insert("avx512_bf16");
     }
   }
+  // AMX: the silicon (CPUID.7.0:EDX bits 24, 25, 22), the OS's XSAVE state for the tiles, then
+  // the process's grant. Features it has but may not use are withheld with the reason.
+  if (bit(edx7, 24)) {
+    std::string why;
+    if ((xcr0 & kXcr0Tile) != kXcr0Tile)
+      why = "the OS does not enable the AMX tile state (XCR0 bits 17, 18)";
+    else
+      why = request_tile_data();
+    for (auto [name, on] : {std::pair{"amx_tile", true}, std::pair{"amx_int8", bit(edx7, 25)},
+                            std::pair{"amx_bf16", bit(edx7, 22)}}) {
+      if (!on) continue;
+      if (why.empty())
+        f.insert(name);
+      else
+        (*withheld)[name] = why;
+    }
+  }
   return f;
 }
 
@@ -81,7 +124,7 @@ CpuFeatures detect_uncapped() {
   CpuFeatures cpu;
 #if defined(__x86_64__)
   cpu.arch = "x86_64";
-  cpu.features = detect_x86();
+  cpu.features = detect_x86(&cpu.withheld);
 #elif defined(__aarch64__)
   cpu.arch = "aarch64";
 #else
@@ -119,8 +162,12 @@ std::set<std::string> tier_features(std::string_view tier) {
   if (tier == "avx512vnni") {
     return {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"};
   }
+  if (tier == "amx") {
+    return {"amx_tile",    "amx_int8", "avx512f", "avx512bw", "avx512vl",
+            "avx512_vnni", "avx2",     "fma",     "f16c"};
+  }
   throw InvalidArgument("unknown CPU tier '" + std::string(tier) +
-                        "' (expected generic, avx2 or avx512vnni)");
+                        "' (expected generic, avx2, avx512vnni or amx)");
 }
 
 CpuFeatures cap_to_tier(const CpuFeatures& cpu, std::string_view tier) {
@@ -139,6 +186,14 @@ CpuFeatures cap_to_tier(const CpuFeatures& cpu, std::string_view tier) {
     for (auto it = out.features.begin(); it != out.features.end();) {
       it = it->rfind("avx512", 0) == 0 ? out.features.erase(it) : std::next(it);
     }
+  }
+  // Below the AMX tier, every AMX feature goes (amx_bf16 too), and nothing is withheld: a cap
+  // is not a refusal.
+  if (rank < tier_rank("amx")) {
+    for (auto it = out.features.begin(); it != out.features.end();) {
+      it = it->rfind("amx", 0) == 0 ? out.features.erase(it) : std::next(it);
+    }
+    std::erase_if(out.withheld, [](const auto& kv) { return kv.first.rfind("amx", 0) == 0; });
   }
   return out;
 }

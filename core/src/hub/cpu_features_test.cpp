@@ -11,8 +11,9 @@ namespace frt {
 namespace {
 
 const std::set<std::string> kAllReported = {
-    "sse2", "sse4_1",  "sse4_2",   "avx",      "avx2",     "fma",         "f16c",
-    "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"};
+    "sse2",        "sse4_1",      "sse4_2",   "avx",      "avx2",     "fma",
+    "f16c",        "bmi2",        "avx512f",  "avx512bw", "avx512vl", "avx512dq",
+    "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"};
 
 TEST(CpuFeaturesTest, ReportsArchAndOs) {
   const CpuFeatures& cpu = detect_cpu();
@@ -52,7 +53,13 @@ TEST(CpuFeaturesTest, AgreesWithProcCpuinfo) {
   for (std::string w; words >> w;) {
     if (kAllReported.count(w)) kernel.insert(w);
   }
-  EXPECT_EQ(detect_cpu().features, kernel);
+  // A feature the process was refused (AMX's tile data) is withheld, not lost.
+  std::set<std::string> ours = detect_cpu().features;
+  for (const auto& [name, why] : detect_cpu().withheld) {
+    EXPECT_FALSE(why.empty()) << name;
+    ours.insert(name);
+  }
+  EXPECT_EQ(ours, kernel);
 }
 
 TEST(CpuFeaturesTest, TierFeatureSets) {
@@ -61,6 +68,9 @@ TEST(CpuFeaturesTest, TierFeatureSets) {
   EXPECT_EQ(tier_features("avx512vnni"),
             (std::set<std::string>{"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma",
                                    "f16c"}));
+  EXPECT_EQ(tier_features("amx"),
+            (std::set<std::string>{"amx_tile", "amx_int8", "avx512f", "avx512bw", "avx512vl",
+                                   "avx512_vnni", "avx2", "fma", "f16c"}));
   EXPECT_THROW(tier_features("sse9"), InvalidArgument);
 }
 
@@ -74,6 +84,8 @@ CpuFeatures everything() {
 
 TEST(CpuFeaturesTest, TierPicksBestComplete) {
   CpuFeatures cpu = everything();
+  EXPECT_EQ(cpu.tier(), "amx");
+  cpu.features.erase("amx_int8");
   EXPECT_EQ(cpu.tier(), "avx512vnni");
   cpu.features.erase("avx512_vnni");
   EXPECT_EQ(cpu.tier(), "avx2");
@@ -82,8 +94,17 @@ TEST(CpuFeaturesTest, TierPicksBestComplete) {
 }
 
 TEST(CpuFeaturesTest, CapRemovesOnlyHigherTiers) {
-  const CpuFeatures all = everything();
-  EXPECT_EQ(cap_to_tier(all, "avx512vnni").features, all.features);
+  CpuFeatures all = everything();
+  EXPECT_EQ(cap_to_tier(all, "amx").features, all.features);
+
+  // Below the AMX tier every AMX feature goes, amx_bf16 (no tier names it) included, and so does
+  // what was withheld: a capped process is not a refused one.
+  all.withheld["amx_fp16"] = "refused";
+  const CpuFeatures vnni = cap_to_tier(all, "avx512vnni");
+  EXPECT_EQ(vnni.tier(), "avx512vnni");
+  for (const std::string& f : vnni.features) EXPECT_NE(f.rfind("amx", 0), 0u) << f;
+  EXPECT_TRUE(vnni.withheld.empty());
+  EXPECT_TRUE(vnni.has("avx512_bf16"));
 
   const CpuFeatures avx2 = cap_to_tier(all, "avx2");
   EXPECT_EQ(avx2.tier(), "avx2");

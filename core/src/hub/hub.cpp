@@ -36,10 +36,11 @@ void make_printable(Outcome& out) {
   for (VariantDecision& d : r.variants) {
     for (std::string* s : {&d.name, &d.isa, &d.library, &d.reason}) make_printable(*s);
   }
-  if (out.unavailable) {
-    UnavailableEntry& u = *out.unavailable;
+  auto printable_entry = [](UnavailableEntry& u) {
     for (std::string* s : {&u.repo, &u.version, &u.error, &u.detail}) make_printable(*s);
-  }
+  };
+  if (out.unavailable) printable_entry(*out.unavailable);
+  for (UnavailableEntry& u : out.withheld) printable_entry(u);
 }
 
 }  // namespace
@@ -62,8 +63,8 @@ const PackageResolution& KernelHub::resolve(const std::string& repo) {
     out.unavailable = UnavailableEntry{repo, "", "loader error", e.what()};
   }
   make_printable(out);
-  if (out.unavailable) {
-    const UnavailableEntry& u = *out.unavailable;
+  if (out.unavailable) out.withheld.push_back(*out.unavailable);
+  for (const UnavailableEntry& u : out.withheld) {
     const bool dup = std::any_of(unavailable_.begin(), unavailable_.end(), [&](const auto& e) {
       return e.repo == u.repo && e.error == u.error;
     });

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "metadata.h"
 
@@ -21,6 +22,9 @@ namespace frt::detail {
 struct Outcome {
   PackageResolution resolution;
   std::optional<UnavailableEntry> unavailable;
+  // Better builds refused because the process may not use a feature the CPU has (reported even
+  // when a lesser build serves).
+  std::vector<UnavailableEntry> withheld;
 };
 
 // search.cpp: true when `dir` holds a metadata.json.

@@ -155,7 +155,7 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
   KernelPathConfig c;
   c.bundled_root = FRT_TEST_KERNEL_ROOT;
   KernelHub hub(c);
-  const std::string tier = hub.cpu().tier();
+  const std::string cpu_tier = hub.cpu().tier();
   // Each package lists exactly the ops it owns.
   const std::map<std::string, std::vector<OpKind>> owns = {
       {"flashrt/linear", {OpKind::linear}},
@@ -167,6 +167,8 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
       {"flashrt/recurrent", {OpKind::gated_delta, OpKind::causal_conv1d}}};
   for (const std::string repo :
        {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm", "flashrt/recurrent"}) {
+    // Only flashrt/gemm has tile code: on an AMX CPU the others serve their avx512vnni build.
+    const std::string tier = cpu_tier == "amx" && repo != "flashrt/gemm" ? "avx512vnni" : cpu_tier;
     const PackageResolution& r = hub.resolve(repo);
     ASSERT_NE(r.table, nullptr) << report_text(hub);
     EXPECT_EQ(r.source, "bundled");
@@ -206,6 +208,37 @@ TEST(HubTest, RefusesVariantNeedingAMissingFeature) {
   EXPECT_TRUE(
       report_mentions(hub, "cpu-x86_64-linux-avx2: variant needs avx2, this CPU has generic"))
       << report_text(hub);
+}
+
+// A build the CPU could run but the process was refused (Linux withholding AMX's tile data) is
+// refused with that reason, a lesser build serves, and the report says so.
+TEST(HubTest, AWithheldFeatureRefusesItsBuildByReasonAndALesserOneServes) {
+  TempDir tmp;
+  write_package(tmp.path() / "flashrt/gemm", "flashrt/gemm", kRevision,
+                {{"cpu-x86_64-linux-amx",
+                  {"amx_tile", "amx_int8", "avx2", "fma", "f16c"},
+                  real_library("gemm", "amx"),
+                  std::nullopt,
+                  ""},
+                 real_variant("generic", "gemm")});
+  CpuFeatures cpu = cap_to_tier(detect_cpu(), "generic");
+  cpu.withheld["amx_tile"] = "Linux refused the AMX tile state: Operation not permitted";
+  KernelHub hub(roots({tmp.path()}), cpu);
+  const PackageResolution& r = hub.resolve("flashrt/gemm");
+  ASSERT_NE(r.table, nullptr) << report_text(hub);
+  EXPECT_EQ(r.chosen, "cpu-x86_64-linux-generic");
+  const VariantDecision* amx = decision(r, "amx");
+  ASSERT_NE(amx, nullptr);
+  EXPECT_EQ(amx->reason,
+            "variant needs amx_tile, which this CPU has but this process may not use: Linux "
+            "refused the AMX tile state: Operation not permitted");
+  EXPECT_TRUE(report_mentions(hub, "build variant withheld: cpu-x86_64-linux-amx"))
+      << report_text(hub);
+  EXPECT_TRUE(report_mentions(hub, "cpu-x86_64-linux-generic serves instead")) << report_text(hub);
+  // A CPU without the feature at all is no news: nothing is reported.
+  KernelHub plain(roots({tmp.path()}), cap_to_tier(detect_cpu(), "generic"));
+  EXPECT_NE(plain.resolve("flashrt/gemm").table, nullptr);
+  EXPECT_TRUE(plain.unavailable_report().empty()) << report_text(plain);
 }
 
 TEST(HubTest, RealAvx512VariantRefusedOnAvx2Cpu) {

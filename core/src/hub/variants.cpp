@@ -18,13 +18,15 @@ constexpr const char* kErrNoVariant = "no build variant for this host";
 // feature this loader cannot vouch for.
 const std::set<std::string>& known_features() {
   static const std::set<std::string> kKnown = {
-      "sse2", "sse4_1",  "sse4_2",   "avx",      "avx2",     "fma",         "f16c",
-      "bmi2", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16"};
+      "sse2",        "sse4_1",      "sse4_2",   "avx",      "avx2",     "fma",
+      "f16c",        "bmi2",        "avx512f",  "avx512bw", "avx512vl", "avx512dq",
+      "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"};
   return kKnown;
 }
 
 // Higher is better; 0 = an ISA this loader does not know.
 int isa_rank(const std::string& isa) {
+  if (isa == "amx") return 4;
   if (isa == "avx512vnni") return 3;
   if (isa == "avx2") return 2;
   if (isa == "generic") return 1;
@@ -32,8 +34,9 @@ int isa_rank(const std::string& isa) {
 }
 
 // Metadata-only refusals (no dlopen): arch, OS, CPU features, ABI, ISA. "" = may be tried.
+// *withheld says the refusal is a feature the CPU has but this process may not use.
 std::string static_refusal(const VariantMetadata& v, const PackageMetadata& md,
-                           const CpuFeatures& cpu) {
+                           const CpuFeatures& cpu, bool* withheld) {
   if (v.arch != cpu.arch) {
     return "CPU (" + v.arch + ") does not match system CPU (" + cpu.arch + ")";
   }
@@ -46,7 +49,13 @@ std::string static_refusal(const VariantMetadata& v, const PackageMetadata& md,
   }
   for (const std::string& f : needs) {
     if (!known_features().count(f)) return "variant needs unknown CPU feature '" + f + "'";
-    if (!cpu.has(f)) return "variant needs " + f + ", this CPU has " + cpu.tier();
+    if (cpu.has(f)) continue;
+    if (auto w = cpu.withheld.find(f); w != cpu.withheld.end()) {
+      *withheld = true;
+      return "variant needs " + f +
+             ", which this CPU has but this process may not use: " + w->second;
+    }
+    return "variant needs " + f + ", this CPU has " + cpu.tier();
   }
   if (md.abi_major != FRT_KERNEL_ABI_MAJOR) return abi_refusal(md.abi_major);
   if (isa_rank(v.isa) == 0) return "unknown isa '" + v.isa + "'";
@@ -57,7 +66,7 @@ std::string static_refusal(const VariantMetadata& v, const PackageMetadata& md,
 
 void choose_variant(const PackageMetadata& md, const CpuFeatures& cpu, Outcome* out) {
   PackageResolution& res = out->resolution;
-  std::vector<size_t> candidates;
+  std::vector<size_t> candidates, withheld;
   for (size_t i = 0; i < md.variants.size(); ++i) {
     const VariantMetadata& v = md.variants[i];
     VariantDecision d;
@@ -65,8 +74,10 @@ void choose_variant(const PackageMetadata& md, const CpuFeatures& cpu, Outcome* 
     d.isa = v.isa;
     d.library = v.library_path.string();
     d.sha256 = v.sha256;
-    d.reason = static_refusal(v, md, cpu);
+    bool refused_by_withholding = false;
+    d.reason = static_refusal(v, md, cpu, &refused_by_withholding);
     if (d.reason.empty()) candidates.push_back(i);
+    if (refused_by_withholding) withheld.push_back(i);
     res.variants.push_back(std::move(d));
   }
   std::stable_sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
@@ -85,6 +96,14 @@ void choose_variant(const PackageMetadata& md, const CpuFeatures& cpu, Outcome* 
       res.chosen = d.name;
       res.table = table;
     }
+  }
+  // A build this CPU could run but the process was refused (AMX's tile data) is reported even
+  // though a lesser build serves: the user asked for a machine's best and is not getting it.
+  for (size_t i : withheld) {
+    const VariantDecision& d = res.variants[i];
+    out->withheld.push_back(UnavailableEntry{
+        res.repo, res.version, "build variant withheld: " + d.name,
+        d.reason + (res.chosen.empty() ? "" : "; " + res.chosen + " serves instead")});
   }
   if (res.table != nullptr) return;
 

@@ -3,6 +3,9 @@
 
 #include <frt_kern/util.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "gemm_tiles.h"
 
 namespace frt::kern {
@@ -192,6 +195,30 @@ int32_t run_phases(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t
   return ok(err);
 }
 
+// Phase 1 of the per-row form on the amx variant's tiles (Note [AMX rows]): rows in blocks whose
+// quantized bytes stay in L2 (at most 1 MiB) while this thread's panels pass over them two at a
+// time; the rows past the last multiple of 16 on the 4-row tiles.
+int32_t run_amx_rows(const frt_linear_args* a, const QuantRows& q, int32_t ith, int32_t nth,
+                     frt_error* err) {
+  const frt_packed_weight* w = a->w;
+  const Range panels = split(div_up(w->n, FRT_PANEL), ith, nth);
+  const int64_t m16 = a->m / 16 * 16;
+  const int64_t block =
+      std::clamp<int64_t>((int64_t{1} << 20) / q.lda / 32 * 32, 32, kGemmAmxBlockRows);
+  for (int64_t r0 = 0; r0 < m16; r0 += block)
+    for (int64_t p = panels.begin; p < panels.end; p += 2)
+      kGemmTiles.w8a8_rows_amx(w, p, std::min<int64_t>(2, panels.end - p), q, r0,
+                               std::min(block, m16 - r0), a->bias, a->y, a->y_dtype, a->ldy);
+  alignas(64) float tile[4 * FRT_PANEL];
+  for (int64_t p = panels.begin; p < panels.end; ++p)
+    for (int64_t r0 = m16; r0 < a->m; r0 += 4) {
+      const int64_t rows = std::min<int64_t>(4, a->m - r0);
+      kGemmTiles.w8a8_rows_tile(w, p, q, r0, rows, a->bias, tile);
+      gemm_store_rows(tile, rows, r0, p, w->n, a->y, a->y_dtype, a->ldy);
+    }
+  return ok(err);
+}
+
 }  // namespace
 
 int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t nth,
@@ -209,11 +236,24 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
           gemm_block_tile(a->w, p, q, r0, rows, a->bias, tile);
         });
   }
-  const QuantRows q = quant_view(a);
+  QuantRows q = quant_view(a);
+  if (kGemmTiles.w8a8_rows_amx != nullptr && a->m > kGemmAmxMaxVectorRows) {
+    if (q.lda <= kGemmAmxTiledMaxLda) q.tiled = a->m / 16 * 16;
+    if (phase == 1) return run_amx_rows(a, q, ith, nth, err);
+  }
   return run_phases(
       a, phase, ith, nth, err,
       [&](int64_t r) {
-        kGemmTiles.quantize_row(x_row(r), a->x_dtype, k, q.u + r * q.lda, q.scale + r, q.zero + r);
+        if (r >= q.tiled) {
+          kGemmTiles.quantize_row(x_row(r), a->x_dtype, k, q.u + r * q.lda, q.scale + r,
+                                  q.zero + r);
+          return;
+        }
+        // The row's 64-byte pieces to their tiles (Note [AMX rows]).
+        alignas(64) uint8_t row[kGemmAmxTiledMaxLda];
+        kGemmTiles.quantize_row(x_row(r), a->x_dtype, k, row, q.scale + r, q.zero + r);
+        uint8_t* group = q.u + (r / 16) * 16 * q.lda + (r % 16) * 64;
+        for (int64_t s = 0; s < q.lda / 64; ++s) std::memcpy(group + s * 1024, row + s * 64, 64);
       },
       [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
         kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);

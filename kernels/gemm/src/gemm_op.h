@@ -50,6 +50,9 @@ struct QuantRows {
   int64_t lda;
   float* scale;
   int32_t* zero;
+  // Rows [0, tiled) are in the amx variant's tile order (Note [AMX rows]): each 16-row group's
+  // bytes (where its rows would stand) as 1 KiB tiles, one per 64-input step. 0: all row-major.
+  int64_t tiled = 0;
 };
 
 // Phase 0 quantizes the rows (7-bit asymmetric, frt_kernel_abi.h, FRT_W_INT8_GEMM), phase 1

@@ -41,7 +41,23 @@ struct GemmTiles {
                            int64_t rows, const float* bias, float* tile);
   // out[i] = act(in[i]) for i < n: the feed-forward's activation (Note [GEMM feed-forward]).
   void (*activate)(int32_t act, const float* in, float* out, int64_t n);
+  // The per-row form on AMX-INT8 tiles (Note [AMX rows]), the amx variant only (nullptr
+  // elsewhere): rows [r0, r0 + rows) (a multiple of 16, at most kGemmAmxBlockRows) x panels
+  // [p, p + np) (np 1 or 2),
+  // finished and stored into y. The same bits as w8a8_rows_tile.
+  void (*w8a8_rows_amx)(const frt_packed_weight* w, int64_t p, int64_t np, const QuantRows& q,
+                        int64_t r0, int64_t rows, const float* bias, void* y, int32_t y_dtype,
+                        int64_t ldy);
 };
+
+// Row counts up to this stay on the 4-row tiles where the amx variant has its tiles (decode's
+// band; the tiles take the rows past it, sixteen at a time).
+inline constexpr int64_t kGemmAmxMaxVectorRows = 16;
+// The most rows one w8a8_rows_amx call takes (its int32 block of sums: 32 KiB).
+inline constexpr int64_t kGemmAmxBlockRows = 256;
+// Rows up to this many bytes (16384 inputs) are quantized into tile order (QuantRows::tiled)
+// through a buffer on the stack; wider ones stay row-major and the tiles read them at stride lda.
+inline constexpr int64_t kGemmAmxTiledMaxLda = 16384;
 
 extern const GemmTiles kGemmTiles;
 
@@ -171,5 +187,10 @@ void w4a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const Bloc
                                int64_t r0, int64_t rows, const float* bias, float* tile);
 void w6a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const BlockRows& q,
                                int64_t r0, int64_t rows, const float* bias, float* tile);
+
+// The AMX-INT8 tiles (src/x86/amx/; the amx variant, and its test-only emulation).
+void w8a8_rows_amx(const frt_packed_weight* w, int64_t p, int64_t np, const QuantRows& q,
+                   int64_t r0, int64_t rows, const float* bias, void* y, int32_t y_dtype,
+                   int64_t ldy);
 
 }  // namespace frt::kern

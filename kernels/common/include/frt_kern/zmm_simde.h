@@ -11,7 +11,8 @@
 // (same rounding, same out-of-range result), or a masked memory access done element by element,
 // which touches exactly the elements the mask selects, as the hardware does. Missing in SIMDe
 // 0.7.4 and used here: the int32 <-> fp32 conversions, the byte and word widenings to int32,
-// cvtph, masked loads and stores (every one of them). SIMDe has vpdpbusd, abs_epi8,
+// cvtph, masked loads and stores (every one of them), the dword-to-word narrowing and the
+// unsigned dword compare. SIMDe has vpdpbusd, abs_epi8,
 // movepi8_mask, the masked byte subtract and the saturating narrowings.
 #pragma once
 
@@ -81,6 +82,35 @@ inline void mask_storeu_epi8_128(void* p, __mmask16 k, __m128i v) {
     if ((k >> i) & 1) static_cast<uint8_t*>(p)[i] = s[i];
 }
 
+inline void mask_storeu_ps(void* p, __mmask16 k, __m512 v) {
+  alignas(64) float s[16];
+  _mm512_store_ps(s, v);
+  for (int i = 0; i < 16; ++i)
+    if ((k >> i) & 1) static_cast<float*>(p)[i] = s[i];
+}
+inline void mask_storeu_epi16_256(void* p, __mmask16 k, __m256i v) {
+  alignas(32) uint16_t s[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(s), v);
+  for (int i = 0; i < 16; ++i)
+    if ((k >> i) & 1) static_cast<uint16_t*>(p)[i] = s[i];
+}
+// vpmovdw: each lane's low 16 bits.
+inline __m256i cvtepi32_epi16(__m512i v) {
+  alignas(64) uint32_t s[16];
+  alignas(32) uint16_t d[16];
+  _mm512_store_si512(s, v);
+  for (int i = 0; i < 16; ++i) d[i] = static_cast<uint16_t>(s[i]);
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(d));
+}
+inline __mmask16 cmpgt_epu32_mask(__m512i a, __m512i b) {
+  alignas(64) uint32_t x[16], y[16];
+  _mm512_store_si512(x, a);
+  _mm512_store_si512(y, b);
+  __mmask16 k = 0;
+  for (int i = 0; i < 16; ++i) k |= static_cast<__mmask16>((x[i] > y[i] ? 1u : 0u) << i);
+  return k;
+}
+
 }  // namespace frt::kern::simde_gaps
 
 // The compiler's own declarations of these (immintrin.h) need AVX-512 to inline: the calls are
@@ -94,3 +124,7 @@ inline void mask_storeu_epi8_128(void* p, __mmask16 k, __m128i v) {
 #define _mm512_maskz_loadu_ps(k, p) ::frt::kern::simde_gaps::maskz_loadu_ps(k, p)
 #define _mm256_maskz_loadu_epi16(k, p) ::frt::kern::simde_gaps::maskz_loadu_epi16_256(k, p)
 #define _mm_mask_storeu_epi8(p, k, v) ::frt::kern::simde_gaps::mask_storeu_epi8_128(p, k, v)
+#define _mm512_mask_storeu_ps(p, k, v) ::frt::kern::simde_gaps::mask_storeu_ps(p, k, v)
+#define _mm256_mask_storeu_epi16(p, k, v) ::frt::kern::simde_gaps::mask_storeu_epi16_256(p, k, v)
+#define _mm512_cvtepi32_epi16(v) ::frt::kern::simde_gaps::cvtepi32_epi16(v)
+#define _mm512_cmpgt_epu32_mask(a, b) ::frt::kern::simde_gaps::cmpgt_epu32_mask(a, b)

@@ -26,4 +26,13 @@ inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
   _mm_mask_storeu_epi8(p, gemm_lanes(n), _mm512_cvtsepi32_epi8(v));
 }
 
+// The per-row form's epilogue for sixteen columns (Note [W8A8 rows]), in finish()'s order:
+// float(acc - z * colsum) * (sx * sc) + b. The zmm and AMX tiles share it, so their bits agree.
+inline __m512 gemm_finish_rows16(__m512i acc, int32_t z, float sx, __m512i colsum, __m512 sc,
+                                 __m512 b) {
+  const __m512i i = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(z), colsum));
+  return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(_mm512_set1_ps(sx), sc)),
+                       b);
+}
+
 }  // namespace frt::kern

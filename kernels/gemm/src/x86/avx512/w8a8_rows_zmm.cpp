@@ -38,13 +38,9 @@ void w8a8_rows_tile_zmm(const frt_packed_weight* w, int64_t p, const QuantRows& 
   const float* cs = static_cast<const float*>(w->mins) + p * FRT_PANEL;  // column sums
   const __m512i colsum = _mm512_cvtps_epi32(_mm512_loadu_ps(cs));
   const __m512 scale = _mm512_loadu_ps(sc), bv = _mm512_load_ps(b);
-  for (int r = 0; r < R; ++r) {  // finish()'s order: float(acc - z * colsum) * (sx * sc) + b
-    const __m512i i =
-        _mm512_sub_epi32(acc[r], _mm512_mullo_epi32(_mm512_set1_epi32(q.zero[r0 + r]), colsum));
-    const __m512 f =
-        _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(_mm512_set1_ps(q.scale[r0 + r]), scale));
-    _mm512_storeu_ps(tile + r * FRT_PANEL, _mm512_add_ps(f, bv));
-  }
+  for (int r = 0; r < R; ++r)
+    _mm512_storeu_ps(tile + r * FRT_PANEL, gemm_finish_rows16(acc[r], q.zero[r0 + r],
+                                                              q.scale[r0 + r], colsum, scale, bv));
 }
 
 }  // namespace
