@@ -54,7 +54,8 @@ def _kernel(repo: str) -> dict[str, Any]:
                              "sha256": chosen.sha256 if chosen else None}
     if chosen is None:
         why = [e for e in _core.unavailable_report() if e.repo == repo]
-        entry["unavailable"] = (f"{why[0].error}: {why[0].detail}" if why
+        # The last row is why nothing loaded (a withheld better build is reported before it).
+        entry["unavailable"] = (f"{why[-1].error}: {why[-1].detail}" if why
                                 else "no variant loaded")
     return entry
 

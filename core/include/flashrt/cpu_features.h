@@ -13,8 +13,8 @@ struct CpuFeatures {
   std::string arch;                // "x86_64", "aarch64"
   std::string os;                  // "linux"
   std::set<std::string> features;  // lower-case names: "avx2", "fma", "avx512_vnni", ...
-  // Features the silicon has that this process may not use, and why (the OS does not save
-  // their state, or refused to grant it: AMX's tile data).
+  // Features the CPU and the OS have that this process was refused, and why (Linux's grant of
+  // AMX's tile data, asked only when no cap removes the tiles).
   std::map<std::string, std::string> withheld;
 
   bool has(std::string_view feature) const;

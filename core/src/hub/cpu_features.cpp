@@ -61,7 +61,7 @@ uint64_t read_xcr0() {
 
 bool bit(uint32_t reg, int n) { return (reg >> n) & 1u; }
 
-std::set<std::string> detect_x86(std::map<std::string, std::string>* withheld) {
+std::set<std::string> detect_x86() {
   std::set<std::string> f;
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(1, 0, &a, &b, &c, &d)) return f;
@@ -98,33 +98,43 @@ std::set<std::string> detect_x86(std::map<std::string, std::string>* withheld) {
       if (bit(a, 5)) f.insert("avx512_bf16");
     }
   }
-  // AMX: the silicon (CPUID.7.0:EDX bits 24, 25, 22), the OS's XSAVE state for the tiles, then
-  // the process's grant. Features it has but may not use are withheld with the reason.
-  if (bit(edx7, 24)) {
-    std::string why;
-    if ((xcr0 & kXcr0Tile) != kXcr0Tile)
-      why = "the OS does not enable the AMX tile state (XCR0 bits 17, 18)";
-    else
-      why = request_tile_data();
-    for (auto [name, on] : {std::pair{"amx_tile", true}, std::pair{"amx_int8", bit(edx7, 25)},
-                            std::pair{"amx_bf16", bit(edx7, 22)}}) {
-      if (!on) continue;
-      if (why.empty())
-        f.insert(name);
-      else
-        (*withheld)[name] = why;
-    }
+  // AMX: the silicon (CPUID.7.0:EDX bits 24, 25, 22) and the OS's XSAVE state for the tiles;
+  // the process's grant is asked later, only if a cap leaves the tiles in (grant_tiles).
+  if (bit(edx7, 24) && (xcr0 & kXcr0Tile) == kXcr0Tile) {
+    f.insert("amx_tile");
+    if (bit(edx7, 25)) f.insert("amx_int8");
+    if (bit(edx7, 22)) f.insert("amx_bf16");
   }
   return f;
 }
 
 #endif
 
+// Asks for the tile state when the (capped) features still name AMX; a refusal moves every AMX
+// feature to `withheld` with Linux's reason.
+void grant_tiles(CpuFeatures* cpu) {
+  if (!cpu->has("amx_tile")) return;
+#if defined(__x86_64__)
+  const std::string why = request_tile_data();
+#else
+  const std::string why = "no AMX off x86-64";
+#endif
+  if (why.empty()) return;
+  for (auto it = cpu->features.begin(); it != cpu->features.end();) {
+    if (it->rfind("amx", 0) != 0) {
+      ++it;
+      continue;
+    }
+    cpu->withheld[*it] = why;
+    it = cpu->features.erase(it);
+  }
+}
+
 CpuFeatures detect_uncapped() {
   CpuFeatures cpu;
 #if defined(__x86_64__)
   cpu.arch = "x86_64";
-  cpu.features = detect_x86(&cpu.withheld);
+  cpu.features = detect_x86();
 #elif defined(__aarch64__)
   cpu.arch = "aarch64";
 #else
@@ -204,12 +214,15 @@ const CpuFeatures& detect_cpu() {
   static const CpuFeatures cpu = [] {
     CpuFeatures detected = detect_uncapped();
     const char* cap = std::getenv("FRT_CPU_CAP");
-    if (cap == nullptr || *cap == '\0') return detected;
-    try {
-      return cap_to_tier(detected, cap);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument(std::string("FRT_CPU_CAP: ") + e.what());
+    if (cap != nullptr && *cap != '\0') {
+      try {
+        detected = cap_to_tier(detected, cap);
+      } catch (const InvalidArgument& e) {
+        throw InvalidArgument(std::string("FRT_CPU_CAP: ") + e.what());
+      }
     }
+    grant_tiles(&detected);  // after the cap: a process held below AMX never asks
+    return detected;
   }();
   return cpu;
 }

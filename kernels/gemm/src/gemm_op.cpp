@@ -252,6 +252,8 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
         // The row's 64-byte pieces to their tiles (Note [AMX rows]).
         alignas(64) uint8_t row[kGemmAmxTiledMaxLda];
         kGemmTiles.quantize_row(x_row(r), a->x_dtype, k, row, q.scale + r, q.zero + r);
+        const int64_t written = div_up(k, 4) * 4;  // the quantizer's bytes; zeros on to lda
+        std::memset(row + written, 0, q.lda - written);
         uint8_t* group = q.u + (r / 16) * 16 * q.lda + (r % 16) * 64;
         for (int64_t s = 0; s < q.lda / 64; ++s) std::memcpy(group + s * 1024, row + s * 64, 64);
       },

@@ -16,13 +16,13 @@ namespace {
 // Note [AMX rows]: an int8_gemm panel is already a column of B tiles. Its quads of 16 columns x
 // 4 inputs (64 bytes) are tdpbusd's B rows, so the 16 quads of one 64-input step are one 1 KiB
 // tile at stride 64, read in place. An A tile is 16 quantized rows x 64 bytes at stride lda (lda
-// is a multiple of 64 and zero past k). Two A tiles and two B tiles make four 16x16 int32 C
-// tiles: all eight tile registers, one tile load per tdpbusd. Rows up to kGemmAmxTiledMaxLda
-// bytes wide are quantized into tile order instead (QuantRows::tiled): each 16-row group's
-// bytes as one contiguous 1 KiB tile per step, which the tile loads and the prefetchers stream
-// (16 rows lda apart are 16 lines in as many pages). A panel's last step, when its
-// quads do not fill a tile, is read from a zero-padded copy (past the panel lie the next
-// panel's bytes).
+// is a multiple of 64; past the row's quads its bytes meet the zero rows of the B tail copy). Two A
+// tiles and two B tiles make four 16x16 int32 C tiles: all eight tile registers, one tile load per
+// tdpbusd. Rows up to kGemmAmxTiledMaxLda bytes wide are quantized into tile order instead
+// (QuantRows::tiled): each 16-row group's bytes as one contiguous 1 KiB tile per step, which the
+// tile loads and the prefetchers stream (16 rows lda apart are 16 lines in as many pages). A
+// panel's last step, when its quads do not fill a tile, is read from a zero-padded copy (past the
+// panel lie the next panel's bytes).
 //
 // The bytes decide the speed: a tdpbusd takes 16 cycles and its two loads 2 KiB, more than L2
 // delivers. So the inputs go in chunks of 512 (8 steps): a panel pair's chunk (16 KiB) stays in
