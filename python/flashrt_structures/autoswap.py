@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from . import _core, accuracy, catalog, seats, swap
+from . import _core, accuracy, catalog, decisions, seats, swap
 from .observe import Forward, normalise_forwards, observe
 from .observe.calibration import Calibration, needs_moments, record
 from .seats import SeatModule
@@ -108,6 +108,7 @@ def plan_observed(model: nn.Module, graph: _core.HostGraph, *,
     options.scheme = scheme
     options.min_seat_weights = min_seat_weights
     options.account_weights = account_weights
+    options.decisions_path = decisions.path()
     core_plan = _core.plan(graph, catalog.shipped(), options)
     swaps = build_swaps(model, core_plan, calibration)
     notes = notes_of(core_plan)

@@ -15,7 +15,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from . import _core, observe, swap
+from . import _core, decisions, observe, swap
 from .seats import SeatModule
 
 
@@ -70,6 +70,7 @@ def plan_options(request: dict[str, Any], scheme: str) -> _core.PlanOptions:
     options.structures = list(request.get("structures") or [])
     options.scheme = scheme
     options.min_seat_weights = request.get("min_seat_weights")
+    options.decisions_path = decisions.path()
     return options
 
 

@@ -82,6 +82,8 @@ void bind_catalog(nb::module_& m) {
       .def_rw("scale_dtype", &WeightForm::scale_dtype)
       .def_rw("tag", &WeightForm::tag)
       .def_rw("calibrated", &WeightForm::calibrated)
+      .def_rw("rows_min", &WeightForm::rows_min)
+      .def_rw("rows_max", &WeightForm::rows_max)
       .def("describe", &WeightForm::describe);
 
   nb::class_<SchemeSpec>(m, "SchemeSpec")

@@ -25,6 +25,7 @@ void bind_hub(nb::module_& m) {
   nb::class_<CpuFeatures>(m, "CpuFeatures")
       .def_ro("arch", &CpuFeatures::arch)
       .def_ro("os", &CpuFeatures::os)
+      .def_ro("model", &CpuFeatures::model)
       .def_ro("features", &CpuFeatures::features)
       .def_prop_ro("tier", &CpuFeatures::tier);
 

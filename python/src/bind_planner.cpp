@@ -224,6 +224,7 @@ void bind_planner(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("structures", &PlanOptions::structures)
       .def_rw("scheme", &PlanOptions::scheme)
+      .def_rw("decisions_path", &PlanOptions::decisions_path)
       .def_rw("min_seat_weights", &PlanOptions::min_seat_weights)
       .def_rw("account_weights", &PlanOptions::account_weights)
       .def_rw("source_forms", &PlanOptions::source_forms)

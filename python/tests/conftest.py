@@ -2,6 +2,10 @@ import os
 
 import pytest
 
+# Plans read the catalog's bands, never a decisions file a `tune` run left on this machine
+# (flashrt_structures.decisions); the tests of that file name theirs.
+os.environ["FLASHRT_DECISIONS"] = "off"
+
 # Tests never reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -16,6 +16,10 @@ from typing import Any
 
 import pytest
 
+# Plans read the catalog's bands, never a decisions file a `tune` run left on this machine
+# (flashrt_structures.decisions); the tests of that file name theirs.
+os.environ["FLASHRT_DECISIONS"] = "off"
+
 os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
 sglang = pytest.importorskip("sglang", reason="SGLang is not installed (scripts/setup_sglang.sh)")
 import torch  # noqa: E402

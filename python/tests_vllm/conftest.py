@@ -13,6 +13,10 @@ from typing import Any
 
 import pytest
 
+# Plans read the catalog's bands, never a decisions file a `tune` run left on this machine
+# (flashrt_structures.decisions); the tests of that file name theirs.
+os.environ["FLASHRT_DECISIONS"] = "off"
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the machine is shared
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup_vllm.sh)")

@@ -10,8 +10,11 @@
 namespace frt {
 
 struct CpuFeatures {
-  std::string arch;                // "x86_64", "aarch64"
-  std::string os;                  // "linux"
+  std::string arch;  // "x86_64", "aarch64"
+  std::string os;    // "linux"
+  // The CPU as /proc/cpuinfo names it: "<model name> (family F model M stepping S)" (a guest
+  // may blank the name; the numbers stay). What machine decisions are keyed by.
+  std::string model;
   std::set<std::string> features;  // lower-case names: "avx2", "fma", "avx512_vnni", ...
   // Features the CPU and the OS have that this process was refused, and why (Linux's grant of
   // AMX's tile data, asked only when no cap removes the tiles).

@@ -108,6 +108,10 @@ struct PlanOptions {
   std::map<std::string, WeightForm> source_forms;
   std::map<std::string, std::string> source_refusals;
   std::string source;
+  // A machine decisions file (flashrt/decisions.h): its measured form bands replace the
+  // catalog's on the CPU it was measured on; the plan's `assumed` says which value came from
+  // where. "" = the catalog's defaults.
+  std::string decisions_path;
 };
 
 struct Plan {

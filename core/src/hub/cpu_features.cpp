@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <string>
 
@@ -130,8 +131,26 @@ void grant_tiles(CpuFeatures* cpu) {
   }
 }
 
+// "<model name> (family F model M stepping S)" from /proc/cpuinfo's first processor.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::map<std::string, std::string> fields;
+  for (std::string line; std::getline(in, line) && !line.empty();) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon), value = line.substr(colon + 1);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    while (!value.empty() && value.front() == ' ') value.erase(0, 1);
+    fields.emplace(key, value);
+  }
+  auto at = [&](const char* k) { return fields.count(k) ? fields[k] : std::string("?"); };
+  return at("model name") + " (family " + at("cpu family") + " model " + at("model") +
+         " stepping " + at("stepping") + ")";
+}
+
 CpuFeatures detect_uncapped() {
   CpuFeatures cpu;
+  cpu.model = cpu_model();
 #if defined(__x86_64__)
   cpu.arch = "x86_64";
   cpu.features = detect_x86();

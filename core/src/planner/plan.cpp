@@ -2,6 +2,7 @@
 // precision, with a reason), then the structure's ladder is walked until an impl qualifies: its
 // package loads and its op takes the described form (supports_op, asked here at plan time).
 // Every step aside is recorded; a seam no impl takes is refused with the form and the shape.
+#include <flashrt/decisions.h>
 #include <flashrt/errors.h>
 #include <flashrt/kernel_ops.h>
 #include <flashrt/plan.h>
@@ -460,6 +461,13 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   Discovery d = looked_for.empty() ? Discovery{} : discover(graph, catalog, looked_for);
   p.refused = d.refused;
   p.assumed.insert(p.assumed.end(), d.assumed.begin(), d.assumed.end());  // after any said above
+  const MachineDecisions decisions = options.decisions_path.empty()
+                                         ? MachineDecisions{}
+                                         : read_decisions(options.decisions_path, hub.cpu());
+  if (!decisions.ignored.empty())
+    p.assumed.push_back("decisions file " + decisions.path + " ignored: " + decisions.ignored +
+                        "; the catalog's bands apply");
+  std::set<std::string> decided_noted;
   p.seams_found = static_cast<int64_t>(d.seams.size());
   std::set<std::string> unavailable_noted;
   const std::map<std::string, std::string> bank_of_router = routers(graph);
@@ -533,6 +541,15 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       continue;
     }
     WeightForm form = adopting ? *source_form : form_it->second;
+    if (form.rows_min > 0) {
+      if (const std::optional<int64_t> rows = decisions.rows_min_for(form.name)) {
+        if (decided_noted.insert(form.name).second)
+          p.assumed.push_back(form.name + ": rows from " + std::to_string(*rows) +
+                              ", measured on this machine (" + decisions.path +
+                              "); the catalog's default is " + std::to_string(form.rows_min));
+        form.rows_min = *rows;
+      }
+    }
     std::vector<std::string> steps;
     if (!adopting && is_group_format(form.format)) {
       const int64_t multiple = width_multiple(form.format, form.group);

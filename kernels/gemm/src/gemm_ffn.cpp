@@ -38,6 +38,11 @@ namespace {
 
 constexpr int64_t kBlockRows = 32;  // rows per block (the hidden block: 32 x intermediate fp32)
 constexpr int64_t kMaxSlots = 32;   // threads that can get blocks
+// On the amx variant's tiles a block streams both weights in a fraction of the 4-row tiles' time,
+// so blocks are longer there (Note [AMX feed-forward]).
+constexpr int64_t kAmxBlockRows = 128;
+
+int64_t block_rows() { return kGemmTiles.w8a8_rows_amx != nullptr ? kAmxBlockRows : kBlockRows; }
 
 bool known_act(int32_t act) {
   return act == FRT_ACT_SILU || act == FRT_ACT_GELU || act == FRT_ACT_GELU_TANH;
@@ -70,12 +75,13 @@ struct SlotLayout {
 SlotLayout slot_layout(const frt_ffn_args* a) {
   SlotLayout l{};
   l.ldh = div_up(a->up->n, FRT_PANEL) * FRT_PANEL;
-  const int64_t params = align64(kBlockRows * 4);  // one float or int32 per row
+  const int64_t rows = block_rows();
+  const int64_t params = align64(rows * 4);  // one float or int32 per row
   l.xu = 0;
-  l.xs = l.xu + align64(kBlockRows * gemm_row_stride(a->up->k));
+  l.xs = l.xu + align64(rows * gemm_row_stride(a->up->k));
   l.h = l.xs + 2 * params;
-  l.hu = l.h + align64(kBlockRows * l.ldh * 4);
-  l.hs = l.hu + align64(kBlockRows * gemm_row_stride(a->up->n));
+  l.hu = l.h + align64(rows * l.ldh * 4);
+  l.hs = l.hu + align64(rows * gemm_row_stride(a->up->n));
   l.bytes = l.hs + 2 * params;
   return l;
 }
@@ -85,7 +91,7 @@ int64_t slots_for(int64_t m) { return std::min(kMaxSlots, div_up(m, 4)); }
 Slot slot_at(const frt_ffn_args* a, int32_t i) {
   const SlotLayout l = slot_layout(a);
   auto* base = static_cast<uint8_t*>(a->workspace) + i * l.bytes;
-  const int64_t params = align64(kBlockRows * 4);
+  const int64_t params = align64(block_rows() * 4);
   Slot s{};
   s.xq = {base + l.xu, gemm_row_stride(a->up->k), reinterpret_cast<float*>(base + l.xs),
           reinterpret_cast<int32_t*>(base + l.xs + params)};
@@ -96,29 +102,52 @@ Slot slot_at(const frt_ffn_args* a, int32_t i) {
   return s;
 }
 
-// Rows [r0, r0 + rows) of the call, rows <= kBlockRows, through the slot.
-void run_block(const frt_ffn_args* a, const Slot& s, int64_t r0, int64_t rows) {
+// Note [AMX feed-forward]: on the amx variant a block is up to kAmxBlockRows rows, and its rows
+// past the last multiple of 16 aside, both GEMMs run on the tiles (Note [AMX rows]): the x and
+// hidden rows quantized into tile order, up's panels in pairs into the fp32 hidden block with
+// the bias (the bits the 4-row tile's epilogue writes), the activation over each hidden row in
+// place, down's panels in pairs straight into y. Every row's bits are the 4-row path's: the
+// quantization is per row, the sums are the same integers, and the activation is elementwise.
+
+// Rows [r0, r0 + rows) of the call, rows <= block_rows(), through the slot.
+void run_block(const frt_ffn_args* a, Slot s, int64_t r0, int64_t rows) {
   const frt_packed_weight *up = a->up, *down = a->down;
-  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2;
+  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, ysize = a->y_dtype == FRT_F32 ? 4 : 2;
+  const int64_t tiled = rows > kGemmAmxMaxVectorRows ? rows / 16 * 16 : 0;  // 0 off amx
+  const bool amx = kGemmTiles.w8a8_rows_amx != nullptr && tiled > 0;
+  s.xq.tiled = amx ? gemm_amx_tiled_rows(rows, s.xq.lda) : 0;
+  s.hq.tiled = amx ? gemm_amx_tiled_rows(rows, s.hq.lda) : 0;
+  const int64_t vector_from = amx ? tiled : 0;  // the rows the 4-row tiles take
   for (int64_t r = 0; r < rows; ++r)
-    kGemmTiles.quantize_row(static_cast<const char*>(a->x) + (r0 + r) * a->ldx * xsize, a->x_dtype,
-                            up->k, s.xq.u + r * s.xq.lda, s.xq.scale + r, s.xq.zero + r);
+    gemm_quantize_row(static_cast<const char*>(a->x) + (r0 + r) * a->ldx * xsize, a->x_dtype, up->k,
+                      s.xq, r);
   alignas(64) float tile[4 * FRT_PANEL];
   const int64_t up_panels = div_up(up->n, FRT_PANEL);
+  if (amx) {
+    for (int64_t p = 0; p < up_panels; p += 2)
+      kGemmTiles.w8a8_rows_amx(up, p, std::min<int64_t>(2, up_panels - p), s.xq, 0, tiled,
+                               a->up_bias, s.h, FRT_F32, s.ldh);
+    for (int64_t r = 0; r < tiled; ++r)
+      kGemmTiles.activate(a->act, s.h + r * s.ldh, s.h + r * s.ldh, up->n);
+  }
   for (int64_t p = 0; p < up_panels; ++p)
-    for (int64_t t = 0; t < rows; t += 4) {
+    for (int64_t t = vector_from; t < rows; t += 4) {
       const int64_t tr = std::min<int64_t>(4, rows - t);
       kGemmTiles.w8a8_rows_tile(up, p, s.xq, t, tr, a->up_bias, tile);
       for (int64_t r = 0; r < tr; ++r)
         kGemmTiles.activate(a->act, tile + r * FRT_PANEL, s.h + (t + r) * s.ldh + p * FRT_PANEL,
                             FRT_PANEL);
     }
-  for (int64_t r = 0; r < rows; ++r)
-    kGemmTiles.quantize_row(s.h + r * s.ldh, FRT_F32, up->n, s.hq.u + r * s.hq.lda, s.hq.scale + r,
-                            s.hq.zero + r);
+  for (int64_t r = 0; r < rows; ++r) gemm_quantize_row(s.h + r * s.ldh, FRT_F32, up->n, s.hq, r);
   const int64_t down_panels = div_up(down->n, FRT_PANEL);
+  if (amx) {
+    void* y = static_cast<char*>(a->y) + r0 * a->ldy * ysize;
+    for (int64_t p = 0; p < down_panels; p += 2)
+      kGemmTiles.w8a8_rows_amx(down, p, std::min<int64_t>(2, down_panels - p), s.hq, 0, tiled,
+                               a->down_bias, y, a->y_dtype, a->ldy);
+  }
   for (int64_t p = 0; p < down_panels; ++p)
-    for (int64_t t = 0; t < rows; t += 4) {
+    for (int64_t t = vector_from; t < rows; t += 4) {
       const int64_t tr = std::min<int64_t>(4, rows - t);
       kGemmTiles.w8a8_rows_tile(down, p, s.hq, t, tr, a->down_bias, tile);
       gemm_store_rows(tile, tr, r0 + t, p, down->n, a->y, a->y_dtype, a->ldy);
@@ -193,7 +222,7 @@ int32_t gemm_ffn_run(const frt_ffn_args* a, int32_t phase, int32_t ith, int32_t 
   const int64_t used = std::min<int64_t>(nth, slots_for(a->m));
   if (ith >= used) return ok(err);
   // Blocks of at most kBlockRows, as many as needed to give every used thread a share.
-  const int64_t block = std::clamp<int64_t>(div_up(div_up(a->m, used), 4) * 4, 4, kBlockRows);
+  const int64_t block = std::clamp<int64_t>(div_up(div_up(a->m, used), 4) * 4, 4, block_rows());
   const Range blocks = split(div_up(a->m, block), ith, static_cast<int32_t>(used));
   const Slot s = slot_at(a, ith);
   for (int64_t b = blocks.begin; b < blocks.end; ++b) {

@@ -166,6 +166,25 @@ void gemm_quantize_block_row(const void* x, int32_t x_dtype, int64_t k, const Bl
   block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd, q.half + r * q.ldd);
 }
 
+void gemm_quantize_row(const void* x, int32_t x_dtype, int64_t k, const QuantRows& q, int64_t r) {
+  if (r >= q.tiled) {
+    kGemmTiles.quantize_row(x, x_dtype, k, q.u + r * q.lda, q.scale + r, q.zero + r);
+    return;
+  }
+  // The row's 64-byte pieces to their tiles (Note [AMX rows]).
+  alignas(64) uint8_t row[kGemmAmxTiledMaxLda];
+  kGemmTiles.quantize_row(x, x_dtype, k, row, q.scale + r, q.zero + r);
+  const int64_t written = div_up(k, 4) * 4;  // the quantizer's bytes; zeros on to lda
+  std::memset(row + written, 0, q.lda - written);
+  uint8_t* group = q.u + (r / 16) * 16 * q.lda + (r % 16) * 64;
+  for (int64_t s = 0; s < q.lda / 64; ++s) std::memcpy(group + s * 1024, row + s * 64, 64);
+}
+
+int64_t gemm_amx_tiled_rows(int64_t m, int64_t lda) {
+  if (kGemmTiles.w8a8_rows_amx == nullptr || m <= kGemmAmxMaxVectorRows) return 0;
+  return lda <= kGemmAmxTiledMaxLda ? m / 16 * 16 : 0;
+}
+
 int64_t gemm_workspace(const frt_linear_args* a) {
   if (gemm_block_form(a->w)) return gemm_block_rows_bytes(a->m, a->w->k);
   return align64(a->m * gemm_row_stride(a->w->k)) + 2 * align64(a->m * 4);
@@ -237,26 +256,11 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
         });
   }
   QuantRows q = quant_view(a);
-  if (kGemmTiles.w8a8_rows_amx != nullptr && a->m > kGemmAmxMaxVectorRows) {
-    if (q.lda <= kGemmAmxTiledMaxLda) q.tiled = a->m / 16 * 16;
-    if (phase == 1) return run_amx_rows(a, q, ith, nth, err);
-  }
+  q.tiled = gemm_amx_tiled_rows(a->m, q.lda);
+  if (phase == 1 && kGemmTiles.w8a8_rows_amx != nullptr && a->m > kGemmAmxMaxVectorRows)
+    return run_amx_rows(a, q, ith, nth, err);
   return run_phases(
-      a, phase, ith, nth, err,
-      [&](int64_t r) {
-        if (r >= q.tiled) {
-          kGemmTiles.quantize_row(x_row(r), a->x_dtype, k, q.u + r * q.lda, q.scale + r,
-                                  q.zero + r);
-          return;
-        }
-        // The row's 64-byte pieces to their tiles (Note [AMX rows]).
-        alignas(64) uint8_t row[kGemmAmxTiledMaxLda];
-        kGemmTiles.quantize_row(x_row(r), a->x_dtype, k, row, q.scale + r, q.zero + r);
-        const int64_t written = div_up(k, 4) * 4;  // the quantizer's bytes; zeros on to lda
-        std::memset(row + written, 0, q.lda - written);
-        uint8_t* group = q.u + (r / 16) * 16 * q.lda + (r % 16) * 64;
-        for (int64_t s = 0; s < q.lda / 64; ++s) std::memcpy(group + s * 1024, row + s * 64, 64);
-      },
+      a, phase, ith, nth, err, [&](int64_t r) { gemm_quantize_row(x_row(r), a->x_dtype, k, q, r); },
       [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
         kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
       });

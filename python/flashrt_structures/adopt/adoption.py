@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .. import _core, accuracy, catalog, seats, swap
+from .. import _core, accuracy, catalog, decisions, seats, swap
 from .. import receipt as receipts
 from ..autoswap import notes_of
 from ..observe import observe
@@ -199,6 +199,7 @@ def adopt_prequantized(
     options.source = fmt
     options.source_forms = {k: s.form for k, s in sources.items() if s.form is not None}
     options.source_refusals = {k: s.refusal for k, s in sources.items() if s.refusal}
+    options.decisions_path = decisions.path()
     plan = _core.plan(graph, catalog.shipped(), options)
     adopted = _adopted(plan, sources)  # checked before any seat is built
     swaps = {sp.site: seats.build(model, sp, adopted=adopted[sp.site]) for sp in plan.seats}
