@@ -198,36 +198,38 @@ TEST_P(GemmFfn, ThreadCountsAndTheGenericVariantAgreeBitwiseNaNRowsIncluded) {
   const Ffn f(301, 203, 150, rng);
   for (DType dt : {DType::f32, DType::bf16})
     for (Activation act : {Activation::gelu, Activation::gelu_tanh}) {
-      // 301 rows: on the amx variant, blocks of 128 rows on the tiles and their tails on the
-      // 4-row tiles, however the threads split them.
-      const int64_t m = 301;
-      Rows x(dt, m, 301, 301 + 3, rng, 0.1f);
-      x.set(5, 17, std::nanf(""));                           // a NaN row
-      x.set(40, 0, std::numeric_limits<float>::infinity());  // an inf row
-      Out one(dt, m, 150), two(dt, m, 150), three(dt, m, 150), gen(dt, m, 150);
-      const FfnOperands ops = f.operands(act, true);
-      run_ffn(*t, pool, ops, x.view(), one.view(), 1);
-      run_ffn(*t, pool, ops, x.view(), two.view(), 2);
-      run_ffn(*t, pool, ops, x.view(), three.view(), 3);
-      run_ffn(*generic, pool, ops, x.view(), gen.view(), 2);
-      EXPECT_TRUE(one.same_bits(two)) << name_of(dt) << " " << name_of(act);
-      EXPECT_TRUE(one.same_bits(three)) << name_of(dt) << " " << name_of(act);
-      EXPECT_TRUE(one.same_bits(gen)) << name_of(dt) << " " << name_of(act);
-      // A row without a finite scale comes out NaN, never a finite guess; the others are the
-      // rows of a clean call, bit for bit (quantization is per row).
-      for (int64_t c = 0; c < 150; ++c) {
-        EXPECT_TRUE(std::isnan(one.at(5, c))) << c;
-        EXPECT_TRUE(std::isnan(one.at(40, c))) << c;
-      }
-      Rows clean = x;
-      clean.set(5, 17, 0.0f);
-      clean.set(40, 0, 0.0f);
-      Out y_clean(dt, m, 150);
-      run_ffn(*t, pool, ops, clean.view(), y_clean.view(), 2);
-      for (int64_t r = 0; r < m; ++r) {
-        if (r == 5 || r == 40) continue;
-        for (int64_t c = 0; c < 150; ++c)
-          ASSERT_EQ(one.at(r, c), y_clean.at(r, c)) << r << "," << c;
+      for (const int64_t m : {int64_t{301}, int64_t{50}}) {
+        // 301 rows: on the amx variant, blocks of up to 128 rows on the tiles and their tails on
+        // the 4-row tiles, however the threads split them; 50 rows: blocks of 17..31 rows (one
+        // 16-row tile, the rest on the 4-row tiles).
+        Rows x(dt, m, 301, 301 + 3, rng, 0.1f);
+        x.set(5, 17, std::nanf(""));                           // a NaN row
+        x.set(40, 0, std::numeric_limits<float>::infinity());  // an inf row
+        Out one(dt, m, 150), two(dt, m, 150), three(dt, m, 150), gen(dt, m, 150);
+        const FfnOperands ops = f.operands(act, true);
+        run_ffn(*t, pool, ops, x.view(), one.view(), 1);
+        run_ffn(*t, pool, ops, x.view(), two.view(), 2);
+        run_ffn(*t, pool, ops, x.view(), three.view(), 3);
+        run_ffn(*generic, pool, ops, x.view(), gen.view(), 2);
+        EXPECT_TRUE(one.same_bits(two)) << name_of(dt) << " " << name_of(act);
+        EXPECT_TRUE(one.same_bits(three)) << name_of(dt) << " " << name_of(act);
+        EXPECT_TRUE(one.same_bits(gen)) << name_of(dt) << " " << name_of(act);
+        // A row without a finite scale comes out NaN, never a finite guess; the others are the
+        // rows of a clean call, bit for bit (quantization is per row).
+        for (int64_t c = 0; c < 150; ++c) {
+          EXPECT_TRUE(std::isnan(one.at(5, c))) << c;
+          EXPECT_TRUE(std::isnan(one.at(40, c))) << c;
+        }
+        Rows clean = x;
+        clean.set(5, 17, 0.0f);
+        clean.set(40, 0, 0.0f);
+        Out y_clean(dt, m, 150);
+        run_ffn(*t, pool, ops, clean.view(), y_clean.view(), 2);
+        for (int64_t r = 0; r < m; ++r) {
+          if (r == 5 || r == 40) continue;
+          for (int64_t c = 0; c < 150; ++c)
+            ASSERT_EQ(one.at(r, c), y_clean.at(r, c)) << r << "," << c;
+        }
       }
     }
 }

@@ -116,7 +116,7 @@ def tune(out: Path, *, rounds: int = 5, shapes: list[tuple[int, int]] | None = N
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gemm_variant": _core.resolve("flashrt/gemm").chosen,
         "forms": {}, "not_decided": {}}
-    shapes, rows = shapes or SHAPES, rows or ROWS
+    shapes, rows = shapes or SHAPES, sorted(rows or ROWS)  # the rule reads them ascending
     for name, form in tunable_forms().items():
         m = measure_rows_min(shapes, rows, rounds)
         m["catalog_default"] = form.rows_min
@@ -125,6 +125,9 @@ def tune(out: Path, *, rounds: int = 5, shapes: list[tuple[int, int]] | None = N
                                                       "catalog's default stays"}
         else:
             result["forms"][name] = m
+    # Written beside and renamed over: a plan reading the file meanwhile sees the old or the new.
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    partial = out.with_name(out.name + f".{os.getpid()}.partial")
+    partial.write_text(json.dumps(result, indent=2) + "\n")
+    partial.replace(out)
     return result

@@ -101,7 +101,8 @@ def test_a_file_from_another_cpu_or_tier_is_ignored_with_the_reason(tmp_path, fi
     ({"schema": decisions.SCHEMA, "cpu": "c", "tier": "t", "forms": {"int8_rows": {}}},
      "form int8_rows has no integer rows_min"),
     ({"schema": decisions.SCHEMA, "cpu": "c", "tier": "t",
-      "forms": {"int8_rows": {"rows_min": 0}}}, "rows_min 0 < 1"),
+      "forms": {"int8_rows": {"rows_min": 8}}}, r"rows_min 8 inside the decode band \(1..16\)"),
+    ({"schema": 2}, "schema is not flashrt-decisions/1"),
 ])
 def test_a_file_that_is_not_one_is_a_clear_error(tmp_path, doc, message):
     p = tmp_path / "bad.json"

@@ -13,6 +13,10 @@
 
 namespace frt {
 
+// A decided band starts above the decode band (1..16, the kernels' FRT_MAX_ROWS); only forms
+// whose own band starts there are moved (never an every-row-count form's).
+inline constexpr int64_t kDecisionsDecodeRows = 16;
+
 struct MachineDecisions {
   std::string path;  // where they were read ("" = none)
   std::string cpu;   // the CPU they were measured on (CpuFeatures::model)

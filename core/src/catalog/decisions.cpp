@@ -25,7 +25,8 @@ MachineDecisions read_decisions(const std::string& path, const CpuFeatures& cpu)
     return InvalidArgument("decisions file " + path + ": " + what);
   };
   if (!j.is_object()) throw bad("not a JSON object");
-  if (j.value("schema", "") != "flashrt-decisions/1")
+  if (!j.contains("schema") || !j["schema"].is_string() ||
+      j["schema"].get<std::string>() != "flashrt-decisions/1")
     throw bad("schema is not flashrt-decisions/1");
   MachineDecisions d;
   d.path = path;
@@ -38,7 +39,10 @@ MachineDecisions read_decisions(const std::string& path, const CpuFeatures& cpu)
     if (!entry.is_object() || !entry.contains("rows_min") || !entry["rows_min"].is_number_integer())
       throw bad("form " + form + " has no integer rows_min");
     const int64_t rows = entry["rows_min"].get<int64_t>();
-    if (rows < 1) throw bad("form " + form + " has rows_min " + std::to_string(rows) + " < 1");
+    // A band the file moves is a GEMM form's, above the decode band the decode forms serve.
+    if (rows <= kDecisionsDecodeRows)
+      throw bad("form " + form + " has rows_min " + std::to_string(rows) +
+                " inside the decode band (1.." + std::to_string(kDecisionsDecodeRows) + ")");
     d.rows_min[form] = rows;
   }
   if (d.cpu != cpu.model)

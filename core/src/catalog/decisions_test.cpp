@@ -1,6 +1,7 @@
 #include <flashrt/decisions.h>
 #include <flashrt/errors.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -10,9 +11,13 @@
 namespace frt {
 namespace {
 
+// A file of this process and test alone (ctest runs the tests as processes side by side).
 std::string write(const std::string& text) {
+  static int serial = 0;
+  const std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
   const std::string path = (std::filesystem::temp_directory_path() /
-                            ("frt_decisions_" + std::to_string(std::rand()) + ".json"))
+                            ("frt_decisions_" + std::to_string(::getpid()) + "_" + name + "_" +
+                             std::to_string(serial++) + ".json"))
                                .string();
   std::ofstream(path) << text;
   return path;
@@ -62,7 +67,9 @@ TEST(DecisionsTest, AFileThatIsNotOneThrowsNamingWhy) {
            {doc(cpu().model, "avx2", "[]"), "no forms object"},
            {doc(cpu().model, "avx2", R"({"int8_rows": {"rows_min": 2.5}})"),
             "form int8_rows has no integer rows_min"},
-           {doc(cpu().model, "avx2", R"({"int8_rows": {"rows_min": -1}})"), "rows_min -1 < 1"}}) {
+           {R"({"schema": 1})", "schema is not flashrt-decisions/1"},
+           {doc(cpu().model, "avx2", R"({"int8_rows": {"rows_min": 16}})"),
+            "rows_min 16 inside the decode band (1..16)"}}) {
     const std::string path = write(text);
     try {
       read_decisions(path, cpu());

@@ -541,7 +541,7 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       continue;
     }
     WeightForm form = adopting ? *source_form : form_it->second;
-    if (form.rows_min > 0) {
+    if (form.rows_min > kDecisionsDecodeRows) {
       if (const std::optional<int64_t> rows = decisions.rows_min_for(form.name)) {
         if (decided_noted.insert(form.name).second)
           p.assumed.push_back(form.name + ": rows from " + std::to_string(*rows) +

@@ -104,10 +104,11 @@ def measure_wrapped(inner: torch.Tensor, outer: torch.Tensor) -> _core.Activatio
         return None
     with torch.no_grad():
         # In the call's own dtype, bit for bit first: a bf16 host rounds its activation's output
-        # to bf16, which no fp32 tolerance fine enough to tell gelu from gelu_tanh admits.
-        for act, fn in _REFERENCE_ACTIVATIONS.items():
-            if torch.equal(outer, fn(inner)):
-                return act
+        # to bf16, which no fp32 tolerance fine enough to tell gelu from gelu_tanh admits. Only a
+        # unique match counts (on a small bf16 call gelu and gelu_tanh may round alike).
+        exact = [act for act, fn in _REFERENCE_ACTIVATIONS.items() if torch.equal(outer, fn(inner))]
+        if len(exact) == 1:
+            return exact[0]
         for act, fn in _REFERENCE_ACTIVATIONS.items():
             if torch.allclose(outer.float(), fn(inner.float()), atol=1e-5, rtol=1e-4):
                 return act
