@@ -580,7 +580,8 @@ def main() -> int:
     parser.add_argument("--family", default=None,
                         help="'all' or a comma list of bench/families.py hosts (gemma3, phi3, "
                              "olmo2, granite): bench/results/<tier>/decode_families.json")
-    parser.add_argument("--prompt", type=int, default=PROMPT, help="--family: prompt tokens")
+    parser.add_argument("--prompt", type=int, default=PROMPT,
+                        help="prompt tokens (the Qwen3-shaped host and --family)")
     parser.add_argument("--new", type=int, default=NEW, help="--family: new tokens")
     parser.add_argument("--batch", type=lambda s: [int(b) for b in s.split(",")], default=[1],
                         help="--family: batch sizes, e.g. 1,4,16 (aggregate tok/s per batch)")
@@ -594,9 +595,10 @@ def main() -> int:
         return family_main(args)
 
     model = qwen3_06b(args.layers)
-    prompt = torch.randint(0, 151936, (1, PROMPT), generator=torch.Generator().manual_seed(1))
+    prompt_len = args.prompt  # 128 by default; 512 for the prefill figure (issue 29)
+    prompt = torch.randint(0, 151936, (1, prompt_len), generator=torch.Generator().manual_seed(1))
     step = prompt[:, :1]
-    max_len = PROMPT + NEW
+    max_len = prompt_len + NEW
     loop_schemes = {"loop_w8": "w8a16_decode", "loop_w8_channel": "w8a16_channel_decode",
                     "loop_w4": "w4a16_decode",
                     "loop_w4_sym": "w4a16_sym_decode",
@@ -646,7 +648,7 @@ def main() -> int:
         gguf_dir = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
         for quant in [q for q in ("Q8_0", "Q4_0") if want(f"llama.cpp_{q}")]:
             path = export_qwen3(model, gguf_dir / f"qwen3-{quant}.gguf", quant)
-            llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=PROMPT,
+            llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=prompt_len,
                                   n_threads=os.cpu_count(), logits_all=False, verbose=False)
             # Every weight is read once per step (the tied embedding is the head), and the KV
             # cache in f16 (llama.cpp's default cache type).
@@ -690,13 +692,13 @@ def main() -> int:
     rows = []
     print(f"machine: {os.cpu_count()} cores, kernels on {S.PARALLEL_BACKEND}; read bandwidth "
           f"probes {min(every_probe):.1f}-{best:.1f} GB/s")
-    print(f"Qwen3-0.6B-shaped, {args.layers} layers, fp32, batch 1, prompt {PROMPT}, new {NEW}")
+    print(f"Qwen3-0.6B-shaped, {args.layers} layers, fp32, batch 1, prompt {prompt_len}, new {NEW}")
     print(f"of floor: each {SEGMENT}-step segment's bytes (weights, KV cache) per second against "
           "the read bandwidth probed just before and after it, median (Note [Bracketed "
           "bandwidth]); the host arms against the probes around the whole arm")
     print(f"{'arm':<15}{'prefill tok/s':>14}{'decode tok/s':>14}{'vs host':>9}{'of floor':>10}"
           f"{'quartiles':>12}{'tokens = host':>15}")
-    mean_kv = {n: kv_bytes(cfg, PROMPT + NEW // 2, 2 if n.startswith("llama.cpp") else 4)
+    mean_kv = {n: kv_bytes(cfg, prompt_len + NEW // 2, 2 if n.startswith("llama.cpp") else 4)
                for n in arms}
     for name in arms:
         pre = statistics.median(s[0] for s in samples[name])
@@ -711,7 +713,7 @@ def main() -> int:
             floor = {"frac_of_bandwidth": statistics.median(fr),
                      "frac_quartiles": [min(fr), max(fr)], "probes": host_probes[name]}
         same = sum(a == b for a, b in zip(samples[name][0][2], host_tokens)) / NEW
-        row = {"arm": name, "prefill_tok_s": PROMPT / pre, "prefill_seconds": pre,
+        row = {"arm": name, "prefill_tok_s": prompt_len / pre, "prefill_seconds": pre,
                "decode_tok_s": 1 / dec, "decode_step_seconds": dec,
                "decode_speedup_vs_host": host_decode / dec, "weight_bytes_per_token": nbytes,
                "kv_bytes_per_step_mean": mean_kv[name],
@@ -732,14 +734,14 @@ def main() -> int:
     agreement = {}
     for name, lp in loops.items():
         mine = lp.teacher_forced(seq)
-        span = range(PROMPT - 1, seq.shape[1])
+        span = range(prompt_len - 1, seq.shape[1])
         agreement[name] = sum(mine[i] == host_next[i] for i in span) / len(span)
         next(r for r in rows if r["arm"] == name)["teacher_forced_top1"] = agreement[name]
     print("teacher-forced top-1 agreement with the host: " +
           ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
     print(f"peers: {peers}")
     result = {"machine": machine(), "best_probe_gbps": best,
-              "layers": args.layers, "prompt": PROMPT, "new_tokens": NEW, "rounds": args.rounds,
+              "layers": args.layers, "prompt": prompt_len, "new_tokens": NEW, "rounds": args.rounds,
               "rows": rows, "peers": peers}
     write_result(result_path(args.json, "decode"), result)
     return 0
