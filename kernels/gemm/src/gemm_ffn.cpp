@@ -113,11 +113,11 @@ Slot slot_at(const frt_ffn_args* a, int32_t i) {
 void run_block(const frt_ffn_args* a, Slot s, int64_t r0, int64_t rows) {
   const frt_packed_weight *up = a->up, *down = a->down;
   const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, ysize = a->y_dtype == FRT_F32 ? 4 : 2;
-  const int64_t tiled = rows > kGemmAmxMaxVectorRows ? rows / 16 * 16 : 0;  // 0 off amx
-  const bool amx = kGemmTiles.w8a8_rows_amx != nullptr && tiled > 0;
-  s.xq.tiled = amx ? gemm_amx_tiled_rows(rows, s.xq.lda) : 0;
-  s.hq.tiled = amx ? gemm_amx_tiled_rows(rows, s.hq.lda) : 0;
-  const int64_t vector_from = amx ? tiled : 0;  // the rows the 4-row tiles take
+  const int64_t tiled = gemm_amx_rows(rows);  // the rows the tiles take; the rest 4-row tiles
+  const bool amx = tiled > 0;
+  s.xq.tiled = gemm_amx_tiled_rows(rows, s.xq.lda);
+  s.hq.tiled = gemm_amx_tiled_rows(rows, s.hq.lda);
+  const int64_t vector_from = tiled;
   for (int64_t r = 0; r < rows; ++r)
     gemm_quantize_row(static_cast<const char*>(a->x) + (r0 + r) * a->ldx * xsize, a->x_dtype, up->k,
                       s.xq, r);

@@ -180,9 +180,13 @@ void gemm_quantize_row(const void* x, int32_t x_dtype, int64_t k, const QuantRow
   for (int64_t s = 0; s < q.lda / 64; ++s) std::memcpy(group + s * 1024, row + s * 64, 64);
 }
 
-int64_t gemm_amx_tiled_rows(int64_t m, int64_t lda) {
+int64_t gemm_amx_rows(int64_t m) {
   if (kGemmTiles.w8a8_rows_amx == nullptr || m <= kGemmAmxMaxVectorRows) return 0;
-  return lda <= kGemmAmxTiledMaxLda ? m / 16 * 16 : 0;
+  return m / 16 * 16;
+}
+
+int64_t gemm_amx_tiled_rows(int64_t m, int64_t lda) {
+  return lda <= kGemmAmxTiledMaxLda ? gemm_amx_rows(m) : 0;
 }
 
 int64_t gemm_workspace(const frt_linear_args* a) {
@@ -221,7 +225,7 @@ int32_t run_amx_rows(const frt_linear_args* a, const QuantRows& q, int32_t ith, 
                      frt_error* err) {
   const frt_packed_weight* w = a->w;
   const Range panels = split(div_up(w->n, FRT_PANEL), ith, nth);
-  const int64_t m16 = a->m / 16 * 16;
+  const int64_t m16 = gemm_amx_rows(a->m);
   const int64_t block =
       std::clamp<int64_t>((int64_t{1} << 20) / q.lda / 32 * 32, 32, kGemmAmxBlockRows);
   for (int64_t r0 = 0; r0 < m16; r0 += block)
@@ -257,8 +261,7 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
   }
   QuantRows q = quant_view(a);
   q.tiled = gemm_amx_tiled_rows(a->m, q.lda);
-  if (phase == 1 && kGemmTiles.w8a8_rows_amx != nullptr && a->m > kGemmAmxMaxVectorRows)
-    return run_amx_rows(a, q, ith, nth, err);
+  if (phase == 1 && gemm_amx_rows(a->m) > 0) return run_amx_rows(a, q, ith, nth, err);
   return run_phases(
       a, phase, ith, nth, err, [&](int64_t r) { gemm_quantize_row(x_row(r), a->x_dtype, k, q, r); },
       [&](int64_t p, int64_t r0, int64_t rows, float* tile) {

@@ -58,8 +58,11 @@ struct QuantRows {
 // Row r of x quantized into q (7-bit asymmetric, Note [W8A8 rows]): row-major, or into tile
 // order for r < q.tiled (Note [AMX rows]).
 void gemm_quantize_row(const void* x, int32_t x_dtype, int64_t k, const QuantRows& q, int64_t r);
-// The rows of an m-row call the amx variant quantizes into tile order (QuantRows::tiled): 0
-// elsewhere, at 1..16 rows, and for rows wider than its stack buffer.
+// The rows of an m-row call the amx variant's tiles take (the last multiple of 16): 0 elsewhere
+// and at 1..16 rows (Note [AMX rows]).
+int64_t gemm_amx_rows(int64_t m);
+// Those of them it quantizes into tile order (QuantRows::tiled): 0 for rows wider than its
+// stack buffer.
 int64_t gemm_amx_tiled_rows(int64_t m, int64_t lda);
 
 // Phase 0 quantizes the rows (7-bit asymmetric, frt_kernel_abi.h, FRT_W_INT8_GEMM), phase 1

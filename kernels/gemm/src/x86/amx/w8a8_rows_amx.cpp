@@ -129,17 +129,11 @@ void store16(__m512 f, int64_t r, int64_t c0, int64_t cols, void* y, int32_t y_d
 void finish_panel(const frt_packed_weight* w, int64_t p, const int32_t* acc, int64_t b,
                   int64_t rows, const QuantRows& q, int64_t r, const float* bias, void* y,
                   int32_t y_dtype, int64_t ldy) {
-  alignas(64) float bv_[FRT_PANEL];
-  gemm_panel_bias(w, p, bias, bv_);
-  const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
-  const float* cs = static_cast<const float*>(w->mins) + p * FRT_PANEL;  // column sums
-  const __m512i colsum = _mm512_cvtps_epi32(_mm512_loadu_ps(cs));
-  const __m512 scale = _mm512_loadu_ps(sc), bv = _mm512_load_ps(bv_);
+  const RowsEpilogue e(w, p, bias);
   const int64_t c0 = p * FRT_PANEL, cols = std::min<int64_t>(FRT_PANEL, w->n - c0);
   for (int64_t i = 0; i < rows; ++i)
-    store16(gemm_finish_rows16(_mm512_loadu_si512(acc + i * 32 + 16 * b), q.zero[r + i],
-                               q.scale[r + i], colsum, scale, bv),
-            r + i, c0, cols, y, y_dtype, ldy);
+    store16(e.row(_mm512_loadu_si512(acc + i * 32 + 16 * b), q.zero[r + i], q.scale[r + i]), r + i,
+            c0, cols, y, y_dtype, ldy);
 }
 
 }  // namespace

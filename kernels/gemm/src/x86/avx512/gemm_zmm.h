@@ -26,13 +26,26 @@ inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
   _mm_mask_storeu_epi8(p, gemm_lanes(n), _mm512_cvtsepi32_epi8(v));
 }
 
-// The per-row form's epilogue for sixteen columns (Note [W8A8 rows]), in finish()'s order:
-// float(acc - z * colsum) * (sx * sc) + b. The zmm and AMX tiles share it, so their bits agree.
-inline __m512 gemm_finish_rows16(__m512i acc, int32_t z, float sx, __m512i colsum, __m512 sc,
-                                 __m512 b) {
-  const __m512i i = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(z), colsum));
-  return _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(_mm512_set1_ps(sx), sc)),
-                       b);
-}
+// The per-row form's epilogue for panel p's sixteen columns (Note [W8A8 rows]): the panel's
+// column sums, scales and bias, then row() in finish()'s order: float(acc - z * colsum) *
+// (sx * sc) + b. The zmm and AMX tiles share it, so their bits agree.
+struct RowsEpilogue {
+  __m512i colsum;
+  __m512 scale, bias;
+
+  RowsEpilogue(const frt_packed_weight* w, int64_t p, const float* b) {
+    alignas(64) float panel_bias[FRT_PANEL];
+    gemm_panel_bias(w, p, b, panel_bias);
+    const float* cs = static_cast<const float*>(w->mins) + p * FRT_PANEL;  // column sums
+    colsum = _mm512_cvtps_epi32(_mm512_loadu_ps(cs));
+    scale = _mm512_loadu_ps(static_cast<const float*>(w->scales) + p * FRT_PANEL);
+    bias = _mm512_load_ps(panel_bias);
+  }
+  __m512 row(__m512i acc, int32_t z, float sx) const {
+    const __m512i i = _mm512_sub_epi32(acc, _mm512_mullo_epi32(_mm512_set1_epi32(z), colsum));
+    return _mm512_add_ps(
+        _mm512_mul_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(_mm512_set1_ps(sx), scale)), bias);
+  }
+};
 
 }  // namespace frt::kern

@@ -32,15 +32,9 @@ void w8a8_rows_tile_zmm(const frt_packed_weight* w, int64_t p, const QuantRows& 
       acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(quad), wv);
     }
   }
-  alignas(64) float b[FRT_PANEL];
-  gemm_panel_bias(w, p, bias, b);
-  const float* sc = static_cast<const float*>(w->scales) + p * FRT_PANEL;
-  const float* cs = static_cast<const float*>(w->mins) + p * FRT_PANEL;  // column sums
-  const __m512i colsum = _mm512_cvtps_epi32(_mm512_loadu_ps(cs));
-  const __m512 scale = _mm512_loadu_ps(sc), bv = _mm512_load_ps(b);
+  const RowsEpilogue e(w, p, bias);
   for (int r = 0; r < R; ++r)
-    _mm512_storeu_ps(tile + r * FRT_PANEL, gemm_finish_rows16(acc[r], q.zero[r0 + r],
-                                                              q.scale[r0 + r], colsum, scale, bv));
+    _mm512_storeu_ps(tile + r * FRT_PANEL, e.row(acc[r], q.zero[r0 + r], q.scale[r0 + r]));
 }
 
 }  // namespace
