@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 import flashrt_structures as S
-from flashrt_structures import ops
+from flashrt_structures import decisions
 
 from _common import machine, write_result
 
@@ -311,51 +311,16 @@ def bench_qkv(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step]
 
 
 def measure_band(rounds: int) -> dict:
-    """Median time of the GEMM seat's kernel against the host's fp32 linear, by rows, on the DiT
-    projection shapes; the band min is the smallest row count from which every larger count in
-    the list is faster on every shape."""
-    shapes = [(1152, 1152), (1152, 4608), (4608, 1152), (3072, 3072)]
-    rows_list = [1, 16, 24, 32, 48, 64, 128, 256]
-    table: dict[str, dict[str, float]] = {}
-    for k, n in shapes:
-        w = torch.randn(n, k) * 0.02
-        b = torch.randn(n)
-        packed = ops.pack_int8_gemm(w)
-        row: dict[str, float] = {}
-        for m in rows_list:
-            x = torch.randn(m, k)
-            y = torch.empty(m, n)
-            reps = max(2, 256 // m)
-            host_t, seat_t = [], []
-            for _ in range(rounds):
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    torch.nn.functional.linear(x, w, b)
-                host_t.append((time.perf_counter() - t0) / reps)
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    ops.linear(x, packed, b, out=y)
-                seat_t.append((time.perf_counter() - t0) / reps)
-            row[str(m)] = statistics.median(h / s for h, s in zip(host_t, seat_t))
-        table[f"{k}x{n}"] = row
-        print(f"  band {k}->{n}: " + ", ".join(f"{m}:{r:.2f}" for m, r in row.items()),
-              flush=True)
-    # Above the decode band (1..16, where the decode forms serve), the first listed row count from
-    # which every larger one beats the host on the geometric mean over the shapes.
-    def geomean(m: int) -> float:
-        return statistics.geometric_mean(table[s][str(m)] for s in table)
-
-    band_min = None
-    above = [m for m in rows_list if m > 16]
-    for i, m in enumerate(above):
-        if all(geomean(r) > 1.0 for r in above[i:]):
-            band_min = m
-            break
-    return {"speedup_by_rows": table, "geomean_by_rows": {str(m): geomean(m) for m in rows_list},
-            "band_min": band_min,
-            "rule": "above the decode band (16 rows), the smallest listed row count from which "
-                    "every larger listed count beats F.linear fp32 on the geometric mean over "
-                    "the shapes (median of paired rounds per shape)"}
+    """The GEMM seat's kernel against the host's fp32 linear, by rows, on the DiT projection
+    shapes, and the band min by the rule `python -m flashrt_structures tune` applies
+    (flashrt_structures.decisions), rows 1 and 16 shown beside it."""
+    m = decisions.measure_rows_min([(1152, 1152), (1152, 4608), (4608, 1152), (3072, 3072)],
+                                   [1, 16, 24, 32, 48, 64, 128, 256], rounds)
+    for shape, row in m["speedup_by_rows"].items():
+        print(f"  band {shape.replace('x', '->')}: "
+              + ", ".join(f"{r}:{v:.2f}" for r, v in row.items()), flush=True)
+    return {"speedup_by_rows": m["speedup_by_rows"], "geomean_by_rows": m["geomean_by_rows"],
+            "band_min": m["rows_min"], "rule": m["rule"]}
 
 
 def ffn_module(dim: int, tokens: int) -> tuple[nn.Module, torch.Tensor]:
