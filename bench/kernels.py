@@ -391,6 +391,7 @@ def bench_gemm(rounds: int, shapes: list[tuple[int, int]]) -> dict:
     in and out for flashrt and the bf16 arm, paired: the arms alternate within every round and the
     figure is the median round. TOP/s counts 2 * M * K * N."""
     ceiling = {t: tile_int8_ceiling(t) for t in (1, 2)}
+    bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=3)  # beside the compute ceiling
     rows = []
     print(f"{'M':>5}{'K':>6}{'N':>7}{'fp32 ms':>9}{'bf16 ms':>9}{'flashrt ms':>11}{'TOP/s':>7}"
           f"{'vs bf16':>8}{'vs fp32':>8}")
@@ -437,7 +438,8 @@ def bench_gemm(rounds: int, shapes: list[tuple[int, int]]) -> dict:
                   f"{med['torch_bf16'] * 1e3:>9.2f}{med['flashrt_w8a8'] * 1e3:>11.2f}"
                   f"{row['tops']['flashrt_w8a8']:>7.2f}{row['flashrt_vs_torch_bf16']:>7.2f}x"
                   f"{row['flashrt_vs_torch_fp32']:>7.2f}x", flush=True)
-    return {"int8_tile_ceiling": ceiling, "rounds": rounds, "rows": rows,
+    return {"int8_tile_ceiling": ceiling, "read_bandwidth_gbps": bandwidth, "rounds": rounds,
+            "rows": rows,
             "variant": next(p["chosen"] for p in impls.kernels_report()["packages"]
                             if p["repo"] == "flashrt/gemm")}
 
@@ -475,7 +477,8 @@ def main() -> int:
             tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
         result["gemm"] = bench_gemm(args.rounds, shapes)
         c = result["gemm"]["int8_tile_ceiling"]
-        print(f"variant {result['gemm']['variant']}; AMX-INT8 ceiling: "
+        print(f"read bandwidth {result['gemm']['read_bandwidth_gbps']:.1f} GB/s; "
+              f"variant {result['gemm']['variant']}; AMX-INT8 ceiling: "
               + (f"{c[1]['int8_tops']:.2f} TOP/s on 1 thread, {c[2]['int8_tops']:.2f} on 2"
                  if c[2] else "none (no AMX)"))
         write_result(path, result)

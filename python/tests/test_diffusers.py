@@ -53,6 +53,23 @@ def test_scheme_none_seats_nothing_and_leaves_the_step_bit_identical(host):
 
 def test_every_large_linear_is_seated_kept_or_refused_with_a_reason(host):
     name, model, _, _, plan = host
+    assert_every_large_linear_accounted(name, model, plan)
+    seated = set(plan.swaps)
+    kept = plan.notes["scheme"]["keep_host"]
+    # The attention projections and feed-forwards over the latent tokens are seated; the
+    # timestep / pooled-text chains (1-row calls) and text-token projections are kept, saying so.
+    assert len(seated) >= 4, S.explain(plan)
+    packed = [sp for sp in plan.seams if sp.form.name != "host"]  # norms: at host precision
+    assert all(sp.impl.startswith("gemm") and sp.package == "flashrt/gemm" for sp in packed)
+    assert all(sp.band_min >= 2 for sp in packed)
+    small_calls = [why for why in kept.values() if "serves rows from" in why]
+    assert small_calls, kept
+    text = S.explain(plan)
+    assert "int8 per-channel, activations int8 per row" in text
+
+
+def assert_every_large_linear_accounted(name: str, model: nn.Module, plan) -> None:
+    """Every Linear of LARGE weights or more is seated, kept or refused with a reason."""
     seated = set(plan.swaps)
     kept = plan.notes["scheme"]["keep_host"]
     refused = dict(plan.notes["refused"])
@@ -66,16 +83,6 @@ def test_every_large_linear_is_seated_kept_or_refused_with_a_reason(host):
             continue
         why = kept.get(path) or refused.get(path) or kept.get(region or "")
         assert why, f"{name}: {path} neither seated, kept nor refused"
-    # The attention projections and feed-forwards over the latent tokens are seated; the
-    # timestep / pooled-text chains (1-row calls) and text-token projections are kept, saying so.
-    assert len(seated) >= 4, S.explain(plan)
-    packed = [sp for sp in plan.seams if sp.form.name != "host"]  # norms: at host precision
-    assert all(sp.impl.startswith("gemm") and sp.package == "flashrt/gemm" for sp in packed)
-    assert all(sp.band_min >= 2 for sp in packed)
-    small_calls = [why for why in kept.values() if "serves rows from" in why]
-    assert small_calls, kept
-    text = S.explain(plan)
-    assert "int8 per-channel, activations int8 per row" in text
 
 
 def feed_forwards(model: nn.Module) -> list[str]:
@@ -234,6 +241,7 @@ def test_bf16_host_gets_bf16_seats_and_an_fp32_seat_hands_bf16_calls_back():
     ffn = [sp for sp in plan.seams if sp.impl == "gemm_ffn_w8a8"]
     assert len(ffn) == 1, S.explain(plan)
     assert ffn[0].seam.activation == S._core.Activation.gelu_tanh
+    assert_every_large_linear_accounted("pixart bf16", model, plan)
     handle = plan.attach(model)
     try:
         with torch.no_grad():
@@ -246,3 +254,24 @@ def test_bf16_host_gets_bf16_seats_and_an_fp32_seat_hands_bf16_calls_back():
     assert cosine(got.float(), want.float()) >= 0.995
     with torch.no_grad():
         assert torch.equal(sample(step16()), want)
+
+
+def test_a_bf16_call_two_activations_round_alike_on_names_neither():
+    # diffusers' GELU(approximate="tanh") in bf16, on a call where erf-GELU and tanh-GELU round to
+    # the same bf16 values: the exact pass finds two matches, the fp32 tolerance none, so the
+    # wrapper is left a plain module (its projections stay seams of their own), never guessed.
+    from diffusers.models.activations import GELU
+
+    from flashrt_structures.observe.probes import measure_wrapped
+
+    inner = torch.tensor([[0.0, 1.0, 4.0, 8.0]], dtype=torch.bfloat16)
+    gelu, tanh = (torch.nn.functional.gelu(inner, approximate=a) for a in ("none", "tanh"))
+    assert torch.equal(gelu, tanh)  # the premise: the two round alike here
+    act = GELU(4, 4, approximate="tanh").to(torch.bfloat16)
+    outer = act.gelu(inner)
+    assert measure_wrapped(inner, outer) is None
+    # On a call where they differ, the exact pass names the one the module computes.
+    wide = torch.linspace(-6, 6, 241).to(torch.bfloat16)[None]
+    assert measure_wrapped(wide, act.gelu(wide)) == S._core.Activation.gelu_tanh
+    assert (measure_wrapped(wide, torch.nn.functional.gelu(wide))
+            == S._core.Activation.gelu)
