@@ -9,8 +9,8 @@ Hosts are diffusers' own classes from config with random weights, fp32, batch 1:
           --flux-single single blocks so fp32 fits in 24 GiB beside the arms' copies; 1024
           latent tokens, 256 text tokens.
   pixart4 the PixArt-Sigma widths and tokens with 4 blocks: the host where torchao runs too
-          (--torchao-hosts; on CPU its step is over 10x the host's, so it is timed once where it
-          runs and not run on the full-size hosts, which says so in the JSON).
+          (--torchao-hosts; on the AVX2 machines its step was over 10x the host's, so it is timed
+          once where it runs and not run on the full-size hosts, which says so in the JSON).
 Arms alternate round by round in one process, the order rotated each round; per arm the median
 step time, the median of its per-round ratios to the host, and the output cosine against the
 host's step. An arm over 5x slower than the host is timed on its one (first) run.
@@ -55,8 +55,9 @@ from _common import machine, write_result
 
 Step = Callable[[], Any]
 SLOW = 5.0  # an arm this many times slower than the host is timed once (torchao on CPU)
-TORCHAO_SKIPPED = ("not run on this host: on CPU its step is over 10x the host's (see the "
-                   "pixart4 host in this file), too long for this benchmark's time budget")
+TORCHAO_SKIPPED = ("not run on this host: torchao runs on the pixart4 host only (--torchao-hosts): "
+                   "on the AVX2 machines its step was over 10x the host's, too long for this "
+                   "benchmark's time budget")
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

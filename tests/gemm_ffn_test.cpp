@@ -197,7 +197,7 @@ TEST_P(GemmFfn, ThreadCountsAndTheGenericVariantAgreeBitwiseNaNRowsIncluded) {
   std::mt19937_64 rng(fresh_seed());
   const Ffn f(301, 203, 150, rng);
   for (DType dt : {DType::f32, DType::bf16})
-    for (Activation act : {Activation::gelu, Activation::gelu_tanh}) {
+    for (Activation act : {Activation::silu, Activation::gelu, Activation::gelu_tanh}) {
       for (const int64_t m : {int64_t{301}, int64_t{50}}) {
         // 301 rows: on the amx variant, blocks of up to 128 rows on the tiles and their tails on
         // the 4-row tiles, however the threads split them; 50 rows: blocks of 17..31 rows (one

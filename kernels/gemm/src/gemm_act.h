@@ -1,6 +1,7 @@
-// The gemm feed-forward's activation, one definition written twice with the same IEEE operations
-// in the same order (Note [GEMM feed-forward] in gemm_ffn.cpp): its constants, shared by the
-// scalar mirror (ref/activate_ref.cpp) and the AVX2 path (x86/avx2/activate_avx2.cpp).
+// The gemm feed-forward's activation, one definition written three times with the same IEEE
+// operations in the same order (Note [GEMM feed-forward] in gemm_ffn.cpp): its constants, shared by
+// the scalar mirror (ref/activate_ref.cpp), the AVX2 path (x86/avx2/activate_avx2.cpp) and the zmm
+// path (x86/avx512/activate_zmm.cpp).
 #pragma once
 
 namespace frt::kern::gemm_act {

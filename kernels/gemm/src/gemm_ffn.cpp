@@ -17,9 +17,10 @@
 //
 // Every variant computes the same bits: the integer GEMM and quantization are shared with the
 // linear op (kGemmTiles' per-row entries), and the activation (kGemmTiles.activate) is one
-// definition written twice, with the same IEEE operations in the same order (no FMA, built with
-// -ffp-contract=off): AVX2 eight at a time (x86/avx2/activate_avx2.cpp), the scalar mirror for
-// the generic variant and for tails (ref/activate_ref.cpp), their constants in gemm_act.h. It is
+// definition written three times, with the same IEEE operations in the same order (no FMA, built
+// with -ffp-contract=off): AVX2 eight at a time (x86/avx2/activate_avx2.cpp), zmm sixteen at a
+// time (x86/avx512/activate_zmm.cpp: the avx512vnni and amx variants), the scalar mirror for the
+// generic variant and for tails (ref/activate_ref.cpp), their constants in gemm_act.h. It is
 // a rational function of one exp (Cephes' range reduction and polynomial):
 //   silu(g) = g / (1 + e^-g),  gelu_tanh(g) = g / (1 + e^-2u),  u = sqrt(2/pi) (g + 0.044715 g^3)
 //   gelu(g) = 0.5 g (1 + erf(g / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (|err| <= 1.5e-7)

@@ -218,27 +218,80 @@ int32_t run_phases(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t
   return ok(err);
 }
 
-// Phase 1 of the per-row form on the amx variant's tiles (Note [AMX rows]): rows in blocks whose
-// quantized bytes stay in L2 (at most 1 MiB) while this thread's panels pass over them two at a
-// time; the rows past the last multiple of 16 on the 4-row tiles.
-int32_t run_amx_rows(const frt_linear_args* a, const QuantRows& q, int32_t ith, int32_t nth,
-                     frt_error* err) {
-  const frt_packed_weight* w = a->w;
-  const Range panels = split(div_up(w->n, FRT_PANEL), ith, nth);
-  const int64_t m16 = gemm_amx_rows(a->m);
-  const int64_t block =
-      std::clamp<int64_t>((int64_t{1} << 20) / q.lda / 32 * 32, 32, kGemmAmxBlockRows);
-  for (int64_t r0 = 0; r0 < m16; r0 += block)
-    for (int64_t p = panels.begin; p < panels.end; p += 2)
-      kGemmTiles.w8a8_rows_amx(w, p, std::min<int64_t>(2, panels.end - p), q, r0,
-                               std::min(block, m16 - r0), a->bias, a->y, a->y_dtype, a->ldy);
+// The rows of one block on the amx variant's tiles: its quantized bytes stay in L2 (at most
+// 1 MiB) while panels pass over them two at a time (Note [AMX rows]).
+int64_t amx_block_rows(int64_t lda) {
+  return std::clamp<int64_t>((int64_t{1} << 20) / lda / 32 * 32, 32, kGemmAmxBlockRows);
+}
+
+// Note [AMX row split]: with at least a block of rows per thread, each thread takes whole blocks
+// and every panel, and quantizes a block's rows itself just before its tiles read them, into the
+// same L2-resident place each time (the start of its rows in the workspace). The weights are read
+// as often as when the threads share the panels of every block (once per block), but the quantized
+// rows do not go out to memory and back, and no thread waits at the barrier between quantizing and
+// the tiles: -5 to -10% time at 512-2048 rows on the Xeon (bench/results/amx/gemm_ablation.json).
+// With fewer rows the threads share the panels, so the weights are read once per block rather than
+// once per thread.
+bool amx_split_rows(int64_t m16, int64_t lda, int32_t nth) {
+  return m16 >= nth * amx_block_rows(lda);
+}
+
+// The rows past the last multiple of 16 on the 4-row tiles, over this thread's panels.
+void amx_tail_rows(const frt_linear_args* a, const QuantRows& q, int64_t m16, Range panels) {
   alignas(64) float tile[4 * FRT_PANEL];
   for (int64_t p = panels.begin; p < panels.end; ++p)
     for (int64_t r0 = m16; r0 < a->m; r0 += 4) {
       const int64_t rows = std::min<int64_t>(4, a->m - r0);
-      kGemmTiles.w8a8_rows_tile(w, p, q, r0, rows, a->bias, tile);
-      gemm_store_rows(tile, rows, r0, p, w->n, a->y, a->y_dtype, a->ldy);
+      kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
+      gemm_store_rows(tile, rows, r0, p, a->w->n, a->y, a->y_dtype, a->ldy);
     }
+}
+
+// Phase 1 of the per-row form on the amx variant's tiles, the threads sharing the panels: rows
+// in blocks, this thread's panels over each block.
+int32_t run_amx_rows(const frt_linear_args* a, const QuantRows& q, int64_t m16, int32_t ith,
+                     int32_t nth, frt_error* err) {
+  const frt_packed_weight* w = a->w;
+  const Range panels = split(div_up(w->n, FRT_PANEL), ith, nth);
+  const int64_t block = amx_block_rows(q.lda);
+  for (int64_t r0 = 0; r0 < m16; r0 += block)
+    for (int64_t p = panels.begin; p < panels.end; p += 2)
+      kGemmTiles.w8a8_rows_amx(w, p, std::min<int64_t>(2, panels.end - p), q, r0,
+                               std::min(block, m16 - r0), a->bias, a->y, a->y_dtype, a->ldy);
+  amx_tail_rows(a, q, m16, panels);
+  return ok(err);
+}
+
+// Phase 1 with the rows split (Note [AMX row split]): this thread's rows in blocks of nearly
+// equal size (16-row groups apart), each quantized into the same place (the workspace from the
+// start of the thread's rows, so they stay in L2 from block to block; no block is longer than the
+// thread's rows) and then passed under every panel. The tiles see a block as rows 0.. of its own
+// view: quantized bytes, scales and zero points, tile order and output.
+int32_t run_amx_row_blocks(const frt_linear_args* a, const QuantRows& q, int64_t m16, int32_t ith,
+                           int32_t nth, frt_error* err) {
+  const frt_packed_weight* w = a->w;
+  const Range groups = split(m16 / 16, ith, nth);  // 16-row groups
+  const int64_t count = groups.end - groups.begin;
+  const int64_t blocks = div_up(count, amx_block_rows(q.lda) / 16);
+  const int64_t panels = div_up(w->n, FRT_PANEL);
+  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, ysize = a->y_dtype == FRT_F32 ? 4 : 2;
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int64_t r0 = (groups.begin + count * i / blocks) * 16;
+    const int64_t rows = (groups.begin + count * (i + 1) / blocks) * 16 - r0;
+    QuantRows b = q;
+    b.u = q.u + groups.begin * 16 * q.lda;
+    b.scale = q.scale + r0;
+    b.zero = q.zero + r0;
+    b.tiled = std::clamp<int64_t>(q.tiled - r0, 0, rows);
+    for (int64_t r = 0; r < rows; ++r)
+      gemm_quantize_row(static_cast<const char*>(a->x) + (r0 + r) * a->ldx * xsize, a->x_dtype,
+                        w->k, b, r);
+    void* y = static_cast<char*>(a->y) + r0 * a->ldy * ysize;
+    for (int64_t p = 0; p < panels; p += 2)
+      kGemmTiles.w8a8_rows_amx(w, p, std::min<int64_t>(2, panels - p), b, 0, rows, a->bias, y,
+                               a->y_dtype, a->ldy);
+  }
+  amx_tail_rows(a, q, m16, split(panels, ith, nth));
   return ok(err);
 }
 
@@ -261,12 +314,22 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
   }
   QuantRows q = quant_view(a);
   q.tiled = gemm_amx_tiled_rows(a->m, q.lda);
-  if (phase == 1 && gemm_amx_rows(a->m) > 0) return run_amx_rows(a, q, ith, nth, err);
-  return run_phases(
-      a, phase, ith, nth, err, [&](int64_t r) { gemm_quantize_row(x_row(r), a->x_dtype, k, q, r); },
-      [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
-        kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
-      });
+  auto quantize_row_at = [&](int64_t r) { gemm_quantize_row(x_row(r), a->x_dtype, k, q, r); };
+  if (const int64_t m16 = gemm_amx_rows(a->m); m16 > 0 && amx_split_rows(m16, q.lda, nth)) {
+    if (phase == 0) {  // only the rows the 4-row tiles take; each thread quantizes its blocks
+      const Range rows = split(a->m - m16, ith, nth);
+      for (int64_t r = m16 + rows.begin; r < m16 + rows.end; ++r) quantize_row_at(r);
+      return ok(err);
+    }
+    if (phase != 1) return fail(err, FRT_E_INVALID, "gemm has no phase %d", phase);
+    return run_amx_row_blocks(a, q, m16, ith, nth, err);
+  } else if (phase == 1 && m16 > 0) {
+    return run_amx_rows(a, q, m16, ith, nth, err);
+  }
+  return run_phases(a, phase, ith, nth, err, quantize_row_at,
+                    [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
+                      kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
+                    });
 }
 
 }  // namespace frt::kern

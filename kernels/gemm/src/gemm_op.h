@@ -43,8 +43,8 @@ int64_t gemm_moe_workspace(const frt_moe_args* a);
 int32_t gemm_moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t nth,
                      frt_error* err);
 
-// The quantized rows phase 0 writes: u8 [m][lda] (lda a multiple of 64, zero past k), and per
-// row its scale and zero point.
+// Quantized rows: u8 [m][lda] (lda a multiple of 64, zero past k), and per row its scale and zero
+// point. Phase 0 writes them; on the amx variant's row split, phase 1 (Note [AMX row split]).
 struct QuantRows {
   uint8_t* u;
   int64_t lda;
@@ -66,7 +66,9 @@ int64_t gemm_amx_rows(int64_t m);
 int64_t gemm_amx_tiled_rows(int64_t m, int64_t lda);
 
 // Phase 0 quantizes the rows (7-bit asymmetric, frt_kernel_abi.h, FRT_W_INT8_GEMM), phase 1
-// multiplies them by the panels, both through the variant's kGemmTiles (gemm_tiles.h).
+// multiplies them by the panels, both through the variant's kGemmTiles (gemm_tiles.h). (On the
+// amx variant with a block of rows per thread, phase 0 quantizes only the rows past the last
+// multiple of 16 and each thread quantizes the rest of its own in phase 1: Note [AMX row split].)
 
 // The decode form (an int8_gemm pack with group == kGemmActBlock; Note [W8A8 blocks] in
 // ref/w8a8_blocks_ref.cpp): activations int8 per block of 32 inputs, symmetric, a scale per block.

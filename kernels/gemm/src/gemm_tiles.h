@@ -14,11 +14,12 @@ namespace frt::kern {
 // (kGemmTiles) at compile time and the op code (gemm_op.cpp, gemm_ffn.cpp, gemm_moe.cpp) calls
 // through it. The generic variant holds the scalar reference (src/ref/, compiled into every
 // variant), avx2 the AVX2 paths (src/x86/avx2/), avx512vnni the zmm paths with vpdpbusd
-// (src/x86/avx512/) and the AVX2 activation; each variant's select_*.cpp names its entries, and
-// CMake compiles each variant's folder only into it. A fast path that leaves part of a row (AVX2's
-// tail elements, a partial block) finishes it with the reference's pieces declared below. Every
-// path computes the same integers and, built without FMA contraction (kernels/CMakeLists.txt) and
-// with one epilogue order, the same fp32 bits: the kernel tests compare the variants bit for bit.
+// (src/x86/avx512/), amx those and its tiles (src/x86/amx/); each variant's select_*.cpp names its
+// entries, and CMake compiles each variant's folder only into it. A fast path that leaves part of a
+// row (AVX2's tail elements, a partial block) finishes it with the reference's pieces declared
+// below. Every path computes the same integers and, built without FMA contraction
+// (kernels/CMakeLists.txt) and with one epilogue order, the same fp32 bits: the kernel tests
+// compare the variants bit for bit.
 struct GemmTiles {
   // One row to 7-bit asymmetric (Note [W8A8 rows]): u[k rounded up to 4], its scale and zero.
   void (*quantize_row)(const void* x, int32_t x_dtype, int64_t k, uint8_t* u, float* scale,
@@ -43,8 +44,7 @@ struct GemmTiles {
   void (*activate)(int32_t act, const float* in, float* out, int64_t n);
   // The per-row form on AMX-INT8 tiles (Note [AMX rows]), the amx variant only (nullptr
   // elsewhere): rows [r0, r0 + rows) (a multiple of 16, at most kGemmAmxBlockRows) x panels
-  // [p, p + np) (np 1 or 2),
-  // finished and stored into y. The same bits as w8a8_rows_tile.
+  // [p, p + np) (np 1 or 2), finished and stored into y. The same bits as w8a8_rows_tile.
   void (*w8a8_rows_amx)(const frt_packed_weight* w, int64_t p, int64_t np, const QuantRows& q,
                         int64_t r0, int64_t rows, const float* bias, void* y, int32_t y_dtype,
                         int64_t ldy);
@@ -175,7 +175,8 @@ void w6a8_blocks_tile_4x16_avx2(const frt_packed_weight* w, int64_t p, const Blo
                                 int64_t r0, int64_t rows, const float* bias, float* tile);
 void gemm_activate_avx2(int32_t act, const float* in, float* out, int64_t n);
 
-// The zmm paths (src/x86/avx512/; the avx512vnni variant, and its test-only emulation).
+// The zmm paths (src/x86/avx512/; the avx512vnni and amx variants, and their test-only emulations).
+void gemm_activate_zmm(int32_t act, const float* in, float* out, int64_t n);
 void quantize_row_u7_zmm(const void* x, int32_t dt, int64_t k, uint8_t* u, float* scale,
                          int32_t* zero);
 void w8a8_rows_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const QuantRows& q, int64_t r0,

@@ -10,9 +10,9 @@
 // lane-wise op done on the two 256-bit halves with the AVX2 instruction of the same definition
 // (same rounding, same out-of-range result), or a masked memory access done element by element,
 // which touches exactly the elements the mask selects, as the hardware does. Missing in SIMDe
-// 0.7.4 and used here: the int32 <-> fp32 conversions, the byte and word widenings to int32,
-// cvtph, masked loads and stores (every one of them), the dword-to-word narrowing and the
-// unsigned dword compare. SIMDe has vpdpbusd, abs_epi8,
+// 0.7.4 and used here: the int32 <-> fp32 conversions (rounding and truncating), the byte
+// and word widenings to int32, cvtph, masked loads and stores (every one of them), the
+// dword-to-word narrowing and the unsigned dword compare. SIMDe has vpdpbusd, abs_epi8,
 // movepi8_mask, the masked byte subtract and the saturating narrowings.
 #pragma once
 
@@ -47,6 +47,9 @@ inline __m512 cvtepi32_ps(__m512i v) {
 }
 inline __m512i cvtps_epi32(__m512 v) {
   return join(_mm256_cvtps_epi32(lo256(v)), _mm256_cvtps_epi32(hi256(v)));
+}
+inline __m512i cvttps_epi32(__m512 v) {
+  return join(_mm256_cvttps_epi32(lo256(v)), _mm256_cvttps_epi32(hi256(v)));
 }
 inline __m512i cvtepi8_epi32(__m128i v) {
   return join(_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
@@ -117,6 +120,7 @@ inline __mmask16 cmpgt_epu32_mask(__m512i a, __m512i b) {
 // redirected, as SIMDe's aliases redirect the rest.
 #define _mm512_cvtepi32_ps(v) ::frt::kern::simde_gaps::cvtepi32_ps(v)
 #define _mm512_cvtps_epi32(v) ::frt::kern::simde_gaps::cvtps_epi32(v)
+#define _mm512_cvttps_epi32(v) ::frt::kern::simde_gaps::cvttps_epi32(v)
 #define _mm512_cvtepi8_epi32(v) ::frt::kern::simde_gaps::cvtepi8_epi32(v)
 #define _mm512_cvtepu8_epi32(v) ::frt::kern::simde_gaps::cvtepu8_epi32(v)
 #define _mm512_cvtepu16_epi32(v) ::frt::kern::simde_gaps::cvtepu16_epi32(v)

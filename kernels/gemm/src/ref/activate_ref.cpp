@@ -1,5 +1,6 @@
-// The gemm feed-forward's activation, scalar: the generic variant's, and the AVX2 path's tail
-// (Note [GEMM feed-forward] in gemm_ffn.cpp; the AVX2 mirror is x86/avx2/activate_avx2.cpp).
+// The gemm feed-forward's activation, scalar: the generic variant's, and the vector paths' tail
+// (Note [GEMM feed-forward] in gemm_ffn.cpp; the mirrors are x86/avx2/activate_avx2.cpp and
+// x86/avx512/activate_zmm.cpp).
 #include <frt_kern/util.h>
 
 #include <cmath>

@@ -6,5 +6,5 @@ namespace frt::kern {
 const GemmTiles kGemmTiles = {quantize_row_u7_zmm,        w8a8_rows_tile_4x16_zmm,
                               quantize_row_s8_blocks_zmm, w8a8_blocks_tile_4x16_zmm,
                               w4a8_blocks_tile_4x16_zmm,  w6a8_blocks_tile_4x16_zmm,
-                              gemm_activate_avx2,         w8a8_rows_amx};
+                              gemm_activate_zmm,          w8a8_rows_amx};
 }  // namespace frt::kern

@@ -1,6 +1,6 @@
 // The gemm feed-forward's activation eight at a time (Note [GEMM feed-forward] in gemm_ffn.cpp):
 // the scalar mirror's IEEE operations in the same order (ref/activate_ref.cpp), which takes the
-// tail. The avx2 and avx512vnni variants use it.
+// tail. The avx2 variant uses it (avx512vnni and amx: x86/avx512/activate_zmm.cpp).
 #include <immintrin.h>
 
 #include "gemm_act.h"
