@@ -389,16 +389,20 @@ def bench_gemm(rounds: int, shapes: list[tuple[int, int]]) -> dict:
     """The w8a8 GEMM (int8_gemm per channel, activations per row at run time; the variant the hub
     chose) against torch's F.linear in fp32 and in bf16 (oneDNN; AMX where the CPU has it), bf16
     in and out for flashrt and the bf16 arm, paired: the arms alternate within every round and the
-    figure is the median round. TOP/s counts 2 * M * K * N."""
+    figure is the median round. Beside them the block forms the decode schemes' prefill runs
+    (activations per block of 32: int8_gemm g32, w8a8_decode's; int4_gemm, w4a8_decode's).
+    TOP/s counts 2 * M * K * N."""
     ceiling = {t: tile_int8_ceiling(t) for t in (1, 2)}
     bandwidth = ops.read_bandwidth_gbps(1 << 30, repeats=3)  # beside the compute ceiling
     rows = []
     print(f"{'M':>5}{'K':>6}{'N':>7}{'fp32 ms':>9}{'bf16 ms':>9}{'flashrt ms':>11}{'TOP/s':>7}"
-          f"{'vs bf16':>8}{'vs fp32':>8}")
+          f"{'vs bf16':>8}{'vs fp32':>8}{'g32 TOP/s':>10}{'w4a8 TOP/s':>11}")
     for k, n in shapes:
         w = torch.randn(n, k) * 0.02
         bias = torch.randn(n) * 0.1
         packed = ops.pack_int8_gemm(w)
+        blocks = ops.pack_int8_gemm(w, 32)
+        nibbles = ops.pack_int4_gemm(w, True)
         wb, bb = w.bfloat16(), bias.bfloat16()
         for m in GEMM_ROWS:
             x = torch.randn(m, k)
@@ -408,6 +412,8 @@ def bench_gemm(rounds: int, shapes: list[tuple[int, int]]) -> dict:
                 "torch_fp32": lambda x=x, w=w, bias=bias: F.linear(x, w, bias),
                 "torch_bf16": lambda xb=xb, wb=wb, bb=bb: F.linear(xb, wb, bb),
                 "flashrt_w8a8": lambda xb=xb, y=y: ops.linear(xb, packed, bias, out=y),
+                "flashrt_w8a8_blocks": lambda xb=xb, y=y: ops.linear(xb, blocks, bias, out=y),
+                "flashrt_w4a8": lambda xb=xb, y=y: ops.linear(xb, nibbles, bias, out=y),
             }
             for fn in arms.values():  # warm: first-touch pages, oneDNN's primitive cache
                 fn()
@@ -437,7 +443,9 @@ def bench_gemm(rounds: int, shapes: list[tuple[int, int]]) -> dict:
             print(f"{m:>5}{k:>6}{n:>7}{med['torch_fp32'] * 1e3:>9.2f}"
                   f"{med['torch_bf16'] * 1e3:>9.2f}{med['flashrt_w8a8'] * 1e3:>11.2f}"
                   f"{row['tops']['flashrt_w8a8']:>7.2f}{row['flashrt_vs_torch_bf16']:>7.2f}x"
-                  f"{row['flashrt_vs_torch_fp32']:>7.2f}x", flush=True)
+                  f"{row['flashrt_vs_torch_fp32']:>7.2f}x"
+                  f"{row['tops']['flashrt_w8a8_blocks']:>10.2f}{row['tops']['flashrt_w4a8']:>11.2f}",
+                  flush=True)
     return {"int8_tile_ceiling": ceiling, "read_bandwidth_gbps": bandwidth, "rounds": rounds,
             "rows": rows,
             "variant": next(p["chosen"] for p in impls.kernels_report()["packages"]

@@ -819,6 +819,65 @@ TEST_P(GemmKernel, Int5BlocksMatchFloat64AndAgreeBitwise) {
       }
 }
 
+// Many rows in every block layout (the amx build's tiles take rows past 16 in the block forms too,
+// Note [AMX blocks]: 32-row groups, a 16-row group, blocks of rows per thread, panels in pairs
+// and one alone; int6_super_gemm stays on the 4-row tiles): a partial last activation block and
+// quad (int8, k = 1001), a row tail, bf16 in and out, rows with a NaN and an infinity (their
+// outputs NaN, and only theirs), on 1 and 2 threads, bitwise against the generic variant.
+TEST_P(GemmKernel, BlockFormsManyRowsAgreeBitwiseWithTheGenericVariant) {
+  std::string skip;
+  const frt_kernel_table* t = open_gemm(GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  std::string none;
+  const frt_kernel_table* generic = open_gemm("generic", &none);
+  ASSERT_NE(generic, nullptr);
+  ThreadPool pool(2);
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const int64_t m = 16 * 21 + 5, n = 5 * 16 + 3;
+  struct Layout {
+    const char* name;
+    int64_t k;
+    DType dt;
+  };
+  for (const auto& [name, k, dt] :
+       {Layout{"int8 blocks", 1001, DType::bf16}, Layout{"int8 blocks", 1001, DType::f32},
+        Layout{"int4 symmetric", 1024, DType::bf16}, Layout{"int4 with mins", 1024, DType::f32},
+        Layout{"int4_super", 512, DType::bf16}, Layout{"int5 symmetric", 256, DType::bf16},
+        Layout{"int5 with mins", 256, DType::f32}, Layout{"int5_super", 256, DType::bf16},
+        Layout{"int6_super", 512, DType::bf16}}) {
+    SCOPED_TRACE(std::string(name) + " k" + std::to_string(k) + " " + name_of(dt));
+    const std::string form = name;
+    std::vector<float> w = random_weight(n, k, rng);
+    const TensorView wv = TensorView::matrix(w.data(), DType::f32, n, k, k);
+    std::vector<double> unused;
+    const PackedLinear packed =
+        form == "int8 blocks"      ? PackedLinear::int8_gemm(wv, /*act_block=*/32)
+        : form == "int4 symmetric" ? PackedLinear::int4_gemm(wv, true)
+        : form == "int4 with mins" ? PackedLinear::int4_gemm(wv, false)
+        : form == "int4_super"     ? PackedLinear::int4_super_gemm(wv)
+        : form == "int5 symmetric" ? int5_pack(WeightFormat::int5_gemm, true, n, k, rng, unused)
+        : form == "int5 with mins" ? int5_pack(WeightFormat::int5_gemm, false, n, k, rng, unused)
+        : form == "int5_super" ? int5_pack(WeightFormat::int5_super_gemm, false, n, k, rng, unused)
+                               : PackedLinear::int6_super_gemm(wv);
+    std::vector<float> bias(n);
+    for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+    Rows x(dt, m, k, k + 5, rng, 0.3f);
+    x.set(20, 7, std::numeric_limits<float>::quiet_NaN());
+    x.set(33, k - 1, std::numeric_limits<float>::infinity());
+    Out a(dt, m, n), b(dt, m, n), g(dt, m, n);
+    run_linear(*t, pool, packed, bias.data(), x.view(), a.view(), 1);
+    run_linear(*t, pool, packed, bias.data(), x.view(), b.view(), 2);
+    run_linear(*generic, pool, packed, bias.data(), x.view(), g.view(), 2);
+    EXPECT_TRUE(a.same_bits(b));
+    EXPECT_TRUE(a.same_bits(g));
+    for (int64_t r : {int64_t{19}, int64_t{20}, int64_t{33}})
+      for (int64_t col = 0; col < n; ++col)
+        EXPECT_EQ(std::isnan(a.at(r, col)), r != 19) << "row " << r << " column " << col;
+  }
+}
+
 TEST_P(GemmKernel, Int5RefusesValuesOutOfRangeWidthsAndGroupsOutsideItsForm) {
   std::string skip;
   const frt_kernel_table* t = open_gemm(GetParam(), &skip);

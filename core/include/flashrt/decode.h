@@ -142,11 +142,14 @@ class DecodeProgram {
   void step_batch(const int64_t* tokens, const int64_t* seqs, const int64_t* positions, int64_t m,
                   int64_t* next);
   // A prompt of `count` tokens of sequence `seq` at positions pos0.. run in blocks of up to
-  // kBlock rows (each weight read once per block, causal attention inside it); the logits and
-  // the returned argmax
-  // are the last token's.
+  // kPromptBlock rows (each weight read once per block where its kernel takes the block whole,
+  // causal attention inside it; Note [Prompt blocks]); the logits and the returned argmax are the
+  // last token's.
   int64_t prefill(const int64_t* tokens, int64_t count, int64_t pos0, int64_t seq = 0);
+  // The rows of a batch step (FRT_MAX_ROWS: the decode band's kernels take up to that many).
   static constexpr int64_t kBlock = FRT_MAX_ROWS;
+  // The rows of a prompt block.
+  static constexpr int64_t kPromptBlock = 256;
   // Host K/V for positions [0, n) of `layer`, each [n][kv_heads][head_dim] contiguous fp32.
   // A host whose sliding layers cache only their window hands positions [first, first + n).
   void load_cache(int64_t layer, int64_t n, const float* k, const float* v, int64_t first = 0,
@@ -169,6 +172,9 @@ class DecodeProgram {
   void project(const ProjWeights& p, const float* x, float* y, int64_t m);
   void project_group(std::initializer_list<std::pair<const ProjWeights*, float*>> outs,
                      const float* x, int64_t m);
+  // project_group's calls of m rows their kernels all take.
+  void group_pieces(const std::vector<std::pair<const ProjWeights*, float*>>& outs, const float* x,
+                    int64_t m);
   void ffn(const FfnWeights& f, const float* x, float* y, int64_t m);
   void moe(const MoeWeights& w, const float* x, float* y, int64_t m);
   void route(const MoeWeights& w, const float* x, int64_t m);
@@ -188,7 +194,8 @@ class DecodeProgram {
   const frt_op* capped_attention_ = nullptr;  // where the family softcaps its scores
   const frt_kernel_table* linear_;
   const frt_kernel_table* ffn_;
-  // Preallocated once for a block of kBlock rows (row-major [row][width]): no allocation per step.
+  // Preallocated once for a block of kPromptBlock rows (row-major [row][width]): no allocation
+  // per step.
   std::vector<float> h_, xn_, q_, k_, v_, attn_, o_, gate_, up_, mlp_out_, scores_, logits_;
   int64_t logits_rows_ = 0;  // rows of logits_ the last call wrote
   // Per sequence, the positions [0, written) its cache holds: a call may start at or before it,

@@ -185,7 +185,7 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   check(w_.final_norm != nullptr, "final norm weight");
   w_.final_norm = norm_weight(w_.final_norm, c.hidden);
   proj(w_.head, c.vocab, c.hidden, "head");
-  const int64_t B = kBlock;
+  const int64_t B = kPromptBlock;
   h_.resize(B * c.hidden);
   xn_.resize(B * c.hidden);
   q_.resize(B * qd);
@@ -264,11 +264,40 @@ std::span<const float> DecodeProgram::logits(int64_t row) const {
   return {logits_.data() + row * cfg_.vocab, static_cast<size_t>(cfg_.vocab)};
 }
 
+// Note [Prompt blocks]: a prompt runs in blocks of up to kPromptBlock rows, so a kernel that
+// takes many rows (flashrt/gemm's integer GEMM: on AMX its tiles take the rows past 16) reads
+// each weight once per 256 prompt tokens and runs at its many-row speed, where blocks of the
+// decode band's 16 read the weights 16 times as often. A kernel that takes at most FRT_MAX_ROWS
+// (the decode package's, the host's dense op, the fused decode feed-forward and the banks) is
+// called on the block 16 rows at a time: what it computes per row is the same either way, and the
+// kernel says which by refusing the rows (linear_refusal, ffn_refusal).
+namespace {
+// run(r0, rows) over rows [0, m) in pieces of at most `most`.
+template <class Run>
+void in_pieces(int64_t m, int64_t most, Run&& run) {
+  for (int64_t r0 = 0; r0 < m; r0 += most) run(r0, std::min(most, m - r0));
+}
+}  // namespace
+
 void DecodeProgram::project(const ProjWeights& p, const float* x, float* y, int64_t m) {
   if (p.seat != nullptr) {
-    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, m, p.k(), p.k());
-    const TensorView yv = TensorView::matrix(y, DType::f32, m, p.n(), p.n());
-    run_linear(p.seat->table(), process_parallel(), p.seat->weight(), p.seat->bias(), xv, yv);
+    const auto view = [&](const float* at, int64_t rows, int64_t width) {
+      return TensorView::matrix(const_cast<float*>(at), DType::f32, rows, width, width);
+    };
+    const PackedLinear& w = p.seat->weight();
+    const int64_t most =
+        linear_refusal(p.seat->table(), w, view(x, m, p.k()), view(y, m, p.n())).empty()
+            ? m
+            : FRT_MAX_ROWS;
+    in_pieces(m, most, [&](int64_t r0, int64_t rows) {
+      run_linear(p.seat->table(), process_parallel(), w, p.seat->bias(),
+                 view(x + r0 * p.k(), rows, p.k()), view(y + r0 * p.n(), rows, p.n()));
+    });
+    return;
+  }
+  if (m > FRT_MAX_ROWS) {
+    in_pieces(m, FRT_MAX_ROWS,
+              [&](int64_t r0, int64_t rows) { project(p, x + r0 * p.k(), y + r0 * p.n(), rows); });
     return;
   }
   frt_dense_args a{};
@@ -290,6 +319,26 @@ void DecodeProgram::project(const ProjWeights& p, const float* x, float* y, int6
 // kernel_ops.cpp), the host's dense ones one by one.
 void DecodeProgram::project_group(std::initializer_list<std::pair<const ProjWeights*, float*>> outs,
                                   const float* x, int64_t m) {
+  for (const auto& [p, y] : outs)
+    if (p->seat != nullptr && m > FRT_MAX_ROWS &&
+        !linear_refusal(p->seat->table(), p->seat->weight(),
+                        TensorView::matrix(const_cast<float*>(x), DType::f32, m, p->k(), p->k()),
+                        TensorView::matrix(y, DType::f32, m, p->n(), p->n()))
+             .empty()) {
+      // A kernel of the group takes fewer rows (Note [Prompt blocks]): the group in pieces.
+      for (int64_t r0 = 0; r0 < m; r0 += FRT_MAX_ROWS) {
+        const int64_t rows = std::min<int64_t>(FRT_MAX_ROWS, m - r0);
+        std::vector<std::pair<const ProjWeights*, float*>> piece;
+        for (const auto& [q, out] : outs) piece.emplace_back(q, out + r0 * q->n());
+        group_pieces(piece, x + r0 * p->k(), rows);
+      }
+      return;
+    }
+  group_pieces({outs.begin(), outs.end()}, x, m);
+}
+
+void DecodeProgram::group_pieces(const std::vector<std::pair<const ProjWeights*, float*>>& outs,
+                                 const float* x, int64_t m) {
   std::vector<LinearCall> calls;
   for (const auto& [p, y] : outs) {
     if (p->seat == nullptr) {
@@ -310,9 +359,17 @@ void DecodeProgram::project_group(std::initializer_list<std::pair<const ProjWeig
 void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y, int64_t m) {
   if (f.seat != nullptr) {
     const int64_t hidden = cfg_.hidden;
-    const TensorView xv = TensorView::matrix(const_cast<float*>(x), DType::f32, m, hidden, hidden);
-    const TensorView yv = TensorView::matrix(y, DType::f32, m, hidden, hidden);
-    run_ffn(f.seat->table(), process_parallel(), f.seat->operands(), xv, yv);
+    const auto view = [&](const float* at, int64_t rows) {
+      return TensorView::matrix(const_cast<float*>(at), DType::f32, rows, hidden, hidden);
+    };
+    const int64_t most =
+        ffn_refusal(f.seat->table(), f.seat->operands(), view(x, m), view(y, m)).empty()
+            ? m
+            : FRT_MAX_ROWS;
+    in_pieces(m, most, [&](int64_t r0, int64_t rows) {
+      run_ffn(f.seat->table(), process_parallel(), f.seat->operands(), view(x + r0 * hidden, rows),
+              view(y + r0 * hidden, rows));
+    });
     return;
   }
   const int64_t inner = f.down.k();
@@ -442,6 +499,11 @@ void DecodeProgram::host_bank(const BankWeights& b, const float* x, float* y, in
 
 void DecodeProgram::moe(const MoeWeights& w, const float* x, float* y, int64_t m) {
   const int64_t H = cfg_.hidden, k = w.top_k;
+  if (m > FRT_MAX_ROWS) {  // the banks' kernels take up to FRT_MAX_ROWS (Note [Prompt blocks])
+    in_pieces(m, FRT_MAX_ROWS,
+              [&](int64_t r0, int64_t rows) { moe(w, x + r0 * H, y + r0 * H, rows); });
+    return;
+  }
   route(w, x, m);
   if (w.bank.seat != nullptr) {
     const Routing routing{TensorView::matrix(route_i_.data(), DType::i64, m, k, k),
@@ -489,9 +551,9 @@ int64_t DecodeProgram::prefill(const int64_t* tokens, int64_t count, int64_t pos
                           std::to_string(c.max_len));
   for (int64_t i = 0; i < count; ++i) check_token(tokens[i], w_.embed.shape[0]);
   check_start(seq, pos0);
-  int64_t best = 0, seqs[kBlock], positions[kBlock];
-  for (int64_t done = 0; done < count; done += kBlock) {
-    const int64_t m = std::min(kBlock, count - done);
+  int64_t best = 0, seqs[kPromptBlock], positions[kPromptBlock];
+  for (int64_t done = 0; done < count; done += kPromptBlock) {
+    const int64_t m = std::min(kPromptBlock, count - done);
     for (int64_t r = 0; r < m; ++r) {
       seqs[r] = seq;
       positions[r] = pos0 + done + r;
@@ -558,7 +620,7 @@ int64_t DecodeProgram::run_rows(const int64_t* tokens, const int64_t* seqs,
                                 const int64_t* positions, int64_t m, int64_t* next) {
   const DecodeConfig& c = cfg_;
   const int64_t H = c.hidden, qd = c.heads * c.head_dim, kvd = c.kv_heads * c.head_dim;
-  const int64_t half = c.rotary_dim / 2, B = kBlock;
+  const int64_t half = c.rotary_dim / 2, B = kPromptBlock;
   for (int64_t r = 0; r < m; ++r) {
     float* h = h_.data() + r * H;
     std::memcpy(h, static_cast<const float*>(w_.embed.data) + tokens[r] * w_.embed.strides[0],

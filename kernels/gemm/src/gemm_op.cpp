@@ -162,8 +162,20 @@ BlockRows gemm_block_view(uint8_t* base, int64_t rows, int64_t k) {
 
 void gemm_quantize_block_row(const void* x, int32_t x_dtype, int64_t k, const BlockRows& q,
                              int64_t r) {
-  kGemmTiles.quantize_row_blocks(x, x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
-  block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd, q.half + r * q.ldd);
+  if (r >= q.tiled) {
+    kGemmTiles.quantize_row_blocks(x, x_dtype, k, q.a + r * q.lda, q.d + r * q.ldd);
+    block_sums(q.a + r * q.lda, k, q.sum + r * q.ldd, q.half + r * q.ldd);
+    return;
+  }
+  // The row's blocks to their tiles (Note [AMX blocks]).
+  alignas(64) int8_t row[kGemmAmxTiledMaxLda];
+  kGemmTiles.quantize_row_blocks(x, x_dtype, k, row, q.d + r * q.ldd);
+  block_sums(row, k, q.sum + r * q.ldd, q.half + r * q.ldd);
+  const int64_t blocks = div_up(k, kGemmActBlock), written = div_up(k, 4) * 4;
+  std::memset(row + written, 0, blocks * kGemmActBlock - written);
+  int8_t* group = q.a + (r / 16) * 512 + (r % 16) * kGemmActBlock;
+  for (int64_t b = 0; b < blocks; ++b)
+    std::memcpy(group + b * (q.tiled / 16) * 512, row + b * kGemmActBlock, kGemmActBlock);
 }
 
 void gemm_quantize_row(const void* x, int32_t x_dtype, int64_t k, const QuantRows& q, int64_t r) {
@@ -183,6 +195,15 @@ void gemm_quantize_row(const void* x, int32_t x_dtype, int64_t k, const QuantRow
 int64_t gemm_amx_rows(int64_t m) {
   if (kGemmTiles.w8a8_rows_amx == nullptr || m <= kGemmAmxMaxVectorRows) return 0;
   return m / 16 * 16;
+}
+
+int64_t gemm_amx_block_rows(const frt_packed_weight* w, int64_t m) {
+  if (kGemmTiles.blocks_amx == nullptr || !gemm_amx_block_format(w->format)) return 0;
+  return m <= kGemmAmxMaxVectorRows ? 0 : m / 16 * 16;
+}
+
+int64_t gemm_amx_block_tiled_rows(const frt_packed_weight* w, int64_t m, int64_t lda) {
+  return lda <= kGemmAmxTiledMaxLda ? gemm_amx_block_rows(w, m) : 0;
 }
 
 int64_t gemm_amx_tiled_rows(int64_t m, int64_t lda) {
@@ -236,29 +257,30 @@ bool amx_split_rows(int64_t m16, int64_t lda, int32_t nth) {
   return m16 >= nth * amx_block_rows(lda);
 }
 
-// The rows past the last multiple of 16 on the 4-row tiles, over this thread's panels.
-void amx_tail_rows(const frt_linear_args* a, const QuantRows& q, int64_t m16, Range panels) {
+// The rows past the last multiple of 16 on the 4-row tiles (tile_at(p, r0, rows, tile)), over
+// this thread's panels.
+template <class Tile>
+void amx_tail_rows(const frt_linear_args* a, int64_t m16, Range panels, Tile&& tile_at) {
   alignas(64) float tile[4 * FRT_PANEL];
   for (int64_t p = panels.begin; p < panels.end; ++p)
     for (int64_t r0 = m16; r0 < a->m; r0 += 4) {
       const int64_t rows = std::min<int64_t>(4, a->m - r0);
-      kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
+      tile_at(p, r0, rows, tile);
       gemm_store_rows(tile, rows, r0, p, a->w->n, a->y, a->y_dtype, a->ldy);
     }
 }
 
-// Phase 1 of the per-row form on the amx variant's tiles, the threads sharing the panels: rows
-// in blocks, this thread's panels over each block.
-int32_t run_amx_rows(const frt_linear_args* a, const QuantRows& q, int64_t m16, int32_t ith,
-                     int32_t nth, frt_error* err) {
-  const frt_packed_weight* w = a->w;
-  const Range panels = split(div_up(w->n, FRT_PANEL), ith, nth);
-  const int64_t block = amx_block_rows(q.lda);
+// Phase 1 on the amx variant's tiles, the threads sharing the panels: rows [0, m16) in blocks of
+// at most `block`, this thread's panels over each block two at a time (tiles(p, np, r0, rows),
+// into y), then the rows past m16 on the 4-row tiles.
+template <class Tiles, class Tile>
+int32_t run_amx_panels(const frt_linear_args* a, int64_t m16, int64_t block, int32_t ith,
+                       int32_t nth, frt_error* err, Tiles&& tiles, Tile&& tile_at) {
+  const Range panels = split(div_up(a->w->n, FRT_PANEL), ith, nth);
   for (int64_t r0 = 0; r0 < m16; r0 += block)
     for (int64_t p = panels.begin; p < panels.end; p += 2)
-      kGemmTiles.w8a8_rows_amx(w, p, std::min<int64_t>(2, panels.end - p), q, r0,
-                               std::min(block, m16 - r0), a->bias, a->y, a->y_dtype, a->ldy);
-  amx_tail_rows(a, q, m16, panels);
+      tiles(p, std::min<int64_t>(2, panels.end - p), r0, std::min(block, m16 - r0));
+  amx_tail_rows(a, m16, panels, tile_at);
   return ok(err);
 }
 
@@ -291,7 +313,9 @@ int32_t run_amx_row_blocks(const frt_linear_args* a, const QuantRows& q, int64_t
       kGemmTiles.w8a8_rows_amx(w, p, std::min<int64_t>(2, panels - p), b, 0, rows, a->bias, y,
                                a->y_dtype, a->ldy);
   }
-  amx_tail_rows(a, q, m16, split(panels, ith, nth));
+  amx_tail_rows(a, m16, split(panels, ith, nth), [&](int64_t p, int64_t r, int64_t n, float* t) {
+    kGemmTiles.w8a8_rows_tile(w, p, q, r, n, a->bias, t);
+  });
   return ok(err);
 }
 
@@ -304,13 +328,21 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
   const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, k = a->w->k;
   auto x_row = [&](int64_t r) { return static_cast<const char*>(a->x) + r * a->ldx * xsize; };
   if (gemm_block_form(a->w)) {  // the decode forms (Notes [W8A8 blocks], [W4A8], [W6A8])
-    const BlockRows q = gemm_block_view(static_cast<uint8_t*>(a->workspace), a->m, k);
+    BlockRows q = gemm_block_view(static_cast<uint8_t*>(a->workspace), a->m, k);
+    q.tiled = gemm_amx_block_tiled_rows(a->w, a->m, q.lda);
+    const auto tile_at = [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
+      gemm_block_tile(a->w, p, q, r0, rows, a->bias, tile);
+    };
+    if (const int64_t m16 = gemm_amx_block_rows(a->w, a->m); phase == 1 && m16 > 0)
+      return run_amx_panels(
+          a, m16, amx_block_rows(q.lda), ith, nth, err,
+          [&](int64_t p, int64_t np, int64_t r0, int64_t rows) {
+            kGemmTiles.blocks_amx(a->w, p, np, q, r0, rows, a->bias, a->y, a->y_dtype, a->ldy);
+          },
+          tile_at);
     return run_phases(
         a, phase, ith, nth, err,
-        [&](int64_t r) { gemm_quantize_block_row(x_row(r), a->x_dtype, k, q, r); },
-        [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
-          gemm_block_tile(a->w, p, q, r0, rows, a->bias, tile);
-        });
+        [&](int64_t r) { gemm_quantize_block_row(x_row(r), a->x_dtype, k, q, r); }, tile_at);
   }
   QuantRows q = quant_view(a);
   q.tiled = gemm_amx_tiled_rows(a->m, q.lda);
@@ -324,7 +356,14 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
     if (phase != 1) return fail(err, FRT_E_INVALID, "gemm has no phase %d", phase);
     return run_amx_row_blocks(a, q, m16, ith, nth, err);
   } else if (phase == 1 && m16 > 0) {
-    return run_amx_rows(a, q, m16, ith, nth, err);
+    return run_amx_panels(
+        a, m16, amx_block_rows(q.lda), ith, nth, err,
+        [&](int64_t p, int64_t np, int64_t r0, int64_t rows) {
+          kGemmTiles.w8a8_rows_amx(a->w, p, np, q, r0, rows, a->bias, a->y, a->y_dtype, a->ldy);
+        },
+        [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
+          kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
+        });
   }
   return run_phases(a, phase, ith, nth, err, quantize_row_at,
                     [&](int64_t p, int64_t r0, int64_t rows, float* tile) {

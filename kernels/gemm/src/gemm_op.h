@@ -64,6 +64,12 @@ int64_t gemm_amx_rows(int64_t m);
 // Those of them it quantizes into tile order (QuantRows::tiled): 0 for rows wider than its
 // stack buffer.
 int64_t gemm_amx_tiled_rows(int64_t m, int64_t lda);
+// The rows of an m-row call in w's block form the amx variant's tiles take (Note [AMX blocks]):
+// as gemm_amx_rows, and 0 for a layout they do not read (int6_super_gemm).
+int64_t gemm_amx_block_rows(const frt_packed_weight* w, int64_t m);
+// Those of them it quantizes into tile order (BlockRows::tiled): 0 for rows wider than its stack
+// buffer.
+int64_t gemm_amx_block_tiled_rows(const frt_packed_weight* w, int64_t m, int64_t lda);
 
 // Phase 0 quantizes the rows (7-bit asymmetric, frt_kernel_abi.h, FRT_W_INT8_GEMM), phase 1
 // multiplies them by the panels, both through the variant's kGemmTiles (gemm_tiles.h). (On the
@@ -80,6 +86,9 @@ struct BlockRows {
   int64_t ldd;
   int32_t* sum;   // [m][ldd] sums of a per block (the int4 form's offsets, the zmm int8 flip's)
   int32_t* half;  // [m][ldd] sums of each block's first 16 (the int6 form's group offsets)
+  // Rows below this (a multiple of 16) are in tile order instead (Note [AMX blocks]): block b of
+  // 16-row group g is 16 x 32 bytes at a + (b * tiled / 16 + g) * 512.
+  int64_t tiled = 0;
 };
 // Bytes of `rows` quantized block rows of width k (int8 rows, block scales, sums, half sums),
 // and the BlockRows over them.

@@ -48,7 +48,19 @@ struct GemmTiles {
   void (*w8a8_rows_amx)(const frt_packed_weight* w, int64_t p, int64_t np, const QuantRows& q,
                         int64_t r0, int64_t rows, const float* bias, void* y, int32_t y_dtype,
                         int64_t ldy);
+  // The block forms on AMX-INT8 tiles (Note [AMX blocks]), the amx variant only: as
+  // w8a8_rows_amx over activation blocks, for int8_gemm in blocks and the w4a8 layouts
+  // (gemm_amx_block_format). The same bits as gemm_block_tile.
+  void (*blocks_amx)(const frt_packed_weight* w, int64_t p, int64_t np, const BlockRows& q,
+                     int64_t r0, int64_t rows, const float* bias, void* y, int32_t y_dtype,
+                     int64_t ldy);
 };
+
+// The block layouts the amx variant's tiles take (all but int6_super_gemm, whose groups of 16
+// stay on the 4-row tiles).
+inline bool gemm_amx_block_format(int32_t wformat) {
+  return wformat == FRT_W_INT8_GEMM || gemm_int4_format(wformat);
+}
 
 // Row counts up to this stay on the 4-row tiles where the amx variant has its tiles (decode's
 // band; the tiles take the rows past it, sixteen at a time).
@@ -193,5 +205,7 @@ void w6a8_blocks_tile_4x16_zmm(const frt_packed_weight* w, int64_t p, const Bloc
 void w8a8_rows_amx(const frt_packed_weight* w, int64_t p, int64_t np, const QuantRows& q,
                    int64_t r0, int64_t rows, const float* bias, void* y, int32_t y_dtype,
                    int64_t ldy);
+void blocks_amx(const frt_packed_weight* w, int64_t p, int64_t np, const BlockRows& q, int64_t r0,
+                int64_t rows, const float* bias, void* y, int32_t y_dtype, int64_t ldy);
 
 }  // namespace frt::kern

@@ -2,8 +2,13 @@
 #include "gemm_tiles.h"
 
 namespace frt::kern {
-const GemmTiles kGemmTiles = {quantize_row_u7_avx2,        w8a8_rows_tile_4x16_avx2,
-                              quantize_row_s8_blocks_avx2, w8a8_blocks_tile_4x16_avx2,
-                              w4a8_blocks_tile_4x16_avx2,  w6a8_blocks_tile_4x16_avx2,
-                              gemm_activate_avx2,          nullptr};
+const GemmTiles kGemmTiles = {quantize_row_u7_avx2,
+                              w8a8_rows_tile_4x16_avx2,
+                              quantize_row_s8_blocks_avx2,
+                              w8a8_blocks_tile_4x16_avx2,
+                              w4a8_blocks_tile_4x16_avx2,
+                              w6a8_blocks_tile_4x16_avx2,
+                              gemm_activate_avx2,
+                              nullptr,
+                              nullptr};
 }  // namespace frt::kern

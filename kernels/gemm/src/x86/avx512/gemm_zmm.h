@@ -26,6 +26,26 @@ inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
   _mm_mask_storeu_epi8(p, gemm_lanes(n), _mm512_cvtsepi32_epi8(v));
 }
 
+// Sixteen results of row r, columns c0 .. c0 + cols (cols <= 16), into y in its dtype: bf16 by
+// f32_to_bf16's rounding (nearest even; a NaN keeps its sign and top bits, made quiet).
+inline void gemm_store16_y(__m512 f, int64_t r, int64_t c0, int64_t cols, void* y, int32_t y_dtype,
+                           int64_t ldy) {
+  const __mmask16 m = gemm_lanes(cols);
+  if (y_dtype == FRT_F32) {
+    _mm512_mask_storeu_ps(static_cast<float*>(y) + r * ldy + c0, m, f);
+    return;
+  }
+  const __m512i bits = _mm512_castps_si512(f);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  const __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+  _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + r * ldy + c0, m, h);
+}
+
 // The per-row form's epilogue for panel p's sixteen columns (Note [W8A8 rows]): the panel's
 // column sums, scales and bias, then row() in finish()'s order: float(acc - z * colsum) *
 // (sx * sc) + b. The zmm and AMX tiles share it, so their bits agree.
