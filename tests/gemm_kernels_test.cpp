@@ -820,10 +820,11 @@ TEST_P(GemmKernel, Int5BlocksMatchFloat64AndAgreeBitwise) {
 }
 
 // Many rows in every block layout (the amx build's tiles take rows past 16 in the block forms too,
-// Note [AMX blocks]: 32-row groups, a 16-row group, blocks of rows per thread, panels in pairs
-// and one alone; int6_super_gemm stays on the 4-row tiles): a partial last activation block and
-// quad (int8, k = 1001), a row tail, bf16 in and out, rows with a NaN and an infinity (their
-// outputs NaN, and only theirs), on 1 and 2 threads, bitwise against the generic variant.
+// Note [AMX blocks]: 16-row groups in passes of rows, the threads sharing the panels, panels in
+// pairs and one alone; int6_super_gemm stays on the 4-row tiles): a partial last activation block
+// and quad (int8, k = 1001), rows too wide for tile order (k = 16417, read at stride lda), a row
+// tail, bf16 in and out, rows with a NaN and an infinity (their outputs NaN, and only theirs), on
+// 1 and 2 threads, bitwise against the generic variant.
 TEST_P(GemmKernel, BlockFormsManyRowsAgreeBitwiseWithTheGenericVariant) {
   std::string skip;
   const frt_kernel_table* t = open_gemm(GetParam(), &skip);
@@ -835,14 +836,15 @@ TEST_P(GemmKernel, BlockFormsManyRowsAgreeBitwiseWithTheGenericVariant) {
   const uint64_t seed = fresh_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
-  const int64_t m = 16 * 21 + 5, n = 5 * 16 + 3;
   struct Layout {
     const char* name;
     int64_t k;
     DType dt;
+    int64_t m = 16 * 21 + 5, n = 5 * 16 + 3;
   };
-  for (const auto& [name, k, dt] :
+  for (const auto& [name, k, dt, m, n] :
        {Layout{"int8 blocks", 1001, DType::bf16}, Layout{"int8 blocks", 1001, DType::f32},
+        Layout{"int8 blocks", 16417, DType::bf16, 16 * 2 + 8, 21},
         Layout{"int4 symmetric", 1024, DType::bf16}, Layout{"int4 with mins", 1024, DType::f32},
         Layout{"int4_super", 512, DType::bf16}, Layout{"int5 symmetric", 256, DType::bf16},
         Layout{"int5 with mins", 256, DType::f32}, Layout{"int5_super", 256, DType::bf16},

@@ -130,7 +130,7 @@ class DecodeLoop:
                  attention_mask: torch.Tensor | None = None,
                  eos_token_id: int | list[int] | None = None,
                  streamer: Streamer = None) -> Any:
-        """Prefill (in the core, blocks of 16 prompt rows) then greedy decode, like the host's
+        """Prefill (in the core, blocks of up to 256 rows) then greedy decode, like the host's
         greedy generate: stops after max_new_tokens or at a stop token (eos_token_id, default the
         generation config's). streamer: a callable taking each new token id, or a transformers
         streamer (put/end). Returns [1, prompt + new].
@@ -160,7 +160,7 @@ class DecodeLoop:
         eos = self._eos(eos_token_id)
         _prompt(streamer, input_ids)
         t0 = time.perf_counter()
-        nxt = self.program.prefill(tokens, 0)  # blocks of up to 16 rows, causal inside
+        nxt = self.program.prefill(tokens, 0)  # blocks of up to 256 rows, causal inside
         self.timing = {"prefill_s": time.perf_counter() - t0, "prefill_tokens": len(tokens)}
         return self._decode(tokens, nxt, max_new_tokens, eos, streamer)
 

@@ -265,12 +265,14 @@ std::span<const float> DecodeProgram::logits(int64_t row) const {
 }
 
 // Note [Prompt blocks]: a prompt runs in blocks of up to kPromptBlock rows, so a kernel that
-// takes many rows (flashrt/gemm's integer GEMM: on AMX its tiles take the rows past 16) reads
-// each weight once per 256 prompt tokens and runs at its many-row speed, where blocks of the
-// decode band's 16 read the weights 16 times as often. A kernel that takes at most FRT_MAX_ROWS
-// (the decode package's, the host's dense op, the fused decode feed-forward and the banks) is
-// called on the block 16 rows at a time: what it computes per row is the same either way, and the
-// kernel says which by refusing the rows (linear_refusal, ffn_refusal).
+// takes many rows (flashrt/gemm's integer GEMM and fused feed-forward: on AMX their tiles take the
+// rows past 16) reads each weight once per 256 prompt tokens and runs at its many-row speed, where
+// blocks of the decode band's 16 read the weights 16 times as often. A seated projection or
+// feed-forward whose kernel refuses the block's rows (linear_refusal, ffn_refusal: the decode
+// package's forms, the fused decode feed-forward) is called 16 rows at a time, and so is a group
+// of projections one of whose kernels refuses them; the host's dense op and routed layers (the
+// router, the banks, the shared expert) always are. What a kernel computes per row is the same
+// either way.
 namespace {
 // run(r0, rows) over rows [0, m) in pieces of at most `most`.
 template <class Run>

@@ -25,21 +25,21 @@ namespace {
 // split into their low and high quads (the int5 forms' fifth bits merged) in a 512-byte buffer
 // per panel and block, read unsigned (tdpbsud).
 //
-// The order, each part measured on the Xeon (512 x 3072 x 3072, int8): for each block, its B
-// tiles once, then every 16-row group of the row block (at most kGemmAmxBlockRows rows, so f
-// stays near L1) under them, the groups alternating between two sets of C tiles so one set's
-// sums go out while the other's are formed; each product's sums are scaled one product behind,
-// so the vector work overlaps the tiles. The tiles alone take 5.2 ms and the vector work alone
-// 5.2 ms; together 8.3. The rows the tiles take are quantized into tile order (BlockRows::tiled:
-// block b of every group in a row, 512 contiguous bytes per A tile, where row-major rows would be
-// 16 lines lda apart): -10%. A K = 32 product fills half a tdpbusd's depth and its sums must go
-// out and be scaled every block, so this form runs at a fraction of the per-row form's speed; the
-// scaling (a convert, a multiply and an add per 16 sums, two more for a block's min) is the bound.
+// The order, each part measured on the Xeon (bench/results/amx/gemm_ablation.json): for each
+// block, its B tiles once, then every 16-row group of the pass (128 rows, the op code's
+// kAmxBlockFormRows, so f stays in L1: 256 rows took 3-13% longer) under them, the groups
+// alternating between two sets of C tiles so one set's sums go out while the other's are formed;
+// each product's sums are scaled one product behind, so the vector work overlaps the tiles (at
+// 512 x 3072 x 3072 in int8 the tiles alone took 5.2 ms, the scaling alone 5.2, both 8.3). The
+// rows the tiles take are quantized into tile order (BlockRows::tiled: 512 contiguous bytes per
+// A tile, where row-major rows are 16 lines lda apart): 1-13% less time. A K = 32 product fills
+// half a tdpbusd's depth and its sums must go out and be scaled every block, so these forms run
+// at a fraction of the per-row form's speed: the scaling (a convert, a multiply and an add per
+// 16 sums, two more for a block's min) bounds them.
 
 constexpr int kC = 0, kA = 4, kB = 6;               // tile registers, as in Note [AMX rows]
 constexpr int64_t kBlockQuads = kGemmActBlock / 4;  // B rows per block
 constexpr int64_t kLd = 2 * FRT_PANEL;              // int32 / fp32 per row of a row group's sums
-constexpr int64_t kGroupRows = 32;                  // rows per group (two A tiles)
 
 amx::TileConfig blocks_config() {
   amx::TileConfig c;
