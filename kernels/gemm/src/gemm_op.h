@@ -59,7 +59,7 @@ struct QuantRows {
 // order for r < q.tiled (Note [AMX rows]).
 void gemm_quantize_row(const void* x, int32_t x_dtype, int64_t k, const QuantRows& q, int64_t r);
 // The rows of an m-row call the amx variant's tiles take (the last multiple of 16): 0 elsewhere
-// and at 1..16 rows (Note [AMX rows]).
+// and at 1..15 rows (Note [AMX rows]).
 int64_t gemm_amx_rows(int64_t m);
 // Those of them it quantizes into tile order (QuantRows::tiled): 0 for rows wider than its
 // stack buffer.

@@ -62,9 +62,12 @@ inline bool gemm_amx_block_format(int32_t wformat) {
   return wformat == FRT_W_INT8_GEMM || gemm_int4_format(wformat);
 }
 
-// Row counts up to this stay on the 4-row tiles where the amx variant has its tiles (decode's
-// band; the tiles take the rows past it, sixteen at a time).
-inline constexpr int64_t kGemmAmxMaxVectorRows = 16;
+// Row counts up to this stay on the 4-row tiles where the amx variant has its tiles; the tiles
+// take the rows from 16 on, sixteen at a time. At 16 rows (a batch of 16 decode rows) the tiles
+// took 0.27-0.37x the 4-row tiles' time in the per-row form, 0.50-0.57x in int8 blocks and
+// 0.74-0.85x in int4 on the Xeon (bench/results/amx/gemm_ablation.json), so decode's band keeps
+// only 1..15 rows on the vector tiles.
+inline constexpr int64_t kGemmAmxMaxVectorRows = 15;
 // The most rows one w8a8_rows_amx call takes (its int32 block of sums: 32 KiB).
 inline constexpr int64_t kGemmAmxBlockRows = 256;
 // Rows up to this many bytes (16384 inputs) are quantized into tile order (QuantRows::tiled)
