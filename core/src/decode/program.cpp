@@ -287,8 +287,9 @@ void DecodeProgram::project(const ProjWeights& p, const float* x, float* y, int6
       return TensorView::matrix(const_cast<float*>(at), DType::f32, rows, width, width);
     };
     const PackedLinear& w = p.seat->weight();
-    const int64_t most =
-        linear_refusal(p.seat->table(), w, view(x, m, p.k()), view(y, m, p.n())).empty()
+    const int64_t most =  // (a decode step's rows are every kernel's: no question asked)
+        m <= FRT_MAX_ROWS ||
+                linear_refusal(p.seat->table(), w, view(x, m, p.k()), view(y, m, p.n())).empty()
             ? m
             : FRT_MAX_ROWS;
     in_pieces(m, most, [&](int64_t r0, int64_t rows) {
@@ -365,7 +366,8 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y, int64_t m
       return TensorView::matrix(const_cast<float*>(at), DType::f32, rows, hidden, hidden);
     };
     const int64_t most =
-        ffn_refusal(f.seat->table(), f.seat->operands(), view(x, m), view(y, m)).empty()
+        m <= FRT_MAX_ROWS ||
+                ffn_refusal(f.seat->table(), f.seat->operands(), view(x, m), view(y, m)).empty()
             ? m
             : FRT_MAX_ROWS;
     in_pieces(m, most, [&](int64_t r0, int64_t rows) {
