@@ -199,7 +199,7 @@ int64_t gemm_amx_rows(int64_t m) {
 
 int64_t gemm_amx_block_rows(const frt_packed_weight* w, int64_t m) {
   if (kGemmTiles.blocks_amx == nullptr || !gemm_amx_block_format(w->format)) return 0;
-  return m <= kGemmAmxMaxVectorRows ? 0 : m / 16 * 16;
+  return gemm_amx_rows(m);
 }
 
 int64_t gemm_amx_block_tiled_rows(const frt_packed_weight* w, int64_t m, int64_t lda) {
@@ -293,14 +293,18 @@ int32_t run_amx_panels(const frt_linear_args* a, int64_t m16, int64_t block, int
 // start of the thread's rows, so they stay in L2 from block to block; no block is longer than the
 // thread's rows) and then passed under every panel. The tiles see a block as rows 0.. of its own
 // view: quantized bytes, scales and zero points, tile order and output.
+// quantize_row_at(r, view, i) quantizes row r of x as row i of the block's view; tile_at as
+// amx_tail_rows's.
+template <class QuantizeRow, class Tile>
 int32_t run_amx_row_blocks(const frt_linear_args* a, const QuantRows& q, int64_t m16, int32_t ith,
-                           int32_t nth, frt_error* err) {
+                           int32_t nth, frt_error* err, QuantizeRow&& quantize_row_at,
+                           Tile&& tile_at) {
   const frt_packed_weight* w = a->w;
   const Range groups = split(m16 / 16, ith, nth);  // 16-row groups
   const int64_t count = groups.end - groups.begin;
   const int64_t blocks = div_up(count, amx_block_rows(q.lda) / 16);
   const int64_t panels = div_up(w->n, FRT_PANEL);
-  const int64_t xsize = a->x_dtype == FRT_F32 ? 4 : 2, ysize = a->y_dtype == FRT_F32 ? 4 : 2;
+  const int64_t ysize = a->y_dtype == FRT_F32 ? 4 : 2;
   for (int64_t i = 0; i < blocks; ++i) {
     const int64_t r0 = (groups.begin + count * i / blocks) * 16;
     const int64_t rows = (groups.begin + count * (i + 1) / blocks) * 16 - r0;
@@ -309,17 +313,13 @@ int32_t run_amx_row_blocks(const frt_linear_args* a, const QuantRows& q, int64_t
     b.scale = q.scale + r0;
     b.zero = q.zero + r0;
     b.tiled = std::clamp<int64_t>(q.tiled - r0, 0, rows);
-    for (int64_t r = 0; r < rows; ++r)
-      gemm_quantize_row(static_cast<const char*>(a->x) + (r0 + r) * a->ldx * xsize, a->x_dtype,
-                        w->k, b, r);
+    for (int64_t r = 0; r < rows; ++r) quantize_row_at(r0 + r, b, r);
     void* y = static_cast<char*>(a->y) + r0 * a->ldy * ysize;
     for (int64_t p = 0; p < panels; p += 2)
       kGemmTiles.w8a8_rows_amx(w, p, std::min<int64_t>(2, panels - p), b, 0, rows, a->bias, y,
                                a->y_dtype, a->ldy);
   }
-  amx_tail_rows(a, m16, split(panels, ith, nth), [&](int64_t p, int64_t r, int64_t n, float* t) {
-    kGemmTiles.w8a8_rows_tile(w, p, q, r, n, a->bias, t);
-  });
+  amx_tail_rows(a, m16, split(panels, ith, nth), tile_at);
   return ok(err);
 }
 
@@ -351,6 +351,9 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
   QuantRows q = quant_view(a);
   q.tiled = gemm_amx_tiled_rows(a->m, q.lda);
   auto quantize_row_at = [&](int64_t r) { gemm_quantize_row(x_row(r), a->x_dtype, k, q, r); };
+  const auto tile_at = [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
+    kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
+  };
   if (const int64_t m16 = gemm_amx_rows(a->m); m16 > 0 && amx_split_rows(m16, q.lda, nth)) {
     if (phase == 0) {  // only the rows the 4-row tiles take; each thread quantizes its blocks
       const Range rows = split(a->m - m16, ith, nth);
@@ -358,21 +361,21 @@ int32_t gemm_run(const frt_linear_args* a, int32_t phase, int32_t ith, int32_t n
       return ok(err);
     }
     if (phase != 1) return fail(err, FRT_E_INVALID, "gemm has no phase %d", phase);
-    return run_amx_row_blocks(a, q, m16, ith, nth, err);
+    return run_amx_row_blocks(
+        a, q, m16, ith, nth, err,
+        [&](int64_t r, const QuantRows& view, int64_t i) {
+          gemm_quantize_row(x_row(r), a->x_dtype, k, view, i);
+        },
+        tile_at);
   } else if (phase == 1 && m16 > 0) {
     return run_amx_panels(
         a, m16, amx_block_rows(q.lda), ith, nth, err,
         [&](int64_t p, int64_t np, int64_t r0, int64_t rows) {
           kGemmTiles.w8a8_rows_amx(a->w, p, np, q, r0, rows, a->bias, a->y, a->y_dtype, a->ldy);
         },
-        [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
-          kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
-        });
+        tile_at);
   }
-  return run_phases(a, phase, ith, nth, err, quantize_row_at,
-                    [&](int64_t p, int64_t r0, int64_t rows, float* tile) {
-                      kGemmTiles.w8a8_rows_tile(a->w, p, q, r0, rows, a->bias, tile);
-                    });
+  return run_phases(a, phase, ith, nth, err, quantize_row_at, tile_at);
 }
 
 }  // namespace frt::kern
