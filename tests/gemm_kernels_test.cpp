@@ -162,8 +162,9 @@ TEST_P(GemmKernel, OneAndTwoThreadsAndTheGenericVariantAgreeBitwise) {
 // Many rows (the amx build's tiles take rows past 16 in blocks of about 1 MiB of quantized rows,
 // sixteen at a time, panels in pairs; the rest on the 4-row tiles): several row blocks, a
 // 16-row chunk, a row tail and an odd panel count per thread, bf16 in and out, rows with a NaN
-// and an infinity (their outputs NaN, and only theirs), on 1 and 2 threads, bitwise against the
-// generic variant.
+// and an infinity (their outputs NaN, and only theirs), a row of zeros whose outputs are the
+// bias, some of it denormal (bf16 keeps those: the amx build's vcvtneps2bf16 would flush them),
+// on 1 and 2 threads, bitwise against the generic variant.
 TEST_P(GemmKernel, ManyRowsAgreeBitwiseWithTheGenericVariant) {
   std::string skip;
   const frt_kernel_table* t = open_gemm(GetParam(), &skip);
@@ -192,9 +193,12 @@ TEST_P(GemmKernel, ManyRowsAgreeBitwiseWithTheGenericVariant) {
         PackedLinear::int8_gemm(TensorView::matrix(w.data(), DType::f32, c.n, c.k, c.k));
     std::vector<float> bias(c.n);
     for (float& b : bias) b = std::normal_distribution<float>(0, 1)(rng);
+    const float denormal[] = {1e-39f, -2.5e-39f, 4e-40f};
+    for (int i = 0; i < 3; ++i) bias[3 + i] = denormal[i];
     Rows x(dt, c.m, c.k, c.k + 5, rng, 0.3f);
     x.set(20, 7, std::numeric_limits<float>::quiet_NaN());
     x.set(33, c.k - 1, std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < c.k; ++i) x.set(36, i, 0.0f);
     Out a(dt, c.m, c.n), b(dt, c.m, c.n), g(dt, c.m, c.n);
     run_linear(*t, pool, packed, bias.data(), x.view(), a.view(), 1);
     run_linear(*t, pool, packed, bias.data(), x.view(), b.view(), 2);
@@ -204,6 +208,11 @@ TEST_P(GemmKernel, ManyRowsAgreeBitwiseWithTheGenericVariant) {
     for (int64_t r : {int64_t{19}, int64_t{20}, int64_t{33}})
       for (int64_t col = 0; col < c.n; ++col)
         EXPECT_EQ(std::isnan(a.at(r, col)), r != 19) << "row " << r << " column " << col;
+    for (int i = 0; i < 3; ++i) {
+      Out want(dt, 1, 1);
+      EXPECT_EQ(a.at(36, 3 + i), want.set(0, 0, denormal[i])) << "column " << 3 + i;
+      EXPECT_NE(a.at(36, 3 + i), 0.0) << "column " << 3 + i;
+    }
   }
 }
 

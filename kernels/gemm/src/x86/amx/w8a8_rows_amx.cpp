@@ -25,25 +25,28 @@ namespace {
 // panel lie the next panel's bytes).
 //
 // The bytes decide the speed: a tdpbusd takes 16 cycles and its two loads 2 KiB, more than L2
-// delivers. So the inputs go in chunks of 512 (8 steps): a panel pair's chunk (16 KiB) stays in
-// L1 while every 32-row chunk of the block (at most kGemmAmxBlockRows rows, whose quantized bytes
-// the op code keeps within L2) passes under it, and only the A tiles stream from L2. The C tiles
-// of each row chunk go to an int32 block between chunks (4 KiB out and in per 512 inputs). Even
-// so four tile loads per four tdpbusd hold the loop to ~70% of the tile unit (a probe with every
-// operand in L1 reads 71%; with one of the two operands held in its tiles, 86%), and with 2x2 C
-// tiles in the eight registers no order loads fewer.
+// delivers. So the inputs go in chunks of at most 512 (8 steps), all of one length but the
+// first (18 steps are three of 6, not 2 + 8 + 8: -5 to -12% time at 1152 inputs, where the short
+// chunk paid a whole chunk's C tile stores and loads for two steps): a panel pair's chunk (at most
+// 16 KiB) stays in L1 while every 32-row chunk of the block (at most kGemmAmxBlockRows rows, whose
+// quantized bytes the op code keeps within L2) passes under it, and only the A tiles stream from
+// L2. The C tiles of each row chunk go to an int32 block between chunks (4 KiB out and in per 512
+// inputs). Even so four tile loads per four tdpbusd hold the loop to ~70% of the tile unit (a probe
+// with every operand in L1 reads 71%; with one of the two operands held in its tiles, 86%), and
+// with 2x2 C tiles in the eight registers no order loads fewer.
 //
 // The rest is kept off the tiles' path, each measured on the Xeon (bench/results/amx/):
 //   - the finish: after the last chunk a row group's sums are final, and they are finished (the
 //     zmm tile's epilogue, straight into y) a few rows after each step of the next group, so the
-//     vector work runs while the tiles compute. The short chunk goes first, so the last chunk is
-//     whole and the finish spreads over its eight steps. (-1 to -10% time at 512-2048 rows;
-//     finishing after the whole block left the tiles idle for a fifth of it.)
+//     vector work runs while the tiles compute. A short chunk goes first, so the last chunk is
+//     whole and the finish spreads over all its steps. (-1 to -10% time at 512-2048 rows;
+//     finishing after the whole block left the tiles idle for a fifth of it. Finishing a pair's
+//     block over every step of the next pair instead measured no better.)
 //   - the next chunk's panel bytes are prefetched toward L2 a few lines per step (NextChunk):
 //     the first row group of a chunk otherwise waits on memory for its B tiles (-1 to -10%).
 
 constexpr int kC = 0, kA = 4, kB = 6;  // tile registers: C[a][b] = kC + 2a + b, A[a], B[b]
-constexpr int64_t kChunkSteps = 8;     // 64-input steps per chunk of inputs
+constexpr int64_t kChunkSteps = 8;     // the most 64-input steps per chunk of inputs
 constexpr int64_t kAccLd = 32 * 4;     // bytes per row of the int32 block (two panels)
 
 amx::TileConfig tile_config() {
@@ -190,11 +193,14 @@ class NextChunk {
   int64_t lines_ = 0, per_call_ = 0, next_ = 0;
 };
 
-// The steps of a pair's first chunk: the short one goes first, so the last chunk is whole (the
-// finish of its row groups spreads over kChunkSteps steps of the next group; the sums are exact
-// integers in any order).
+// The steps of a pair's chunks: as few chunks as kChunkSteps allows, of equal length (Note [AMX
+// rows]) but the first, which is shorter when they do not divide the steps, so the last chunk is
+// whole (the finish of its row groups spreads over its steps; the sums are exact integers in any
+// order).
+int64_t chunk_steps(int64_t steps) { return div_up(steps, div_up(steps, kChunkSteps)); }
 int64_t first_chunk_steps(int64_t steps) {
-  return steps % kChunkSteps == 0 ? kChunkSteps : steps % kChunkSteps;
+  const int64_t c = chunk_steps(steps);
+  return steps - c * (div_up(steps, c) - 1);
 }
 
 // What the chunk after the one ending at step s1 reads, spread over `calls` calls of some(): the
@@ -205,7 +211,7 @@ NextChunk next_chunk(const frt_packed_weight* w, const Panels& pn, int64_t p, in
   const int64_t kq = div_up(w->k, 4), panels = div_up(w->n, FRT_PANEL);
   if (s1 < pn.full)
     return NextChunk(pn.panel[0] + s1 * 1024, pn.panel[1] + s1 * 1024,
-                     std::min(kChunkSteps, pn.full - s1) * 1024, calls);
+                     std::min(chunk_steps(div_up(kq, 16)), pn.full - s1) * 1024, calls);
   if (s1 < div_up(kq, 16) || p + 2 >= panels) return {};  // the tail step: in its copy already
   const auto* qdata = static_cast<const int8_t*>(w->qdata);
   return NextChunk(qdata + (p + 2) * kq * 64, qdata + std::min(p + 3, panels - 1) * kq * 64,
@@ -230,7 +236,7 @@ void w8a8_rows_amx(const frt_packed_weight* w, int64_t p, int64_t np, const Quan
   Finisher finish(w, p, np, q, r0, acc, bias, y, y_dtype, ldy);
   amx::configure(tile_config());
   for (int64_t s0 = 0, s1 = first_chunk_steps(steps); s0 < steps;
-       s0 = s1, s1 = std::min(steps, s1 + kChunkSteps)) {
+       s0 = s1, s1 = std::min(steps, s1 + chunk_steps(steps))) {
     const bool last = s1 == steps;
     NextChunk next = next_chunk(w, pn, p, s1, div_up(rows, 32) * (s1 - s0));
     for (int64_t r = r0; r < r0 + rows; r += 32) {

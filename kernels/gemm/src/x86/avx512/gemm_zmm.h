@@ -4,6 +4,8 @@
 
 #include <frt_kern/zmm.h>
 
+#include <bit>
+
 #include "gemm_tiles.h"
 
 namespace frt::kern {
@@ -26,8 +28,29 @@ inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
   _mm_mask_storeu_epi8(p, gemm_lanes(n), _mm512_cvtsepi32_epi8(v));
 }
 
-// Sixteen results of row r, columns c0 .. c0 + cols (cols <= 16), into y in its dtype: bf16 by
-// f32_to_bf16's rounding (nearest even; a NaN keeps its sign and top bits, made quiet).
+// Sixteen fp32 as bf16 by f32_to_bf16's rounding (nearest even; a NaN keeps its sign and top bits,
+// made quiet). With AVX512-BF16 (the amx variant, FRT_ZMM_BF16) one vcvtneps2bf16 rounds every
+// lane the same way except a denormal one, which it flushes to zero; a vector holding one (rare)
+// takes the integer path, so the bits are every variant's. The integer path is ten vector
+// operations more, a third of the per-row form's finish of sixteen outputs.
+inline __m256i gemm_bf16_16(__m512 f) {
+  const __m512i bits = _mm512_castps_si512(f);
+#if defined(FRT_ZMM_BF16)
+  const __mmask16 denormal = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)) &
+                             _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007fffff));
+  if (denormal == 0) return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(f));
+#endif
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+// Sixteen results of row r, columns c0 .. c0 + cols (cols <= 16), into y in its dtype (bf16 by
+// gemm_bf16_16).
 inline void gemm_store16_y(__m512 f, int64_t r, int64_t c0, int64_t cols, void* y, int32_t y_dtype,
                            int64_t ldy) {
   const __mmask16 m = gemm_lanes(cols);
@@ -35,15 +58,7 @@ inline void gemm_store16_y(__m512 f, int64_t r, int64_t c0, int64_t cols, void* 
     _mm512_mask_storeu_ps(static_cast<float*>(y) + r * ldy + c0, m, f);
     return;
   }
-  const __m512i bits = _mm512_castps_si512(f);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(
-      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  const __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
-  _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + r * ldy + c0, m, h);
+  _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + r * ldy + c0, m, gemm_bf16_16(f));
 }
 
 // The per-row form's epilogue for panel p's sixteen columns (Note [W8A8 rows]): the panel's
