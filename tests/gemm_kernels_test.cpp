@@ -163,8 +163,9 @@ TEST_P(GemmKernel, OneAndTwoThreadsAndTheGenericVariantAgreeBitwise) {
 // sixteen at a time, panels in pairs; the rest on the 4-row tiles): several row blocks, a
 // 16-row chunk, a row tail and an odd panel count per thread, bf16 in and out, rows with a NaN
 // and an infinity (their outputs NaN, and only theirs), a row of zeros whose outputs are the
-// bias, some of it denormal (bf16 keeps those: the amx build's vcvtneps2bf16 would flush them),
-// on 1 and 2 threads, bitwise against the generic variant.
+// bias, some of it denormal (bf16 keeps those: the amx build's vcvtneps2bf16 would flush them;
+// the first and third shapes put that row on the tiles), on 1 and 2 threads, bitwise against the
+// generic variant.
 TEST_P(GemmKernel, ManyRowsAgreeBitwiseWithTheGenericVariant) {
   std::string skip;
   const frt_kernel_table* t = open_gemm(GetParam(), &skip);

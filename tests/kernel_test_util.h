@@ -61,7 +61,9 @@ inline const frt_kernel_table* open_variant(const std::string& pkg, const std::s
     return nullptr;
   }
 #endif
-  for (const std::string& f : tier_features(emulated(isa) ? "avx2" : isa))
+  std::set<std::string> needs = tier_features(emulated(isa) ? "avx2" : isa);
+  if (isa == "amx") needs.insert("avx512_bf16");  // the amx build's bf16 stores (CMakeLists.txt)
+  for (const std::string& f : needs)
     if (!detect_cpu().has(f)) {
       const auto withheld = detect_cpu().withheld.find(f);
       *skip = withheld != detect_cpu().withheld.end()

@@ -25,15 +25,17 @@ namespace {
 // panel lie the next panel's bytes).
 //
 // The bytes decide the speed: a tdpbusd takes 16 cycles and its two loads 2 KiB, more than L2
-// delivers. So the inputs go in chunks of at most 512 (8 steps), all of one length but the
-// first (18 steps are three of 6, not 2 + 8 + 8: -5 to -12% time at 1152 inputs, where the short
-// chunk paid a whole chunk's C tile stores and loads for two steps): a panel pair's chunk (at most
-// 16 KiB) stays in L1 while every 32-row chunk of the block (at most kGemmAmxBlockRows rows, whose
-// quantized bytes the op code keeps within L2) passes under it, and only the A tiles stream from
-// L2. The C tiles of each row chunk go to an int32 block between chunks (4 KiB out and in per 512
-// inputs). Even so four tile loads per four tdpbusd hold the loop to ~70% of the tile unit (a probe
-// with every operand in L1 reads 71%; with one of the two operands held in its tiles, 86%), and
-// with 2x2 C tiles in the eight registers no order loads fewer.
+// delivers. So the inputs go in chunks of at most 512 (8 steps): the fewest such chunks, each of
+// the same number of steps but the first, which takes what is left (1152 inputs: 6 + 6 + 6 steps
+// rather than 2 + 8 + 8, -5 to -12% time; the C tiles' traffic is the same three chunks, so the
+// likely cause is a panel pair's chunk of 12 KiB rather than 16 beside the int32 block in L1). A
+// panel pair's chunk (at most 16 KiB) stays in L1 while every 32-row chunk of the block (at most
+// kGemmAmxBlockRows rows, whose quantized bytes the op code keeps within L2) passes under it, and
+// only the A tiles stream from L2. The C tiles of each row chunk go to an int32 block between
+// chunks (4 KiB out and in per 512 inputs). Even so four tile loads per four tdpbusd hold the loop
+// to ~70% of the tile unit (a probe with every operand in L1 reads 71%; with one of the two
+// operands held in its tiles, 86%), and with 2x2 C tiles in the eight registers no order loads
+// fewer.
 //
 // The rest is kept off the tiles' path, each measured on the Xeon (bench/results/amx/):
 //   - the finish: after the last chunk a row group's sums are final, and they are finished (the
@@ -193,10 +195,10 @@ class NextChunk {
   int64_t lines_ = 0, per_call_ = 0, next_ = 0;
 };
 
-// The steps of a pair's chunks: as few chunks as kChunkSteps allows, of equal length (Note [AMX
-// rows]) but the first, which is shorter when they do not divide the steps, so the last chunk is
-// whole (the finish of its row groups spreads over its steps; the sums are exact integers in any
-// order).
+// The steps of a pair's chunks (Note [AMX rows]): the fewest chunks of at most kChunkSteps, each
+// of chunk_steps steps but the first, which is shorter when they do not divide the steps, so the
+// last chunk is whole (the finish of its row groups spreads over its steps; the sums are exact
+// integers in any order).
 int64_t chunk_steps(int64_t steps) { return div_up(steps, div_up(steps, kChunkSteps)); }
 int64_t first_chunk_steps(int64_t steps) {
   const int64_t c = chunk_steps(steps);

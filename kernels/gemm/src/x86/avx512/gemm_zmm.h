@@ -28,6 +28,34 @@ inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
   _mm_mask_storeu_epi8(p, gemm_lanes(n), _mm512_cvtsepi32_epi8(v));
 }
 
+#if defined(FRT_ZMM_BF16)
+// vcvtneps2bf16 (AVX512-BF16); in the emulated build (FRT_ZMM_SIMDE) by the SDM's
+// convert_fp32_to_bfloat16: a zero or denormal to a zero of its sign, infinity truncated, a NaN
+// truncated and made quiet, a normal number rounded to nearest even (ties to even by adding
+// 0x7fff plus the kept part's last bit).
+inline __m256i gemm_cvtneps_bf16(__m512 f) {
+#if defined(FRT_ZMM_SIMDE)
+  alignas(64) uint32_t in[16];
+  alignas(32) uint16_t out[16];
+  _mm512_store_si512(in, _mm512_castps_si512(f));
+  for (int i = 0; i < 16; ++i) {
+    const uint32_t x = in[i], magnitude = x & 0x7fffffffu;
+    if ((x & 0x7f800000u) == 0)
+      out[i] = static_cast<uint16_t>((x >> 16) & 0x8000u);
+    else if (magnitude > 0x7f800000u)
+      out[i] = static_cast<uint16_t>((x >> 16) | 0x40u);
+    else if (magnitude == 0x7f800000u)
+      out[i] = static_cast<uint16_t>(x >> 16);
+    else
+      out[i] = static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+  }
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(out));
+#else
+  return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(f));
+#endif
+}
+#endif
+
 // Sixteen fp32 as bf16 by f32_to_bf16's rounding (nearest even; a NaN keeps its sign and top bits,
 // made quiet). With AVX512-BF16 (the amx variant, FRT_ZMM_BF16) one vcvtneps2bf16 rounds every
 // lane the same way except a denormal one, which it flushes to zero; a vector holding one (rare)
@@ -35,13 +63,14 @@ inline void gemm_store16_bytes(void* p, __m512i v, int64_t n) {
 // operations more, a third of the per-row form's finish of sixteen outputs.
 inline __m256i gemm_bf16_16(__m512 f) {
   const __m512i bits = _mm512_castps_si512(f);
+  const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
 #if defined(FRT_ZMM_BF16)
-  const __mmask16 denormal = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)) &
-                             _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007fffff));
-  if (denormal == 0) return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(f));
+  // Denormal: 1 <= magnitude <= 0x7fffff, as magnitude - 1 (unsigned, zero wraps) < 0x7fffff.
+  const __mmask16 denormal = _mm512_cmpgt_epu32_mask(
+      _mm512_set1_epi32(0x007fffff), _mm512_sub_epi32(magnitude, _mm512_set1_epi32(1)));
+  if (denormal == 0) return gemm_cvtneps_bf16(f);
 #endif
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_srli_epi32(
       _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
