@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -167,8 +168,10 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
       {"flashrt/recurrent", {OpKind::gated_delta, OpKind::causal_conv1d}}};
   for (const std::string repo :
        {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm", "flashrt/recurrent"}) {
-    // Only flashrt/gemm has tile code: on an AMX CPU the others serve their avx512vnni build.
-    const std::string tier = cpu_tier == "amx" && repo != "flashrt/gemm" ? "avx512vnni" : cpu_tier;
+    // Only flashrt/gemm has tile code: on an AMX CPU the others serve their avx512vnni build
+    // (and so does flashrt/gemm where the CPU lacks AVX512-BF16, which its amx build needs).
+    const bool tiles = repo == "flashrt/gemm" && hub.cpu().has("avx512_bf16");
+    const std::string tier = cpu_tier == "amx" && !tiles ? "avx512vnni" : cpu_tier;
     const PackageResolution& r = hub.resolve(repo);
     ASSERT_NE(r.table, nullptr) << report_text(hub);
     EXPECT_EQ(r.source, "bundled");
@@ -241,6 +244,33 @@ TEST(HubTest, AWithheldFeatureRefusesItsBuildByReasonAndALesserOneServes) {
   KernelHub plain(roots({tmp.path()}), cap_to_tier(detect_cpu(), "generic"));
   EXPECT_NE(plain.resolve("flashrt/gemm").table, nullptr);
   EXPECT_TRUE(plain.unavailable_report().empty()) << report_text(plain);
+}
+
+// The bundled amx build needs AVX512-BF16 beside the amx tier's features (its bf16 stores, which
+// the tier does not name): a CPU of the amx tier without it (a guest may mask the bit) is refused
+// that build by name, and a lesser one serves. Metadata decides, so this runs on any machine.
+TEST(HubTest, TheAmxBuildNeedsAvx512Bf16BesideTheAmxTier) {
+  const detail::PackageMetadata bundled =
+      detail::read_metadata(fs::path(FRT_TEST_KERNEL_ROOT) / "flashrt" / "gemm", "flashrt/gemm");
+  std::vector<std::string> needs;
+  for (const auto& v : bundled.variants)
+    if (v.isa == "amx") needs = v.requires_features;
+  ASSERT_NE(std::find(needs.begin(), needs.end(), "avx512_bf16"), needs.end());
+  TempDir tmp;
+  write_package(tmp.path() / "flashrt/gemm", "flashrt/gemm", kRevision,
+                {{"cpu-x86_64-linux-amx", needs, real_library("gemm", "amx"), std::nullopt, ""},
+                 real_variant("generic", "gemm")});
+  CpuFeatures cpu = cap_to_tier(detect_cpu(), "generic");
+  for (const std::string& f : tier_features("amx")) cpu.features.insert(f);
+  cpu.features.erase("avx512_bf16");
+  ASSERT_EQ(cpu.tier(), "amx");
+  KernelHub hub(roots({tmp.path()}), cpu);
+  const PackageResolution& r = hub.resolve("flashrt/gemm");
+  ASSERT_NE(r.table, nullptr) << report_text(hub);
+  EXPECT_EQ(r.chosen, "cpu-x86_64-linux-generic");
+  const VariantDecision* amx = decision(r, "amx");
+  ASSERT_NE(amx, nullptr);
+  EXPECT_EQ(amx->reason, "variant needs avx512_bf16, this CPU has amx");
 }
 
 TEST(HubTest, RealAvx512VariantRefusedOnAvx2Cpu) {
