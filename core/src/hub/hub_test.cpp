@@ -59,15 +59,20 @@ class TempDir {
   fs::path path_;
 };
 
-// The real variant library of a bundled package, found through its own metadata.
-fs::path real_library(const std::string& pkg, const std::string& isa) {
+// A bundled package's variant as its own metadata describes it (empty if it has none).
+detail::VariantMetadata bundled_variant(const std::string& pkg, const std::string& isa) {
   const detail::PackageMetadata md =
       detail::read_metadata(fs::path(FRT_TEST_KERNEL_ROOT) / "flashrt" / pkg, "flashrt/" + pkg);
   for (const auto& v : md.variants) {
-    if (v.isa == isa) return v.library_path;
+    if (v.isa == isa) return v;
   }
   ADD_FAILURE() << "no " << isa << " variant in bundled flashrt/" << pkg;
   return {};
+}
+
+// The real variant library of a bundled package.
+fs::path real_library(const std::string& pkg, const std::string& isa) {
+  return bundled_variant(pkg, isa).library_path;
 }
 
 struct FakeVariant {
@@ -215,6 +220,17 @@ TEST(HubTest, RefusesVariantNeedingAMissingFeature) {
       << report_text(hub);
 }
 
+// flashrt/gemm resolved from a package of its amx and generic builds where the amx one is
+// refused: generic serves, and the amx build's reason (empty, with a failure, if anything else).
+std::string amx_refusal_with_generic_serving(KernelHub& hub) {
+  const PackageResolution& r = hub.resolve("flashrt/gemm");
+  EXPECT_NE(r.table, nullptr) << report_text(hub);
+  EXPECT_EQ(r.chosen, "cpu-x86_64-linux-generic");
+  const VariantDecision* amx = decision(r, "amx");
+  EXPECT_NE(amx, nullptr);
+  return amx != nullptr ? amx->reason : "";
+}
+
 // A build the CPU could run but the process was refused (Linux withholding AMX's tile data) is
 // refused with that reason, a lesser build serves, and the report says so.
 TEST(HubTest, AWithheldFeatureRefusesItsBuildByReasonAndALesserOneServes) {
@@ -229,12 +245,7 @@ TEST(HubTest, AWithheldFeatureRefusesItsBuildByReasonAndALesserOneServes) {
   CpuFeatures cpu = cap_to_tier(detect_cpu(), "generic");
   cpu.withheld["amx_tile"] = "Linux refused the AMX tile state: Operation not permitted";
   KernelHub hub(roots({tmp.path()}), cpu);
-  const PackageResolution& r = hub.resolve("flashrt/gemm");
-  ASSERT_NE(r.table, nullptr) << report_text(hub);
-  EXPECT_EQ(r.chosen, "cpu-x86_64-linux-generic");
-  const VariantDecision* amx = decision(r, "amx");
-  ASSERT_NE(amx, nullptr);
-  EXPECT_EQ(amx->reason,
+  EXPECT_EQ(amx_refusal_with_generic_serving(hub),
             "variant needs amx_tile, which this CPU has but this process may not use: Linux "
             "refused the AMX tile state: Operation not permitted");
   EXPECT_TRUE(report_mentions(hub, "build variant withheld: cpu-x86_64-linux-amx"))
@@ -250,11 +261,7 @@ TEST(HubTest, AWithheldFeatureRefusesItsBuildByReasonAndALesserOneServes) {
 // the tier does not name): a CPU of the amx tier without it (a guest may mask the bit) is refused
 // that build by name, and a lesser one serves. Metadata decides, so this runs on any machine.
 TEST(HubTest, TheAmxBuildNeedsAvx512Bf16BesideTheAmxTier) {
-  const detail::PackageMetadata bundled =
-      detail::read_metadata(fs::path(FRT_TEST_KERNEL_ROOT) / "flashrt" / "gemm", "flashrt/gemm");
-  std::vector<std::string> needs;
-  for (const auto& v : bundled.variants)
-    if (v.isa == "amx") needs = v.requires_features;
+  const std::vector<std::string> needs = bundled_variant("gemm", "amx").requires_features;
   ASSERT_NE(std::find(needs.begin(), needs.end(), "avx512_bf16"), needs.end());
   TempDir tmp;
   write_package(tmp.path() / "flashrt/gemm", "flashrt/gemm", kRevision,
@@ -265,12 +272,7 @@ TEST(HubTest, TheAmxBuildNeedsAvx512Bf16BesideTheAmxTier) {
   cpu.features.erase("avx512_bf16");
   ASSERT_EQ(cpu.tier(), "amx");
   KernelHub hub(roots({tmp.path()}), cpu);
-  const PackageResolution& r = hub.resolve("flashrt/gemm");
-  ASSERT_NE(r.table, nullptr) << report_text(hub);
-  EXPECT_EQ(r.chosen, "cpu-x86_64-linux-generic");
-  const VariantDecision* amx = decision(r, "amx");
-  ASSERT_NE(amx, nullptr);
-  EXPECT_EQ(amx->reason, "variant needs avx512_bf16, this CPU has amx");
+  EXPECT_EQ(amx_refusal_with_generic_serving(hub), "variant needs avx512_bf16, this CPU has amx");
 }
 
 TEST(HubTest, RealAvx512VariantRefusedOnAvx2Cpu) {
