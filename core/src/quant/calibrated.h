@@ -13,22 +13,24 @@
 namespace frt::detail {
 
 // What every channel of a pack shares for one span of inputs: the span's second moments with
-// damping (kDamp of the mean diagonal) and the upper Cholesky factor U of their inverse
-// (H^-1 = U^T U), whose rows carry a rounding error forward.
+// damping (kDamp of the mean diagonal), the order the inputs are rounded in (act-order), and the
+// upper Cholesky factor U of the inverse of the moments taken in that order (H^-1 = U^T U),
+// whose rows carry a rounding error forward.
 struct SpanSolve {
   int64_t n = 0;
-  std::vector<float> damped;  // [n][n]
-  std::vector<float> u;       // [n][n], upper triangular
-  std::vector<double> diag;   // the damped diagonal: the grid search's importance
+  std::vector<float> damped;   // [n][n], inputs in their own order
+  std::vector<int32_t> order;  // [n]: the input rounded p-th, by descending damped diagonal
+  std::vector<float> u;        // [n][n], upper triangular, rows and columns in `order`
+  std::vector<double> diag;    // the damped diagonal in input order: the grid search's importance
 };
 
 // One SpanSolve per span of `m`. Throws InvalidArgument when the moments hold no rows.
 std::vector<SpanSolve> span_solves(const InputMoments& m);
 
-// Rounds the s.n weights of one channel's span in order, group by group: each group's grid
-// searched (weighted by the diagonal) on the weights as the errors before it left them, each
-// input's error fed forward through U. Writes s.n levels and a grid per group; false when a
-// group has no grid finite as stored.
+// Rounds the s.n weights of one channel's span: every group's grid searched first (weighted by
+// the diagonal) on the weights as given, then the inputs in s.order, each error fed forward
+// through U. Writes s.n levels (input order) and a grid per group; false when a group has no
+// grid finite as stored.
 bool round_span(const float* v, const SpanSolve& s, int group, bool symmetric, DType dt,
                 uint8_t* levels, Int4Grid* grids);
 

@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace frt {
@@ -161,6 +162,38 @@ TEST(Calibration, WeightsOnAGridComeBackExactlyUnderTheCalibratedOffsetForm) {
   const PackedLinear p = PackedLinear::int4(TensorView::matrix(w.data(), DType::f32, n, k, k), 32,
                                             false, DType::f16, &m);
   EXPECT_EQ(p.stats().max_abs_err, 0.0);
+}
+
+// Act-order: the inputs are rounded by descending mean square, not by position, so moving a
+// whole group of inputs elsewhere in the span (the same columns of the weights and of the
+// activations) moves its levels and leaves every level the same. In input order the group
+// rounded last can take no one else's error, and where it sits changes the rounding.
+TEST(Calibration, RoundingFollowsTheMomentsNotThePositions) {
+  const int64_t n = 32, k = 128, rows = 512;
+  const std::vector<float> x = activations(rows, k, 12);
+  const std::vector<float> w = gaussian(n * k, 13, 0.05f);
+  // The first and the last group of 32 inputs exchanged.
+  const auto swapped = [&](const std::vector<float>& a, int64_t count) {
+    std::vector<float> b = a;
+    for (int64_t r = 0; r < count; ++r)
+      for (int64_t i = 0; i < 32; ++i) std::swap(b[r * k + i], b[r * k + k - 32 + i]);
+    return b;
+  };
+  const std::vector<float> x2 = swapped(x, rows), w2 = swapped(w, n);
+  for (bool symmetric : {true, false}) {
+    std::vector<float> q[2];
+    for (int t = 0; t < 2; ++t) {
+      const std::vector<float>& xs = t == 0 ? x : x2;
+      const std::vector<float>& ws = t == 0 ? w : w2;
+      InputMoments m(k, k);
+      m.add(TensorView::matrix(const_cast<float*>(xs.data()), DType::f32, rows, k, k));
+      q[t] =
+          PackedLinear::int4(TensorView::matrix(const_cast<float*>(ws.data()), DType::f32, n, k, k),
+                             32, symmetric, DType::f16, &m)
+              .dequantize();
+    }
+    EXPECT_EQ(swapped(q[1], n), q[0]) << (symmetric ? "symmetric" : "offset");
+  }
 }
 
 TEST(Calibration, MomentsOfAnotherWidthOrNoRowsAreRefused) {
