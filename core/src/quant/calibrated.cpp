@@ -17,9 +17,11 @@
 //     inputs are no longer rounded together; the stored layout is the plain one.
 // Damping adds 1% of the mean diagonal (kDamp), so the solve is defined where an input never
 // moved (an all-zero span takes H = I: plain rounding). The levels and grids are the plain
-// form's: every kernel reads a calibrated pack unchanged. A group on a grid comes back exactly: its
-// search finds that grid and its first input has no error to pass on, so a dequantised Q4_1
-// checkpoint under the offset form is reproduced, as the plain search reproduces it.
+// form's: every kernel reads a calibrated pack unchanged. A channel whose every group lies on a
+// grid comes back exactly: each search finds its grid, so no input has an error to pass on, and a
+// dequantised Q4_1 checkpoint under the offset form is reproduced, as the plain search reproduces
+// it. The order and the damping are read along the sorted diagonal, so moving inputs within a span
+// moves their levels and changes nothing else.
 // On SmolLM2 (symmetric int4, 2048 calibration rows, perplexity on 2048 other tokens; a torch
 // prototype of the same rounding, one run each): input order with 10% damping +9.25%, act-order
 // +6.48%, act-order with 3% / 1% / 0.3% damping +5.55% / +5.31% / +7.01% (docs/schemes.md).
@@ -139,8 +141,14 @@ std::vector<SpanSolve> span_solves(const InputMoments& m) {
     SpanSolve& s = out[b];
     s.n = n;
     std::vector<double> h = m.span_mean(static_cast<int64_t>(b));
+    // Act-order: descending mean square, ties in input order (a span that never moved keeps its
+    // order). The mean is summed in that order too, so it does not depend on where inputs sit.
+    s.order.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) s.order[i] = static_cast<int32_t>(i);
+    std::stable_sort(s.order.begin(), s.order.end(),
+                     [&](int32_t a, int32_t c) { return h[a * n + a] > h[c * n + c]; });
     double mean_diag = 0;
-    for (int64_t i = 0; i < n; ++i) mean_diag += h[i * n + i];
+    for (int32_t i : s.order) mean_diag += h[i * n + i];
     mean_diag /= static_cast<double>(n);
     // Rows past fp32's range summed to infinity: no rounding can be chosen against them.
     if (!std::isfinite(mean_diag) ||
@@ -152,17 +160,12 @@ std::vector<SpanSolve> span_solves(const InputMoments& m) {
         for (int64_t j = 0; j < n; ++j) h[i * n + j] = i == j ? 1.0 : 0.0;
     else
       for (int64_t i = 0; i < n; ++i) h[i * n + i] += kDamp * mean_diag;
-    // Act-order: descending damped mean square, ties in input order (a span that never moved
-    // keeps its order).
-    s.order.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) s.order[i] = static_cast<int32_t>(i);
-    std::stable_sort(s.order.begin(), s.order.end(),
-                     [&](int32_t a, int32_t c) { return h[a * n + a] > h[c * n + c]; });
     std::vector<double> hp(static_cast<size_t>(n * n));
     for (int64_t p = 0; p < n; ++p)
       for (int64_t q = 0; q < n; ++q) hp[p * n + q] = h[s.order[p] * n + s.order[q]];
     // GPTQ's factor U (upper, H^-1 = U^T U) is R^-1 for H = R R^T with R upper: then
-    // U^T U = (R R^T)^-1, and the factor with a positive diagonal is unique. Of H in act-order.
+    // U^T U = (R R^T)^-1, and the factor with a positive diagonal is unique; here of H with its
+    // inputs in `order`.
     std::vector<double> r = hp;
     double boost = kDamp * std::max(mean_diag, 1e-30);
     for (int tries = 0; !reverse_cholesky(r, n); ++tries) {  // rounding left it indefinite

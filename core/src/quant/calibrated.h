@@ -18,8 +18,8 @@ namespace frt::detail {
 // whose rows carry a rounding error forward.
 struct SpanSolve {
   int64_t n = 0;
-  std::vector<float> damped;   // [n][n], inputs in their own order
-  std::vector<int32_t> order;  // [n]: the input rounded p-th, by descending damped diagonal
+  std::vector<float> damped;   // [n][n], in input order
+  std::vector<int32_t> order;  // [n]: the input rounded p-th, by descending diagonal
   std::vector<float> u;        // [n][n], upper triangular, rows and columns in `order`
   std::vector<double> diag;    // the damped diagonal in input order: the grid search's importance
 };
