@@ -111,6 +111,38 @@ TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
   }
 }
 
+// A row's sums are its own (Note [Accumulator chains]): in a call of 16 rows (the AVX-512 panels
+// take blocks of eight) each row comes out with the bits it has in calls of 2 or 4 rows. A row
+// left over alone (the AVX2 int4 panels pair rows, so a call of 3 leaves one) runs the single
+// row's chains instead.
+TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInCallsOf2Or4) {
+  std::string skip;
+  const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
+  if (t == nullptr) GTEST_SKIP() << skip;
+  ThreadPool pool(2);
+  std::mt19937_64 rng(fresh_seed());
+  const int64_t n = 48, k = 256;
+  for (const Format& f : kFormats) {
+    std::vector<float> w = random_weight(n, k, rng);
+    const PackedLinear packed = pack(f, w, n, k);
+    Rows all(DType::f32, 16, k, k, rng);
+    Out y16(DType::f32, 16, n);
+    run_linear(*t, pool, packed, nullptr, all.view(), y16.view());
+    for (int64_t block : {2, 4})
+      for (int64_t r0 = 0; r0 + block <= 16; r0 += block) {
+        Rows part(DType::f32, block, k, k, rng);
+        for (int64_t r = 0; r < block; ++r)
+          for (int64_t i = 0; i < k; ++i)
+            part.set(r, i, static_cast<float>(all.value[(r0 + r) * k + i]));
+        Out y(DType::f32, block, n);
+        run_linear(*t, pool, packed, nullptr, part.view(), y.view());
+        for (int64_t r = 0; r < block; ++r)
+          ASSERT_EQ(0, std::memcmp(&y.f32[r * y.ld], &y16.f32[(r0 + r) * y16.ld], n * 4))
+              << f.name << " row " << r0 + r << " in a block of " << block;
+      }
+  }
+}
+
 // Two packs of the same values, run at rows 1..16 on one thread and on two: the same bits.
 void expect_same_bits(const frt_kernel_table& t, ThreadPool& pool, const PackedLinear& a,
                       const PackedLinear& b, std::mt19937_64& rng) {
