@@ -112,15 +112,17 @@ TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
 }
 
 // A row's sums are its own (Note [Accumulator chains]): in a call of 16 rows (the AVX-512 panels
-// take blocks of eight) each row comes out with the bits it has in calls of 2 or 4 rows. A row
-// left over alone (the AVX2 int4 panels pair rows, so a call of 3 leaves one) runs the single
-// row's chains instead.
-TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInCallsOf2Or4) {
+// take blocks of eight) each row comes out with the bits it has in calls of 2 or 4 rows, and in
+// calls of 9..15 (a block of eight, then the rest from row 8). A row left over alone (the last of
+// an odd count: the AVX2 int4 panels pair rows) runs the single row's chains instead.
+TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInSmallerCalls) {
   std::string skip;
   const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
   if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(2);
-  std::mt19937_64 rng(fresh_seed());
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
   const int64_t n = 48, k = 256;
   for (const Format& f : kFormats) {
     std::vector<float> w = random_weight(n, k, rng);
@@ -128,18 +130,21 @@ TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInCallsOf2Or4) {
     Rows all(DType::f32, 16, k, k, rng);
     Out y16(DType::f32, 16, n);
     run_linear(*t, pool, packed, nullptr, all.view(), y16.view());
+    // Calls of `rows` rows from row r0, each row but an odd call's last against the 16-row call.
+    const auto expect_rows = [&](int64_t r0, int64_t rows) {
+      Rows part(DType::f32, rows, k, k, rng);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < k; ++i)
+          part.set(r, i, static_cast<float>(all.value[(r0 + r) * k + i]));
+      Out y(DType::f32, rows, n);
+      run_linear(*t, pool, packed, nullptr, part.view(), y.view());
+      for (int64_t r = 0; r < rows - rows % 2; ++r)
+        ASSERT_EQ(0, std::memcmp(&y.f32[r * y.ld], &y16.f32[(r0 + r) * y16.ld], n * 4))
+            << f.name << " row " << r0 + r << " in a call of " << rows << " from row " << r0;
+    };
     for (int64_t block : {2, 4})
-      for (int64_t r0 = 0; r0 + block <= 16; r0 += block) {
-        Rows part(DType::f32, block, k, k, rng);
-        for (int64_t r = 0; r < block; ++r)
-          for (int64_t i = 0; i < k; ++i)
-            part.set(r, i, static_cast<float>(all.value[(r0 + r) * k + i]));
-        Out y(DType::f32, block, n);
-        run_linear(*t, pool, packed, nullptr, part.view(), y.view());
-        for (int64_t r = 0; r < block; ++r)
-          ASSERT_EQ(0, std::memcmp(&y.f32[r * y.ld], &y16.f32[(r0 + r) * y16.ld], n * 4))
-              << f.name << " row " << r0 + r << " in a block of " << block;
-      }
+      for (int64_t r0 = 0; r0 + block <= 16; r0 += block) expect_rows(r0, block);
+    for (int64_t rows = 9; rows < 16; ++rows) expect_rows(0, rows);
   }
 }
 
