@@ -30,6 +30,19 @@ inline void prefetch(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
 }
 
+// Note [Block prefetch]: a block of rows spends ~10 cycles of FMAs on each 32 bytes of a panel,
+// so the panel streams at 3-6 GB/s and the hardware prefetcher did not keep ahead of it: at 8 rows
+// a call from DRAM took the time in cache plus the time of one row's call (no overlap; int8 g64,
+// 8 x 2048 x 8192, 1.00 ms in cache, 2.23 ms cycling 400 MB of copies on the AMX Xeon). One L2
+// prefetch per 64-byte line, kPrefetchBytes ahead, brings it to 1.12 ms (16 rows 2.8 -> 2.0 ms);
+// 8 and 32 KiB ahead measured the same, and an L1 prefetch every step (as the one-row loop does)
+// changed nothing. `at` is the loop's row of the panel; rows of 16 bytes, four to a line. Forced
+// inline: as a plain inline function GCC 12 emitted no prefetch in the int8 block loops (seen in
+// the disassembly).
+[[gnu::always_inline]] inline void prefetch_block(const void* row, int64_t at) {
+  if ((at & 3) == 0) _mm_prefetch(static_cast<const char*>(row) + kPrefetchBytes, _MM_HINT_T1);
+}
+
 // The sixteen scales (or mins) of a group from element i, in their stored dtype.
 inline __m512 load_scales16(const void* base, int64_t i, int32_t dtype) {
   if (dtype == FRT_F16)
@@ -109,6 +122,7 @@ template <int MR>
   int64_t i = i0;
   for (; i + 2 <= i1; i += 2) {
     const int8_t* row = q + i * FRT_PANEL;
+    prefetch_block(row, i);
     const __m512 w0 = load_i8x16(row), w1 = load_i8x16(row + 16);
     for (int r = 0; r < MR; ++r) {
       ev[r] = _mm512_fmadd_ps(w0, bcast(x + r * ldx + i), ev[r]);
@@ -174,6 +188,7 @@ void int4_rows(const uint8_t* q, const frt_packed_weight* w, const Scales& sc, c
     __m512 ev[MR], od[MR];
     for (int r = 0; r < MR; ++r) ev[r] = od[r] = _mm512_setzero_ps();
     for (int64_t t = 0; t < pairs; ++t) {
+      prefetch_block(qg + t * FRT_PANEL, t);
       const Nibbles a = load_nibbles(qg + t * FRT_PANEL);
       for (int r = 0; r < MR; ++r) {
         const float* xt = x + r * ldx + g * w->group + 2 * t;
