@@ -34,8 +34,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "quant/f16.h"
-
 // The two loops that carry the cost, compiled for each x86 tier and picked at load.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define FRT_TIERED __attribute__((target_clones("avx512f", "avx2", "default")))
