@@ -6,6 +6,7 @@
 // core), below the DRAM rate of one core. So a single row gets four k per step into separate
 // accumulators; several rows are independent chains already.
 #include <frt_kern/hsum.h>
+#include <frt_kern/panel_prefetch.h>
 #include <frt_kern/panels.h>
 #include <immintrin.h>
 
@@ -15,20 +16,6 @@ namespace {
 inline __m256 load_i8x8(const int8_t* p) {
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-
-// How far ahead of the loads a row prefetches: the panel streams from DRAM, and the hardware
-// prefetcher alone left two cores at ~21 GB/s; 2 KiB ahead measured ~27 GB/s (of ~29 read).
-#ifndef FRT_PREFETCH_BYTES
-#define FRT_PREFETCH_BYTES 2048
-#endif
-constexpr int64_t kPrefetchBytes = FRT_PREFETCH_BYTES;
-
-// A block of rows streams its panel too slowly for the hardware prefetcher to keep ahead: one L2
-// prefetch per 64-byte line (Note [Block prefetch] in panels_avx512.cpp). `at` is the loop's row of
-// the panel; rows of 16 bytes, four to a line.
-[[gnu::always_inline]] inline void prefetch_block(const void* row, int64_t at) {
-  if ((at & 3) == 0) _mm_prefetch(static_cast<const char*>(row) + kPrefetchBytes, _MM_HINT_T1);
 }
 
 inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }

@@ -7,17 +7,12 @@
 // weight feeds sixteen FMAs where a block of four fed eight.
 // CPUs without AVX-512 test these through SIMDe (Note [Emulated zmm variant], zmm_simde.h).
 #include <frt_kern/hsum.h>
+#include <frt_kern/panel_prefetch.h>
 #include <frt_kern/panels.h>
 #include <frt_kern/zmm.h>
 
 namespace frt::kern {
 namespace {
-
-// How far ahead of the loads a row prefetches (measured on Zen 3 for the AVX2 panels).
-#ifndef FRT_PREFETCH_BYTES
-#define FRT_PREFETCH_BYTES 2048
-#endif
-constexpr int64_t kPrefetchBytes = FRT_PREFETCH_BYTES;
 
 inline __m512 load_i8x16(const int8_t* p) {
   return _mm512_cvtepi32_ps(
@@ -28,22 +23,6 @@ inline __m512 bcast(const float* p) { return _mm512_set1_ps(*p); }
 
 inline void prefetch(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
-}
-
-// Note [Block prefetch]: a block of rows spends ~10 cycles of FMAs on each 32 bytes of a panel,
-// so it reads the panel at a few GB/s per thread, and a call whose weights came from DRAM ran far
-// slower than in cache (int8 g64, 8 x 2048 x 8192 on the AMX Xeon: 1.04 ms in cache, 2.33 ms
-// cycling ~400 MB of copies; bench/results/amx/panel_block_prefetch.json). The likely cause, not
-// read from counters: the hardware prefetcher does not run ahead of so slow a stream. One L2
-// prefetch per 64-byte line, kPrefetchBytes ahead, brings the DRAM call to 1.12 ms (16 rows
-// 2.78 -> 2.02 ms); 8 and 32 KiB ahead read about the same (not recorded). `at` is the loop's row
-// of the panel, rows of 16 bytes, so the loops start at a multiple of four (a group's first row)
-// for one prefetch per line. Forced inline: as a plain inline function GCC 12 emitted no prefetch
-// in the int8 block loops (seen in the disassembly), which is also why an earlier L1 prefetch
-// every step measured no change (`hot_vs_cold` in panel_blocks_of_eight.json: likely never
-// emitted).
-[[gnu::always_inline]] inline void prefetch_block(const void* row, int64_t at) {
-  if ((at & 3) == 0) _mm_prefetch(static_cast<const char*>(row) + kPrefetchBytes, _MM_HINT_T1);
 }
 
 // The sixteen scales (or mins) of a group from element i, in their stored dtype.
