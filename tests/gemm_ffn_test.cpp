@@ -296,7 +296,7 @@ TEST_P(GemmFfn, TheDecodeFfnPackageRefusesTheGemmLayout) {
       << form_refusal(*t, d);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GemmFfn, ::testing::ValuesIn(kGemmIsas));
+INSTANTIATE_TEST_SUITE_P(Variants, GemmFfn, ::testing::ValuesIn(kAmxIsas));
 
 }  // namespace
 }  // namespace frt

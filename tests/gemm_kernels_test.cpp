@@ -934,7 +934,7 @@ TEST_P(GemmKernel, Int5RefusesValuesOutOfRangeWidthsAndGroupsOutsideItsForm) {
       << form_refusal(*t, d);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kGemmIsas));
+INSTANTIATE_TEST_SUITE_P(Variants, GemmKernel, ::testing::ValuesIn(kAmxIsas));
 
 }  // namespace
 }  // namespace frt

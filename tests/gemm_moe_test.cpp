@@ -394,7 +394,7 @@ TEST_P(GemmMoe, FormRefusalAnswersForTheDescribedBank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, GemmMoe, ::testing::ValuesIn(kGemmIsas));
+INSTANTIATE_TEST_SUITE_P(Variants, GemmMoe, ::testing::ValuesIn(kAmxIsas));
 
 // ---- Timing (disabled: --gtest_also_run_disabled_tests --gtest_filter='*GemmMoeTiming*')
 // A Qwen3-30B-A3B-shaped bank (128 experts, hidden 2048, intermediate 768, top_k 8) in the gemm

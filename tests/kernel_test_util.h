@@ -25,15 +25,16 @@ namespace frt::ktest {
 // The shipped variants, then "avx512vnni-simde": the avx512vnni sources built on AVX2 through
 // SIMDe, test only (Note [Emulated zmm variant], kernels/common/include/frt_kern/zmm_simde.h).
 inline const std::vector<std::string> kIsas = {"generic", "avx2", "avx512vnni", "avx512vnni-simde"};
-// flashrt/gemm's, with its amx build and that build's emulation ("amx-simde": the zmm paths
-// through SIMDe and the tiles in plain C++, Note [Emulated AMX tiles] in
-// kernels/gemm/src/x86/amx/amx_tiles.h).
-inline const std::vector<std::string> kGemmIsas = {"generic",          "avx2", "avx512vnni",
-                                                   "avx512vnni-simde", "amx",  "amx-simde"};
+// The packages with an amx build (flashrt/gemm, linear, ffn): the above, that build and its
+// emulation ("amx-simde": the zmm paths through SIMDe and the tiles in plain C++, Note [Emulated
+// AMX tiles] in kernels/common/include/frt_kern/amx_tiles.h).
+inline const std::vector<std::string> kAmxIsas = {"generic",          "avx2", "avx512vnni",
+                                                  "avx512vnni-simde", "amx",  "amx-simde"};
 
 inline constexpr const char* kEmulatedSuffix = "-simde";
 
-// The build of a package without an amx variant that stands where gemm's amx build does.
+// The build that stands where the gemm's amx build does in a test that pairs it with another
+// package's (its avx512vnni build, so the pairing's bits are the ones that test was written for).
 inline std::string without_amx(const std::string& isa) {
   if (isa == "amx") return "avx512vnni";
   if (isa == "amx-simde") return "avx512vnni-simde";
@@ -62,7 +63,10 @@ inline const frt_kernel_table* open_variant(const std::string& pkg, const std::s
   }
 #endif
   std::set<std::string> needs = tier_features(emulated(isa) ? "avx2" : isa);
-  if (isa == "amx") needs.insert("avx512_bf16");  // the amx build's bf16 stores (CMakeLists.txt)
+  if (isa == "amx") {  // the amx build's bf16 stores and bf16 tiles (CMakeLists.txt)
+    needs.insert("avx512_bf16");
+    needs.insert("amx_bf16");
+  }
   for (const std::string& f : needs)
     if (!detect_cpu().has(f)) {
       const auto withheld = detect_cpu().withheld.find(f);

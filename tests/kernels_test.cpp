@@ -100,21 +100,26 @@ TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
   if (t == nullptr) GTEST_SKIP() << skip;
   ThreadPool pool(2);
   std::mt19937_64 rng(fresh_seed());
-  for (const Format& f : kFormats) {
-    std::vector<float> w = random_weight(200, 256, rng);
-    const PackedLinear packed = pack(f, w, 200, 256);
-    Rows x(DType::f32, 3, 256, 256, rng);
-    Out a(DType::f32, 3, 200), b(DType::f32, 3, 200);
-    run_linear(*t, pool, packed, nullptr, x.view(), a.view(), 1);
-    run_linear(*t, pool, packed, nullptr, x.view(), b.view(), 2);
-    EXPECT_EQ(0, std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4)) << f.name;
-  }
+  for (const Format& f : kFormats)
+    for (int64_t rows : {3, 16}) {  // 16: the amx variants' tiles (Note [Tile panels])
+      std::vector<float> w = random_weight(200, 256, rng);
+      const PackedLinear packed = pack(f, w, 200, 256);
+      Rows x(DType::f32, rows, 256, 256, rng);
+      Out a(DType::f32, rows, 200), b(DType::f32, rows, 200);
+      run_linear(*t, pool, packed, nullptr, x.view(), a.view(), 1);
+      run_linear(*t, pool, packed, nullptr, x.view(), b.view(), 2);
+      EXPECT_EQ(0, std::memcmp(a.f32.data(), b.f32.data(), a.f32.size() * 4))
+          << f.name << " " << rows << " rows";
+    }
 }
 
 // A row's sums are its own (Note [Accumulator chains]): in a call of 16 rows (the AVX-512 panels
 // take blocks of eight) each row comes out with the bits it has in calls of 2 or 4 rows, and in
-// calls of 9..15 (a block of eight, then the rest from row 8). A row left over alone (the last of
-// an odd count: the AVX2 int4 panels pair rows) runs the single row's chains instead.
+// calls of 5..15 (blocks of eight and four, then the rest). A row left over alone (the last of
+// an odd count: the AVX2 int4 panels pair rows) runs the single row's chains instead. On the amx
+// variants the int8 forms go to the tiles from 5 rows (Note [Tile panels]), whose row sums are
+// their own too but in another order: there calls of 5..15 rows match the call of 16, and calls of
+// 2 match the FMA blocks' call of 4.
 TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInSmallerCalls) {
   std::string skip;
   const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
@@ -125,26 +130,41 @@ TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInSmallerCalls) {
   std::mt19937_64 rng(seed);
   const int64_t n = 48, k = 256;
   for (const Format& f : kFormats) {
+    const bool tiles =
+        GetParam().starts_with("amx") && (f.format == WeightFormat::int8_channel ||
+                                          (f.format == WeightFormat::int8_group && f.group >= 32));
     std::vector<float> w = random_weight(n, k, rng);
     const PackedLinear packed = pack(f, w, n, k);
     Rows all(DType::f32, 16, k, k, rng);
     Out y16(DType::f32, 16, n);
     run_linear(*t, pool, packed, nullptr, all.view(), y16.view());
-    // Calls of `rows` rows from row r0, each row but an odd call's last against the 16-row call.
-    const auto expect_rows = [&](int64_t r0, int64_t rows) {
+    // A call of `rows` rows from row r0 of `all`.
+    const auto call = [&](int64_t r0, int64_t rows) {
       Rows part(DType::f32, rows, k, k, rng);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < k; ++i)
           part.set(r, i, static_cast<float>(all.value[(r0 + r) * k + i]));
       Out y(DType::f32, rows, n);
       run_linear(*t, pool, packed, nullptr, part.view(), y.view());
+      return y;
+    };
+    // Each row of that call but an odd call's last against `ref`, a call from row ref_r0.
+    const auto expect_rows = [&](int64_t r0, int64_t rows, const Out& ref, int64_t ref_r0) {
+      const Out y = call(r0, rows);
       for (int64_t r = 0; r < rows - rows % 2; ++r)
-        ASSERT_EQ(0, std::memcmp(&y.f32[r * y.ld], &y16.f32[(r0 + r) * y16.ld], n * 4))
+        ASSERT_EQ(0, std::memcmp(&y.f32[r * y.ld], &ref.f32[(r0 - ref_r0 + r) * ref.ld], n * 4))
             << f.name << " row " << r0 + r << " in a call of " << rows << " from row " << r0;
     };
-    for (int64_t block : {2, 4})
-      for (int64_t r0 = 0; r0 + block <= 16; r0 += block) expect_rows(r0, block);
-    for (int64_t rows = 9; rows < 16; ++rows) expect_rows(0, rows);
+    for (int64_t r0 = 0; r0 + 4 <= 16; r0 += 4) {
+      if (tiles) {
+        const Out y4 = call(r0, 4);
+        for (int64_t r = r0; r < r0 + 4; r += 2) expect_rows(r, 2, y4, r0);
+      } else {
+        expect_rows(r0, 4, y16, 0);
+        for (int64_t r = r0; r < r0 + 4; r += 2) expect_rows(r, 2, y16, 0);
+      }
+    }
+    for (int64_t rows = 5; rows < 16; ++rows) expect_rows(0, rows, y16, 0);
   }
 }
 
@@ -230,6 +250,8 @@ TEST_P(LinearKernel, SuperBlocksComputeTheBitsOfTheirExactReExpression) {
   expect_same_bits(*t, pool, a8, b8, rng);
 }
 
+// At 2 rows on the FMA panels and at 16 (the amx variants' tiles, Note [Tile panels]): a NaN or
+// an infinity stays in its own row.
 TEST_P(LinearKernel, NonFiniteInputsPropagateWithoutCrashing) {
   std::string skip;
   const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
@@ -237,16 +259,21 @@ TEST_P(LinearKernel, NonFiniteInputsPropagateWithoutCrashing) {
   ThreadPool pool(2);
   std::mt19937_64 rng(fresh_seed());
   std::vector<float> w = random_weight(40, 128, rng);
-  const PackedLinear packed =
-      PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 40, 128, 128));
-  Rows x(DType::f32, 2, 128, 128, rng);
-  x.f32[5] = std::nanf("");
-  x.f32[128 + 7] = std::numeric_limits<float>::infinity();
-  Out y(DType::f32, 2, 40);
-  run_linear(*t, pool, packed, nullptr, x.view(), y.view());
-  for (int64_t c = 0; c < 40; ++c) EXPECT_TRUE(std::isnan(y.at(0, c)));
-  // inf times any weight (0 included: inf * 0 is NaN) leaves no finite output in that row.
-  for (int64_t c = 0; c < 40; ++c) EXPECT_FALSE(std::isfinite(y.at(1, c)));
+  for (const PackedLinear& packed :
+       {PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 40, 128, 128)),
+        pack(kFormats[2], w, 40, 128)})
+    for (int64_t rows : {2, 16}) {
+      Rows x(DType::f32, rows, 128, 128, rng);
+      x.f32[5] = std::nanf("");
+      x.f32[128 + 7] = std::numeric_limits<float>::infinity();
+      Out y(DType::f32, rows, 40);
+      run_linear(*t, pool, packed, nullptr, x.view(), y.view());
+      for (int64_t c = 0; c < 40; ++c) EXPECT_TRUE(std::isnan(y.at(0, c))) << rows << " rows";
+      // inf times any weight (0 included: inf * 0 is NaN) leaves no finite output in that row.
+      for (int64_t c = 0; c < 40; ++c) EXPECT_FALSE(std::isfinite(y.at(1, c))) << rows << " rows";
+      for (int64_t r = 2; r < rows; ++r)
+        for (int64_t c = 0; c < 40; ++c) EXPECT_TRUE(std::isfinite(y.at(r, c))) << "row " << r;
+    }
 }
 
 TEST_P(LinearKernel, RefusesFormsOutsideItsContract) {
@@ -279,7 +306,7 @@ TEST_P(LinearKernel, RefusesFormsOutsideItsContract) {
             std::string::npos);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, LinearKernel, ::testing::ValuesIn(kIsas));
+INSTANTIATE_TEST_SUITE_P(Variants, LinearKernel, ::testing::ValuesIn(kAmxIsas));
 
 double act64(Activation a, double g) {
   if (a == Activation::silu) return g / (1.0 + std::exp(-g));
@@ -689,7 +716,7 @@ TEST_P(FfnKernel, FormRefusalAnswersForTheDescribedForm) {
       << form_refusal(*linear, good);
 }
 
-INSTANTIATE_TEST_SUITE_P(Variants, FfnKernel, ::testing::ValuesIn(kIsas));
+INSTANTIATE_TEST_SUITE_P(Variants, FfnKernel, ::testing::ValuesIn(kAmxIsas));
 
 // The packers' own error is the format's: int8 per channel within half a step of 1/127 of the
 // channel's max; int4 within half a step of its group's range.

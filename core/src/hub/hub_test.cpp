@@ -173,9 +173,12 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
       {"flashrt/recurrent", {OpKind::gated_delta, OpKind::causal_conv1d}}};
   for (const std::string repo :
        {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm", "flashrt/recurrent"}) {
-    // Only flashrt/gemm has tile code: on an AMX CPU the others serve their avx512vnni build
-    // (and so does flashrt/gemm where the CPU lacks AVX512-BF16, which its amx build needs).
-    const bool tiles = repo == "flashrt/gemm" && hub.cpu().has("avx512_bf16");
+    // flashrt/gemm, linear and ffn have tile code: on an AMX CPU the others serve their
+    // avx512vnni build (and so do these where the CPU lacks AVX512-BF16 or AMX-BF16, which their
+    // amx builds need).
+    const bool tiles =
+        (repo == "flashrt/gemm" || repo == "flashrt/linear" || repo == "flashrt/ffn") &&
+        hub.cpu().has("avx512_bf16") && hub.cpu().has("amx_bf16");
     const std::string tier = cpu_tier == "amx" && !tiles ? "avx512vnni" : cpu_tier;
     const PackageResolution& r = hub.resolve(repo);
     ASSERT_NE(r.table, nullptr) << report_text(hub);
@@ -257,22 +260,28 @@ TEST(HubTest, AWithheldFeatureRefusesItsBuildByReasonAndALesserOneServes) {
   EXPECT_TRUE(plain.unavailable_report().empty()) << report_text(plain);
 }
 
-// The bundled amx build needs AVX512-BF16 beside the amx tier's features (its bf16 stores, which
-// the tier does not name): a CPU of the amx tier without it (a guest may mask the bit) is refused
-// that build by name, and a lesser one serves. Metadata decides, so this runs on any machine.
-TEST(HubTest, TheAmxBuildNeedsAvx512Bf16BesideTheAmxTier) {
+// The bundled amx build needs AVX512-BF16 and AMX-BF16 beside the amx tier's features (its bf16
+// stores and the weight-only panels' bf16 tiles, which the tier does not name): a CPU of the amx
+// tier without either (a guest may mask the bit) is refused that build by name, and a lesser one
+// serves. Metadata decides, so this runs on any machine.
+TEST(HubTest, TheAmxBuildNeedsTheBf16FeaturesBesideTheAmxTier) {
   const std::vector<std::string> needs = bundled_variant("gemm", "amx").requires_features;
-  ASSERT_NE(std::find(needs.begin(), needs.end(), "avx512_bf16"), needs.end());
-  TempDir tmp;
-  write_package(tmp.path() / "flashrt/gemm", "flashrt/gemm", kRevision,
-                {{"cpu-x86_64-linux-amx", needs, real_library("gemm", "amx"), std::nullopt, ""},
-                 real_variant("generic", "gemm")});
-  CpuFeatures cpu = cap_to_tier(detect_cpu(), "generic");
-  for (const std::string& f : tier_features("amx")) cpu.features.insert(f);
-  cpu.features.erase("avx512_bf16");
-  ASSERT_EQ(cpu.tier(), "amx");
-  KernelHub hub(roots({tmp.path()}), cpu);
-  EXPECT_EQ(amx_refusal_with_generic_serving(hub), "variant needs avx512_bf16, this CPU has amx");
+  for (const char* f : {"amx_bf16", "avx512_bf16"}) {
+    ASSERT_NE(std::find(needs.begin(), needs.end(), f), needs.end()) << f;
+    TempDir tmp;
+    write_package(tmp.path() / "flashrt/gemm", "flashrt/gemm", kRevision,
+                  {{"cpu-x86_64-linux-amx", needs, real_library("gemm", "amx"), std::nullopt, ""},
+                   real_variant("generic", "gemm")});
+    CpuFeatures cpu = cap_to_tier(detect_cpu(), "generic");
+    for (const std::string& g : tier_features("amx")) cpu.features.insert(g);
+    cpu.features.insert("amx_bf16");
+    cpu.features.insert("avx512_bf16");
+    cpu.features.erase(f);
+    ASSERT_EQ(cpu.tier(), "amx");
+    KernelHub hub(roots({tmp.path()}), cpu);
+    EXPECT_EQ(amx_refusal_with_generic_serving(hub),
+              std::string("variant needs ") + f + ", this CPU has amx");
+  }
 }
 
 TEST(HubTest, RealAvx512VariantRefusedOnAvx2Cpu) {

@@ -62,11 +62,27 @@ int32_t check_rows(int64_t m, int32_t x_dtype, int32_t y_dtype, frt_error* err) 
   return ok(err);
 }
 
+namespace {
+
+// How many bf16 parts the tile path splits these rows into (0: the call stays on the panels). A
+// bf16 row is its own single part; an fp32 one takes three (Note [Tile panels]).
+int32_t tile_parts(const frt_packed_weight* w, int32_t x_dtype, int64_t m) {
+  if (kPanels.int8_tiles == nullptr || m < kPanels.tile_rows || !kPanels.tile_form(w)) return 0;
+  return x_dtype == FRT_BF16 ? 1 : 3;
+}
+
+// Floats of the parts: nparts x (k / 32) tiles of 16 rows x 32 bf16.
+int64_t parts_floats(const frt_packed_weight* w, int32_t nparts) {
+  return align64(nparts * w->k * 16 * 2) / 4;
+}
+
+}  // namespace
+
 int64_t prepared_floats(const frt_packed_weight* w, int32_t x_dtype, int64_t m) {
   int64_t floats = 0;
   if (x_dtype != FRT_F32) floats += align64(m * w->k * 4) / 4;
   if (sums_groups(w->format)) floats += align64(m * (w->k / w->group) * 4) / 4;
-  return floats;
+  return floats + parts_floats(w, tile_parts(w, x_dtype, m));
 }
 
 PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_dtype, int64_t ldx,
@@ -77,7 +93,12 @@ PreparedRows prepared_view(const frt_packed_weight* w, const void* x, int32_t x_
     rows.ldx = w->k;
     space += align64(m * w->k * 4) / 4;
   }
-  if (sums_groups(w->format)) rows.xsum = space;
+  if (sums_groups(w->format)) {
+    rows.xsum = space;
+    space += align64(m * (w->k / w->group) * 4) / 4;
+  }
+  rows.nparts = tile_parts(w, x_dtype, m);
+  if (rows.nparts > 0) rows.parts = reinterpret_cast<const uint16_t*>(space);
   return rows;
 }
 
@@ -102,12 +123,17 @@ void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, in
     if (rows.xsum != nullptr)
       group_sums(rows.x + r * rows.ldx, k, w->group,
                  const_cast<float*>(rows.xsum) + r * (k / w->group));
+    if (rows.parts != nullptr)
+      kPanels.split_rows(rows.x, rows.ldx, k, r, r + 1, rows.nparts,
+                         const_cast<uint16_t*>(rows.parts));
   }
 }
 
 void run_panel(const frt_packed_weight* w, int64_t p, const PreparedRows& rows, int64_t m,
                float* tile) {
-  if (w->format == FRT_W_INT8_CHANNEL)
+  if (rows.parts != nullptr)
+    kPanels.int8_tiles(w, p, rows.parts, rows.nparts, m, tile);
+  else if (w->format == FRT_W_INT8_CHANNEL)
     kPanels.int8(w, p, rows.x, rows.ldx, m, tile);
   else if (w->format == FRT_W_INT8_GROUP)
     kPanels.int8g(w, p, rows.x, rows.ldx, m, tile);

@@ -29,6 +29,10 @@ struct PreparedRows {
   const float* x;  // fp32 rows (the caller's own when they already are fp32)
   int64_t ldx;
   const float* xsum;  // int4 group sums, [m][k / group]; nullptr for int8
+  // The rows' bf16 parts in tile order when the tile path takes this call (Note [Tile panels]
+  // in kernels/common/src/x86/amx/panels_amx.cpp), else nullptr.
+  const uint16_t* parts = nullptr;
+  int32_t nparts = 0;
 };
 
 // The layout prepare_rows() fills; cheap, so every thread can compute it.

@@ -2,7 +2,16 @@
 #include <frt_kern/panels.h>
 
 namespace frt::kern {
-const PanelTable kPanels = {int8_panel_avx512, int8g_panel_avx512, int8s_panel_avx512,
-                            int4_panel_avx512, int4s_panel_avx512, dot_f32_avx512,
-                            dot_bf16_avx512,   activate_avx2};
+const PanelTable kPanels = {int8_panel_avx512,
+                            int8g_panel_avx512,
+                            int8s_panel_avx512,
+                            int4_panel_avx512,
+                            int4s_panel_avx512,
+                            dot_f32_avx512,
+                            dot_bf16_avx512,
+                            activate_avx2,
+                            nullptr,
+                            nullptr,
+                            nullptr,
+                            0};
 }  // namespace frt::kern

@@ -1,5 +1,6 @@
 // The block forms (Notes [W8A8 blocks] and [W4A8]) on AMX-INT8 tiles (Note [AMX blocks]): the
 // same integers as the zmm tiles and their epilogues lane for lane, so the same fp32 bits.
+#include <frt_kern/amx_tiles.h>
 #include <frt_kern/util.h>
 
 #include <algorithm>
@@ -7,7 +8,6 @@
 #include <type_traits>
 
 #include "gemm_tiles.h"
-#include "x86/amx/amx_tiles.h"
 #include "x86/avx512/gemm_zmm.h"
 #include "x86/avx512/w4a8_zmm.h"
 

@@ -1,13 +1,13 @@
 // The per-row form (Note [W8A8 rows] in ref/w8a8_rows_ref.cpp) on AMX-INT8 tiles (Note [AMX rows]).
 // The same integers as the zmm tile (tdpbusd and vpdpbusd are both u8 x s8 products summed in
 // wrapping 32-bit arithmetic) and the zmm tile's epilogue, so the same fp32 bits.
+#include <frt_kern/amx_tiles.h>
 #include <frt_kern/util.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "gemm_tiles.h"
-#include "x86/amx/amx_tiles.h"
 #include "x86/avx512/gemm_zmm.h"
 
 namespace frt::kern {

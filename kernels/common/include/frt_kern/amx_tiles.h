@@ -1,8 +1,10 @@
-// The AMX-INT8 tile instructions the amx build uses, as templates on the tile register: the
-// compiler's intrinsics in the shipped build (FRT_AMX), their documented semantics in plain C++
-// in the test-only emulated one (FRT_AMX_EMULATED; Note [Emulated AMX tiles]).
+// The AMX tile instructions the amx builds use (AMX-INT8 in flashrt/gemm, AMX-BF16 in the
+// weight-only panels), as templates on the tile register: the compiler's intrinsics in the
+// shipped build (FRT_AMX), their documented semantics in plain C++ in the test-only emulated one
+// (FRT_AMX_EMULATED; Note [Emulated AMX tiles]).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -28,7 +30,10 @@ static_assert(sizeof(TileConfig) == 64);
 // configured rows and bytes and zeroes the rest; tdpbusd adds to C[m][n], over the k of
 // A's bytes / 4, the four products of unsigned A[m][4k+i] and signed B[k][4n+i], in 32-bit
 // arithmetic that wraps (as vpdpbusd's does, so the two paths' sums agree bit for bit), and
-// tdpbssd and tdpbsud the same with A signed and B signed or unsigned;
+// tdpbssd and tdpbsud the same with A signed and B signed or unsigned; tdpbf16ps runs, per
+// C[m][n], two fp32 FMA chains from zero over k (A[m][2k] * B[k][2n], A[m][2k+1] * B[k][2n+1]),
+// adds their sum to C, denormal inputs read as zero and denormal results flushed (the SDM's
+// pseudocode; the bf16 path's tests hold it and the hardware to float64, not to each other);
 // tilestored writes the configured rows and bytes. It is never shipped: the kernel tests run the
 // amx sources through it on every CPU, bitwise against the generic variant.
 #if defined(FRT_AMX_EMULATED)
@@ -90,6 +95,31 @@ template <int C, int A, int B>
 void dpbsud() {
   dot_bytes<C, A, B, true, false>();
 }
+template <int C, int A, int B>
+void dpbf16ps() {
+  const TileConfig& c = tiles.config;
+  const auto flush = [](float f) { return std::fpclassify(f) == FP_SUBNORMAL ? 0.0f * f : f; };
+  const auto value = [&](const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    const uint32_t bits = uint32_t{h} << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return flush(f);
+  };
+  for (int m = 0; m < c.rows[C]; ++m)
+    for (int n = 0; n < c.colsb[C] / 4; ++n) {
+      float pair[2] = {0.0f, 0.0f};
+      for (int k = 0; k < c.colsb[A] / 4; ++k)
+        for (int i = 0; i < 2; ++i)
+          pair[i] = flush(std::fma(value(tiles.data[A][m] + 4 * k + 2 * i),
+                                   value(tiles.data[B][k] + 4 * n + 2 * i), pair[i]));
+      float acc;
+      std::memcpy(&acc, tiles.data[C][m] + 4 * n, 4);
+      acc = flush(acc + flush(pair[0] + pair[1]));
+      std::memcpy(tiles.data[C][m] + 4 * n, &acc, 4);
+    }
+}
 #else
 // GCC's tile intrinsics paste the register number into their assembly text, so each needs a
 // literal: every tile register is spelled out once here.
@@ -103,7 +133,12 @@ void dpbsud() {
   if constexpr (T == 6) op(6); \
   if constexpr (T == 7) op(7)
 
-inline void configure(const TileConfig& c) { _tile_loadconfig(&c); }
+// GCC 12's ldtilecfg declares only the operand's first 8 bytes read: the same memory clobber
+// keeps the stores of the rows and bytes per row the configuration holds.
+inline void configure(const TileConfig& c) {
+  __asm__ volatile("" : : "r"(&c) : "memory");
+  _tile_loadconfig(&c);
+}
 inline void release() { _tile_release(); }
 template <int T>
 void zero() {
@@ -111,8 +146,12 @@ void zero() {
   FRT_AMX_EACH_TILE(FRT_AMX_ZERO);
 #undef FRT_AMX_ZERO
 }
+// GCC's tileloadd names no memory operand and no clobber, so the compiler may sink, or drop as
+// dead, the stores that fill a buffer the tile load reads (the weight-only panels' widened B
+// tiles, written just before): an empty asm with a memory clobber orders them first.
 template <int T>
 void load(const void* src, int64_t stride) {
+  __asm__ volatile("" : : "r"(src) : "memory");
 #define FRT_AMX_LOAD(t) _tile_loadd(t, src, stride)
   FRT_AMX_EACH_TILE(FRT_AMX_LOAD);
 #undef FRT_AMX_LOAD
@@ -145,6 +184,34 @@ void dpbsud() {
   FRT_AMX_EACH_PRODUCT(_tile_dpbsud);
 }
 #undef FRT_AMX_EACH_PRODUCT
+// The bf16 products the weight-only panels use (Note [Tile panels] in panels_amx.cpp): C tiles
+// 0..2, A tiles 3..5, B tiles 6 and 7.
+#define FRT_AMX_BF16(c, a, b) \
+  if constexpr (C == c && A == a && B == b) _tile_dpbf16ps(c, a, b)
+template <int C, int A, int B>
+void dpbf16ps() {
+  static_assert(C >= 0 && C <= 2 && A >= 3 && A <= 5 && (B == 6 || B == 7),
+                "a register triple the bf16 panels do not use");
+  FRT_AMX_BF16(0, 3, 6);
+  FRT_AMX_BF16(0, 4, 6);
+  FRT_AMX_BF16(0, 5, 6);
+  FRT_AMX_BF16(1, 3, 6);
+  FRT_AMX_BF16(1, 4, 6);
+  FRT_AMX_BF16(1, 5, 6);
+  FRT_AMX_BF16(2, 3, 6);
+  FRT_AMX_BF16(2, 4, 6);
+  FRT_AMX_BF16(2, 5, 6);
+  FRT_AMX_BF16(0, 3, 7);
+  FRT_AMX_BF16(0, 4, 7);
+  FRT_AMX_BF16(0, 5, 7);
+  FRT_AMX_BF16(1, 3, 7);
+  FRT_AMX_BF16(1, 4, 7);
+  FRT_AMX_BF16(1, 5, 7);
+  FRT_AMX_BF16(2, 3, 7);
+  FRT_AMX_BF16(2, 4, 7);
+  FRT_AMX_BF16(2, 5, 7);
+}
+#undef FRT_AMX_BF16
 #endif
 
 }  // namespace frt::kern::amx
