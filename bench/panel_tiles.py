@@ -1,7 +1,8 @@
-"""The int8 weight-only panels on AMX-BF16 tiles against the FMA panels, at 1..16 rows.
+"""The weight-only panels on AMX-BF16 tiles against the FMA panels, at 1..16 rows.
 
-The two arms are two builds of the same package on one machine: the amx variant (tiles from 5
-rows, Note [Tile panels] in kernels/common/src/x86/amx/panels_amx.cpp) and the avx512vnni variant
+The two arms are two builds of the same package on one machine: the amx variant (tiles from 9
+rows, per channel from 5: tile_from_amx, Note [Tile panels] in
+kernels/common/src/x86/amx/panels_amx.cpp) and the avx512vnni variant
 (FRT_CPU_CAP=avx512vnni). A process loads one variant, so the arms run in alternating processes,
 round after round; each process times every (form, rows) on one pack (in cache) and cycling
 enough packs to leave the last-level cache (from DRAM). Medians; fp32 activations, 2 threads.
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 K, N, PACKS, CALLS = 2048, 8192, 23, 23
-ROWS = (1, 2, 4, 5, 6, 8, 12, 16)
+ROWS = (1, 2, 4, 5, 6, 8, 9, 10, 12, 16)
 ARMS = {"tiles": "", "fma": "avx512vnni"}  # arm -> FRT_CPU_CAP
 
 
@@ -34,7 +35,8 @@ def child() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(2)
     w = torch.randn(N, K) * 0.02
-    forms = {"int8_g64_f16": lambda: ops.pack_int8(w, 64, "f16"), "int8": lambda: ops.pack_int8(w)}
+    forms = {"int8_g64_f16": lambda: ops.pack_int8(w, 64, "f16"), "int8": lambda: ops.pack_int8(w),
+             "int4_g32_asym_f16": lambda: ops.pack_int4(w, 32, False, "f16")}
     out = {}
     for name, pack in forms.items():
         packs = [pack() for _ in range(PACKS)]
@@ -93,8 +95,9 @@ def main() -> int:
         print(f"{form:>14} {m:>4} {where:>8} {ms['tiles']:9.3f} {ms['fma']:8.3f}"
               f" {ms['tiles'] / ms['fma']:6.2f} {gmacs:13.1f}")
     write_result(result_path(args.json, "panel_tiles"), {
-        "bench": "int8 weight-only linear at 1..16 rows: the amx variant's AMX-BF16 tile path "
-                 "(from 5 rows) against the avx512vnni variant's FMA panels",
+        "bench": "weight-only linear at 1..16 rows: the amx variant's AMX-BF16 tile path "
+                 "(group forms from 9 rows, per channel from 5) against the avx512vnni "
+                 "variant's FMA panels",
         "method": f"paired A/B in alternating processes (FRT_CPU_CAP unset vs avx512vnni), "
                   f"{args.rounds} rounds; per process 5 rounds of {CALLS} calls on one pack and "
                   f"of one call on each of {PACKS} packs; medians; fp32 activations, 2 threads",

@@ -117,9 +117,10 @@ TEST_P(LinearKernel, OneThreadAndTwoThreadsAgreeBitwise) {
 // take blocks of eight) each row comes out with the bits it has in calls of 2 or 4 rows, and in
 // calls of 5..15 (blocks of eight and four, then the rest). A row left over alone (the last of
 // an odd count: the AVX2 int4 panels pair rows) runs the single row's chains instead. On the amx
-// variants the int8 forms go to the tiles from 5 rows (Note [Tile panels]), whose row sums are
-// their own too but in another order: there calls of 5..15 rows match the call of 16, and calls of
-// 2 match the FMA blocks' call of 4.
+// variants the int8 and int4 forms (but int8 groups of 16 and int8 super-blocks) go to the tiles
+// from 9 rows, per channel from 5 (Note [Tile panels]), whose row sums are their own too but in
+// another order: there calls of 9..15 rows match the call of 16, and calls of 2 the FMA blocks'
+// call of 4.
 TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInSmallerCalls) {
   std::string skip;
   const frt_kernel_table* t = open_variant("linear", GetParam(), &skip);
@@ -131,8 +132,10 @@ TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInSmallerCalls) {
   const int64_t n = 48, k = 256;
   for (const Format& f : kFormats) {
     const bool tiles =
-        GetParam().starts_with("amx") && (f.format == WeightFormat::int8_channel ||
-                                          (f.format == WeightFormat::int8_group && f.group >= 32));
+        GetParam().starts_with("amx") &&
+        (f.format == WeightFormat::int8_channel || f.format == WeightFormat::int4_super ||
+         ((f.format == WeightFormat::int8_group || f.format == WeightFormat::int4_group) &&
+          f.group >= 32));
     std::vector<float> w = random_weight(n, k, rng);
     const PackedLinear packed = pack(f, w, n, k);
     Rows all(DType::f32, 16, k, k, rng);
@@ -164,7 +167,14 @@ TEST_P(LinearKernel, ARowHasTheSameBitsInACallOf16AsInSmallerCalls) {
         for (int64_t r = r0; r < r0 + 4; r += 2) expect_rows(r, 2, y16, 0);
       }
     }
-    for (int64_t rows = 5; rows < 16; ++rows) expect_rows(0, rows, y16, 0);
+    // On the tiles from tile_from_amx's start; the group forms' calls of 5..8 rows below it are the
+    // FMA blocks', against their call of 8.
+    const int64_t from = !tiles ? 5 : f.format == WeightFormat::int8_channel ? 5 : 9;
+    for (int64_t rows = from; rows < 16; ++rows) expect_rows(0, rows, y16, 0);
+    if (from == 9) {
+      const Out y8 = call(0, 8);
+      for (int64_t rows = 5; rows < 8; ++rows) expect_rows(0, rows, y8, 0);
+    }
   }
 }
 
@@ -261,7 +271,7 @@ TEST_P(LinearKernel, NonFiniteInputsPropagateWithoutCrashing) {
   std::vector<float> w = random_weight(40, 128, rng);
   for (const PackedLinear& packed :
        {PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, 40, 128, 128)),
-        pack(kFormats[2], w, 40, 128)})
+        pack(kFormats[2], w, 40, 128), pack(kFormats[5], w, 40, 128)})
     for (int64_t rows : {2, 16}) {
       Rows x(DType::f32, rows, 128, 128, rng);
       x.f32[5] = std::nanf("");

@@ -67,7 +67,9 @@ namespace {
 // How many bf16 parts the tile path splits these rows into (0: the call stays on the panels). A
 // bf16 row is its own single part; an fp32 one takes three (Note [Tile panels]).
 int32_t tile_parts(const frt_packed_weight* w, int32_t x_dtype, int64_t m) {
-  if (kPanels.int8_tiles == nullptr || m < kPanels.tile_rows || !kPanels.tile_form(w)) return 0;
+  if (kPanels.tile_from == nullptr) return 0;
+  const int64_t from = kPanels.tile_from(w);
+  if (from == 0 || m < from) return 0;
   return x_dtype == FRT_BF16 ? 1 : 3;
 }
 
@@ -132,7 +134,7 @@ void prepare_rows(const frt_packed_weight* w, const void* x, int32_t x_dtype, in
 void run_panel(const frt_packed_weight* w, int64_t p, const PreparedRows& rows, int64_t m,
                float* tile) {
   if (rows.parts != nullptr)
-    kPanels.int8_tiles(w, p, rows.parts, rows.nparts, m, tile);
+    kPanels.tiles(w, p, rows.parts, rows.nparts, rows.xsum, m, tile);
   else if (w->format == FRT_W_INT8_CHANNEL)
     kPanels.int8(w, p, rows.x, rows.ldx, m, tile);
   else if (w->format == FRT_W_INT8_GROUP)

@@ -33,15 +33,14 @@ struct PanelTable {
   // the feed-forwards' epilogue. See Note [Vector activations] in activate_avx2.cpp.
   void (*activate)(int32_t act, const float* g, const float* bias, const float* mul, float* out,
                    int64_t n);
-  // The tile path (the amx variant's; null elsewhere, Note [Tile panels] in panels_amx.cpp): for
-  // a weight tile_form() takes, at tile_rows..FRT_MAX_ROWS rows, prepare_rows() splits the rows
-  // into nparts bf16 parts (split_rows) and the panel runs on them (int8_tiles).
-  bool (*tile_form)(const frt_packed_weight* w);
+  // The tile path (the amx variant's; null elsewhere, Note [Tile panels] in panels_amx.cpp): from
+  // tile_from(w) rows (0: never) up to FRT_MAX_ROWS, prepare_rows() splits the rows into nparts
+  // bf16 parts (split_rows) and the panel runs on them (tiles).
+  int64_t (*tile_from)(const frt_packed_weight* w);
   void (*split_rows)(const float* x, int64_t ldx, int64_t k, int64_t r0, int64_t r1, int32_t nparts,
                      uint16_t* parts);
-  void (*int8_tiles)(const frt_packed_weight* w, int64_t p, const uint16_t* parts, int32_t nparts,
-                     int64_t m, float* out);
-  int64_t tile_rows;
+  void (*tiles)(const frt_packed_weight* w, int64_t p, const uint16_t* parts, int32_t nparts,
+                const float* xsum, int64_t m, float* out);
 };
 
 extern const PanelTable kPanels;
@@ -119,10 +118,10 @@ void int4_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, in
                        const float* xsum, int64_t m, float* out);
 void int4s_panel_avx512(const frt_packed_weight* w, int64_t p, const float* x, int64_t ldx,
                         const float* xsum, int64_t m, float* out);
-bool tile_form_amx(const frt_packed_weight* w);
+int64_t tile_from_amx(const frt_packed_weight* w);
 void split_rows_amx(const float* x, int64_t ldx, int64_t k, int64_t r0, int64_t r1, int32_t nparts,
                     uint16_t* parts);
-void int8_tiles_amx(const frt_packed_weight* w, int64_t p, const uint16_t* parts, int32_t nparts,
-                    int64_t m, float* out);
+void tiles_amx(const frt_packed_weight* w, int64_t p, const uint16_t* parts, int32_t nparts,
+               const float* xsum, int64_t m, float* out);
 
 }  // namespace frt::kern

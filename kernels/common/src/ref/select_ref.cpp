@@ -4,5 +4,5 @@
 namespace frt::kern {
 const PanelTable kPanels = {int8_panel_ref,  int8g_panel_ref, int8s_panel_ref, int4_panel_ref,
                             int4s_panel_ref, dot_f32_ref,     dot_bf16_ref,    activate_ref,
-                            nullptr,         nullptr,         nullptr,         0};
+                            nullptr,         nullptr,         nullptr};
 }  // namespace frt::kern

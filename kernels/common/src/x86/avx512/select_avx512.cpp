@@ -12,6 +12,5 @@ const PanelTable kPanels = {int8_panel_avx512,
                             activate_avx2,
                             nullptr,
                             nullptr,
-                            nullptr,
-                            0};
+                            nullptr};
 }  // namespace frt::kern
