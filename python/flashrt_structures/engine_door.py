@@ -15,7 +15,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from . import _core, decisions, observe, swap
+from . import _core, accuracy, decisions, observe, swap
 from .seats import SeatModule
 
 
@@ -102,6 +102,12 @@ def select_set(model: nn.Module, record: dict[str, Any], scheme: str | None,
     plan, swaps, placed, notes = record["sets"][scheme]
     record.update(explain=_core.explain(plan), refused=notes["refused"],
                   keep_host=notes["scheme"]["keep_host"])
+    # Built before any served call: each one-tensor seat's band is measured on the first rows it
+    # serves (once per seat: a set attached again keeps what its seats measured).
+    for seat in [*swaps.values(), *(s for s, _, _ in placed.values())]:
+        if (isinstance(seat, EngineSeat) or type(seat) is SeatModule) and \
+                "_frt_served_band" not in seat.__dict__:
+            seat.__dict__["_frt_served_band"] = accuracy.ServedBand()
     record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed, log_line=log_line)
     record["seats"] = len(record["handle"].records)
 
@@ -129,6 +135,8 @@ def report_of(record: dict[str, Any] | None, never_ran: str) -> dict[str, Any]:
         out["summary"] = handle.summary()
         out["seats_report"] = handle.report()
         out["seats"] = out["summary"]["seams"]
+        # The bands measured so far on served rows: the report's and the receipt's.
+        out["accuracy"] = handle.notes["accuracy"] = accuracy.served_bands(handle.records)
         out["receipt"] = handle.receipt()
     out["refused"] = [list(r) for r in out.get("refused", [])]
     return out

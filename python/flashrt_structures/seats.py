@@ -210,6 +210,9 @@ class SeatModule(nn.Module):
                           dtype=x.dtype)
         verdict = self._seat.run(x2, out, self.training)
         if verdict == RAN:
+            watch = self.__dict__.get("_frt_served_band")  # an engine door's (accuracy.py)
+            if watch is not None and watch.result is None:
+                watch.add(self, x, out)
             return self._ran(x, out if shaped else out.view(*x.shape[:-1], self.out_width))
         return self._miss(verdict, (x,))
 

@@ -165,3 +165,48 @@ def test_the_catalog_declares_what_calibrated_schemes_need():
         assert list(s.statistics) == [_core.Statistic.input_moments]
         assert s.calibration_rows == 256 and s.calibration_span == 2048
     assert not any(policy.schemes[n].statistics for n in policy.auto_order)
+
+
+def test_a_served_band_measures_the_first_rows_a_seat_serves_and_never_fails_its_call():
+    """The engine doors' band (accuracy.ServedBand) on seats of a real host: taken from the first
+    16 rows served, whatever the calls' shapes; a host that fails the measurement is its reason,
+    the served call still returns the seat's values."""
+    from flashrt_structures import accuracy
+
+    model = HOSTS["llama"]()
+    plan = S.auto_swaps(model, lambda: model(ids(4, 1)), scheme="w8a16_decode")
+    handle = plan.attach(model)
+    try:
+        seats = [r.seat for r in handle.records if type(r.seat) is S.seats.SeatModule]
+        first, second = seats[0], seats[1]
+        for seat in (first, second):
+            seat.__dict__["_frt_served_band"] = accuracy.ServedBand()
+        watch = first.__dict__["_frt_served_band"]
+        g = torch.Generator().manual_seed(7)
+        first(torch.randn(5, first.width, generator=g))
+        assert watch.report() == {"band": None,
+                                  "why": "measured on the first 16 rows it serves: 5 served so far"}
+        first(torch.randn(2, 7, first.width, generator=g))  # 14 rows: 11 of them taken
+        got = watch.report()
+        assert got["rows"] == 16 and got["band"] == "pass" and got["cosine"] > 0.999, got
+        first(torch.randn(3, first.width, generator=g))  # measured once: no host call now
+        assert watch.report() == got
+
+        class Failing(torch.nn.Module):
+            def forward(self, x):
+                raise RuntimeError("host layer unavailable")
+
+        host = second.host
+        object.__setattr__(second, "_host", Failing())
+        try:
+            x = torch.randn(3, second.width, generator=g)
+            out = second(x)
+        finally:
+            object.__setattr__(second, "_host", host)
+        torch.testing.assert_close(out, host(x), rtol=0.05, atol=0.05)
+        band = accuracy.served_bands(handle.records)[second.site]
+        assert band["band"] is None and band["source"] == "served calls"
+        assert "RuntimeError: host layer unavailable" in band["why"], band
+        assert second.seat.ledger.fallbacks == 0
+    finally:
+        handle.detach()

@@ -69,6 +69,11 @@ def test_w8_seats_give_sglangs_tokens_at_1_and_8(name, request, plain):
     assert summary["guarded_calls"] > 0  # decode steps ran on the seats
     assert summary["band_dispatches"] > 0  # prefill chunks (18..40 rows) went to SGLang's path
     assert rep["pid"] != __import__("os").getpid()  # in the scheduler process
+    # Each seat's band, measured on the first rows it served against SGLang's own layer.
+    assert set(rep["accuracy"]) == _seated_sites(rep)
+    for site, band in rep["accuracy"].items():
+        assert band["source"] == "served calls", (site, band)
+        assert band["band"] == "pass" and band["rows"] >= 16, (site, band)
 
 
 def test_w8_off_grid_logits_cosine(qwen3_gauss_dir, plain):

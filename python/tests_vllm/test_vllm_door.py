@@ -118,6 +118,26 @@ def test_the_receipt_names_the_workers_seats_ledger_and_environment(arms, reques
 
 
 @pytest.mark.parametrize("arms", ARMS)
+def test_every_seat_reports_its_band_on_the_rows_it_served(arms, request):
+    """Seats built before any forward: each one's band is measured on the first rows it serves,
+    against its vLLM layer on the same rows, and the report and the receipt carry it."""
+    res = request.getfixturevalue(arms)
+    (rep,) = res[W8_EXACT]["report"]
+    acc = rep["accuracy"]
+    assert set(acc) == {s["site"] for s in rep["seats_report"]}
+    for site, band in acc.items():
+        assert band["source"] == "served calls", (site, band)
+        # Weights on the per-channel grid: the seats compute the layer's own values.
+        assert band["band"] == "pass" and band["rows"] >= 16 and band["cosine"] >= 0.9999, \
+            (site, band)
+    assert res[W8_EXACT]["receipt"]["plan"]["accuracy"] == acc
+    (early,) = res[W8_EXACT]["after_c1"]  # one prompt of decode steps: one row a call
+    assert all(b["band"] is not None or "served so far" in b["why"]
+               for b in early["accuracy"].values())
+    assert "accuracy" not in res["plain"]["report"][0]
+
+
+@pytest.mark.parametrize("arms", ARMS)
 def test_w8_greedy_tokens_and_first_step_logits(arms, request):
     res = request.getfixturevalue(arms)
     arm, plain = res[W8_EXACT], res["plain"]

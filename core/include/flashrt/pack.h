@@ -22,9 +22,9 @@ struct PackStats {
   double rel_err = 0;      // ||W - dequant||_F / ||W||_F (0 when W is all zero)
   double max_abs_ref = 0;  // max |W|: what max_abs_err is small against
   // A calibrated pack's output-space error (Note [Calibrated rounding]): sqrt(sum e^T H e /
-  // sum w^T H w), H the calibration rows' second moments (damped as the rounding is) within
-  // each span of inputs the moments keep (InputMoments), estimated on every eighth tile of 16
-  // channels; `_plain` the same for the uncalibrated rounding of this form. -1 for a pack made
+  // sum w^T H w), H the calibration rows' second moments (damped as the rounding's, not shrunk)
+  // within each span of inputs the moments keep (InputMoments), estimated on every eighth tile of
+  // 16 channels; `_plain` the same for the uncalibrated rounding of this form. -1 for a pack made
   // without calibration.
   double out_rel_err = -1;
   double out_rel_err_plain = -1;

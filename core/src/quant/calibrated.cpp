@@ -18,7 +18,7 @@
 // The feedback solves with the moments shrunk toward their diagonal (off it they keep 70%,
 // kKeepOffDiagonal; a shrinkage estimate of H): a few thousand rows of text estimate the
 // correlations of 576-1536 inputs loosely, and the feedback trusted the noise in them. The grids'
-// importance and the report's output-space errors use the moments as measured.
+// importance and the report's output-space errors use the damped moments unshrunk.
 // Damping adds 1% of the mean diagonal (kDamp), so the solve is defined where an input never
 // moved (an all-zero span takes H = I: plain rounding). The levels and grids are the plain
 // form's: every kernel reads a calibrated pack unchanged. A channel whose every group lies on a

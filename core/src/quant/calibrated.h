@@ -14,8 +14,8 @@ namespace frt::detail {
 
 // What every channel of a pack shares for one span of inputs: the span's second moments with
 // damping (kDamp of the mean diagonal), the order the inputs are rounded in (act-order), and the
-// upper Cholesky factor U of the inverse of the moments taken in that order (H^-1 = U^T U),
-// whose rows carry a rounding error forward.
+// upper Cholesky factor U of the inverse of the moments taken in that order, their off-diagonal
+// shrunk (kKeepOffDiagonal; H^-1 = U^T U), whose rows carry a rounding error forward.
 struct SpanSolve {
   int64_t n = 0;
   std::vector<float> damped;   // [n][n], in input order
