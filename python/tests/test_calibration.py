@@ -208,5 +208,24 @@ def test_a_served_band_measures_the_first_rows_a_seat_serves_and_never_fails_its
         assert band["band"] is None and band["source"] == "served calls"
         assert "RuntimeError: host layer unavailable" in band["why"], band
         assert second.seat.ledger.fallbacks == 0
+
+        # A host whose output is not the seat's shape is named, not compared.
+        third = seats[2]
+        third.__dict__["_frt_served_band"] = accuracy.ServedBand()
+
+        class Narrow(torch.nn.Module):
+            def forward(self, x):
+                return x[:, :1]
+
+        host = third.host
+        object.__setattr__(third, "_host", Narrow())
+        try:
+            third(torch.randn(2, third.width, generator=g))
+        finally:
+            object.__setattr__(third, "_host", host)
+        band = accuracy.served_bands(handle.records)[third.site]
+        assert band["band"] is None
+        assert band["why"] == (f"its host's output is not one tensor of the seat's shape "
+                               f"{(2, third.out_width)}"), band
     finally:
         handle.detach()
