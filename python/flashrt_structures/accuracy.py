@@ -115,7 +115,7 @@ def served_bands(records: list[Any]) -> dict[str, dict[str, Any]]:
     """Each seat's band on the rows it served, keyed by its site (an engine handle's records)."""
     out: dict[str, dict[str, Any]] = {}
     for r in records:
-        watch = r.seat.__dict__.get("_frt_served_band")
+        watch = r.seat.served_band
         band = (watch.report() if watch is not None
                 else {"band": None, "why": "its call is not one tensor (a bank of experts "
                                            "with its router's choice)"})

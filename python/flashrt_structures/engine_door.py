@@ -105,9 +105,8 @@ def select_set(model: nn.Module, record: dict[str, Any], scheme: str | None,
     # Built before any served call: each one-tensor seat's band is measured on the first rows it
     # serves (once per seat: a set attached again keeps what its seats measured).
     for seat in [*swaps.values(), *(s for s, _, _ in placed.values())]:
-        if (isinstance(seat, EngineSeat) or type(seat) is SeatModule) and \
-                "_frt_served_band" not in seat.__dict__:
-            seat.__dict__["_frt_served_band"] = accuracy.ServedBand()
+        if (isinstance(seat, EngineSeat) or type(seat) is SeatModule) and seat.served_band is None:
+            seat.served_band = accuracy.ServedBand()
     record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed, log_line=log_line)
     record["seats"] = len(record["handle"].records)
 

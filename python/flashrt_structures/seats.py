@@ -15,12 +15,15 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from . import _core
+
+if TYPE_CHECKING:
+    from .accuracy import ServedBand
 
 # The core's verdicts (seat.h) as the ints the hot path compares (one definition: the binding).
 RAN, BAND, FALLBACK, RESTORE, RAISE = (v.value for v in (
@@ -102,6 +105,8 @@ class SeatModule(nn.Module):
     # than the host's own computation (a norm: one pass over what its five ops read five times).
     copies_strided_input = False
     certification: dict[str, Any]  # set by Structure.bind
+    # An engine door's accuracy band, measured on the first rows this seat serves (accuracy.py).
+    served_band: ServedBand | None = None
 
     def __init__(self, site: str, host: nn.Module, seat: _core.Seat) -> None:
         super().__init__()
@@ -210,7 +215,7 @@ class SeatModule(nn.Module):
                           dtype=x.dtype)
         verdict = self._seat.run(x2, out, self.training)
         if verdict == RAN:
-            watch = self.__dict__.get("_frt_served_band")  # an engine door's (accuracy.py)
+            watch = self.served_band
             if watch is not None and watch.result is None:
                 watch.add(self, x, out)
             return self._ran(x, out if shaped else out.view(*x.shape[:-1], self.out_width))

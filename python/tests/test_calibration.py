@@ -180,8 +180,9 @@ def test_a_served_band_measures_the_first_rows_a_seat_serves_and_never_fails_its
         seats = [r.seat for r in handle.records if type(r.seat) is S.seats.SeatModule]
         first, second = seats[0], seats[1]
         for seat in (first, second):
-            seat.__dict__["_frt_served_band"] = accuracy.ServedBand()
-        watch = first.__dict__["_frt_served_band"]
+            seat.served_band = accuracy.ServedBand()
+        watch = first.served_band
+        assert watch is not None
         g = torch.Generator().manual_seed(7)
         first(torch.randn(5, first.width, generator=g))
         assert watch.report() == {"band": None,
@@ -211,7 +212,7 @@ def test_a_served_band_measures_the_first_rows_a_seat_serves_and_never_fails_its
 
         # A host whose output is not the seat's shape is named, not compared.
         third = seats[2]
-        third.__dict__["_frt_served_band"] = accuracy.ServedBand()
+        third.served_band = accuracy.ServedBand()
 
         class Narrow(torch.nn.Module):
             def forward(self, x):

@@ -169,9 +169,9 @@ void split_rows_amx(const float* x, int64_t ldx, int64_t k, int64_t r0, int64_t 
         const __mmask16 finite = static_cast<__mmask16>(
             ~_mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, exponent), exponent));
         const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(bits, magnitude), exponent);
+        const __m512i truncated = _mm512_and_si512(bits, top);
         const __m512i hi =
-            _mm512_mask_or_epi32(_mm512_and_si512(bits, top), nan, _mm512_and_si512(bits, top),
-                                 _mm512_set1_epi32(0x00400000));
+            _mm512_mask_or_epi32(truncated, nan, truncated, _mm512_set1_epi32(0x00400000));
         uint16_t* at = parts + (t * 16 + r) * kStep + h * 16;
         store_top_halves(at, hi);
         if (nparts == 1) continue;
