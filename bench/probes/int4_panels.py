@@ -21,18 +21,21 @@ import torch
 from flashrt_structures import ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kernels import PACKERS  # noqa: E402  (the kernel bench's packers: the same forms)
+
 from _common import machine, write_result  # noqa: E402
 
-FORMS: dict[str, Callable[[torch.Tensor], ops.PackedLinear]] = {
-    "int4_super": ops.pack_int4_super,  # GGUF Q4_K's form
-    "int4_g32_asym_f16": lambda w: ops.pack_int4(w, 32, False, "f16"),  # w4a16_decode's, Q4_1's
-    "int4_g32_sym": lambda w: ops.pack_int4(w, 32, True),
+# Q4_K's form, w4a16_decode's (Q4_1's), and symmetric int4 g32: the FMA int4 panels' three.
+FORMS: dict[str, Callable[[torch.Tensor], object]] = {
+    "int4_super": PACKERS["int4_super"],
+    "int4_g32_asym_f16": PACKERS["int4_g32_asym_f16"],
+    "int4_g32_sym": PACKERS["int4"],
 }
 # (K, N, copies, where the weights are read from)
 PLACES = [(1024, 2048, 1, "L2"), (4096, 12288, 4, "past L2")]
 
 
-def rate(pack: Callable[[torch.Tensor], ops.PackedLinear], k: int, n: int, copies: int, m: int,
+def rate(pack: Callable[[torch.Tensor], object], k: int, n: int, copies: int, m: int,
          threads: int, repeats: int) -> tuple[float, float]:
     """Median GB/s of packed bytes over `repeats` timed spans, and the bits a weight takes."""
     gen = torch.Generator().manual_seed(1)
