@@ -51,14 +51,16 @@ from transformers import (
 
 import flashrt_structures as S
 from flashrt_structures import ops
+from flashrt_structures.block_seats import BlockSeatModule
 from flashrt_structures.function_seats import FunctionSeat
 
 from _common import machine, write_result
 
 PROMPT, NEW = 128, 64
-# The structures at host precision (no weight form): what "projections only" leaves out.
+# The structures at host precision (no weight form): what "projections only" leaves out. The
+# decoder block runs its parts' seats, norms, rotary and attention among them.
 FUNCTION_STRUCTURES = {"gated_delta_core", "causal_conv", "norm_fused", "attention_core",
-                       "rotary_embed"}
+                       "rotary_embed", "decoder_block"}
 
 
 def qwen3_06b(layers: int) -> Qwen3ForCausalLM:
@@ -144,7 +146,8 @@ def paired_steps(model, structures: dict[str, list[str] | None], scheme: str, st
 def weight_bytes(model, plan_swaps: dict | None) -> int:
     """Bytes one decode step reads from weights: seated ones packed, the rest at host dtype.
     The input embedding reads one row per token and is not counted."""
-    seated = set(plan_swaps or {})
+    # A decoder block runs its parts' seats: they are counted, the block is not.
+    seated = {p for p, s in (plan_swaps or {}).items() if not isinstance(s, BlockSeatModule)}
     total = 0
     for name, mod in model.named_modules():
         if name in seated:
@@ -309,10 +312,15 @@ def main() -> int:
         print(f"every family vs projections only (w8a16_decode): decode "
               f"{goals['decode_every_family_vs_projections']:.2f}x (goal >= 1.3x), prefill "
               f"{goals['prefill_every_family_vs_projections']:.2f}x")
-        # The same pair taking turns step by step (paired_steps): the ratio of each pair.
-        times = paired_steps(model, {"projections": projections, "every": None},
-                             "w8a16_decode", step, prompt, args.paired_steps)
+        # The same pair taking turns step by step (paired_steps): the ratio of each pair; a third
+        # copy with every family but the decoder blocks shows what the blocks add.
+        sublayers = [s for s in every if s != "decoder_block"]
+        times = paired_steps(model, {"projections": projections, "sublayers": sublayers,
+                                     "every": None}, "w8a16_decode", step, prompt,
+                             args.paired_steps)
         ratios = [p / e for p, e in zip(times["projections"], times["every"], strict=True)]
+        goals["decode_sublayers_vs_projections_paired_steps"] = statistics.median(
+            [p / e for p, e in zip(times["projections"], times["sublayers"], strict=True)])
         quartiles = statistics.quantiles(ratios, n=4)
         goals["decode_every_family_vs_projections_paired_steps"] = statistics.median(ratios)
         goals["paired_steps_ratio_quartiles"] = quartiles
@@ -320,7 +328,9 @@ def main() -> int:
         print(f"  step by step ({args.paired_steps} pairs, own copies, alternating): median "
               f"ratio {statistics.median(ratios):.3f}x (quartiles {quartiles[0]:.3f}-"
               f"{quartiles[2]:.3f}); steps {1e3 * statistics.median(times['projections']):.2f} "
-              f"ms vs {1e3 * statistics.median(times['every']):.2f} ms")
+              f"ms vs {1e3 * statistics.median(times['every']):.2f} ms; every family without "
+              f"the blocks {goals['decode_sublayers_vs_projections_paired_steps']:.3f}x "
+              f"({1e3 * statistics.median(times['sublayers']):.2f} ms)")
     if qwen3_5:
         proj, every_row = rows[1], rows[2]
         goals = {"decode_every_family_vs_host": every_row["decode_speedup_vs_host"],

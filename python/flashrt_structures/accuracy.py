@@ -134,6 +134,10 @@ def bands(swaps: dict[str, SeatModule], calibration: Calibration) -> dict[str, d
     for path, seat in swaps.items():
         plan = seat.plan
         slots = [s.module for s in plan.slots.values()] if plan is not None else []
+        if plan is not None and plan.op == _core.OpKind.block:
+            out[path] = {"band": None, "why": "a decoder block runs its parts' seats (each with "
+                                              "its own band)", "source": calibration.source}
+            continue
         if plan is not None and len(plan.replaces) > 1:
             out[path] = {"band": None, "why": "a packed seat: its columns are several modules' "
                                               "(measured by attach's gate)",

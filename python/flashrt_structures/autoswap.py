@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from . import _core, accuracy, catalog, decisions, seats, swap
+from .block_seats import build_block_seat
 from .observe import Forward, normalise_forwards, observe
 from .observe.calibration import Calibration, needs_moments, record
 from .seats import SeatModule
@@ -40,10 +41,15 @@ def build_swaps(model: nn.Module, plan: _core.Plan,
     has one per projection it replaces. A calibrated form is packed against the calibration's
     moments of each operand's input."""
     out: dict[str, SeatModule] = {}
+    blocks = [sp for sp in plan.seats if sp.op == _core.OpKind.block]
     for sp in plan.seats:
+        if sp.op == _core.OpKind.block:
+            continue  # built from its parts' seats, below
         moments = calibration.operand_moments(sp) if calibration is not None else {}
         out.update(seats.build_pack(model, sp) if len(sp.replaces) > 1
                    else {sp.site: seats.build(model, sp, moments=moments)})
+    for sp in blocks:
+        out[sp.site] = build_block_seat(model, sp, out)
     return out
 
 

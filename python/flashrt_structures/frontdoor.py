@@ -22,6 +22,7 @@ from torch import nn
 from . import _core, catalog, swap
 from . import receipt as receipts
 from .autoswap import calibrate, notes_of, plan_observed
+from .block_seats import BlockSeatModule
 from .function_seats import FunctionSeat
 from .observe import Forward, normalise_forwards, observe
 from .observe.calibration import needs_moments
@@ -125,8 +126,10 @@ def _measurements(record: dict[str, Any]) -> dict[str, Any]:
 def _held(swaps: dict[str, Any]) -> list[str]:
     """What a unit's seats hold, for the arbiter: each module it replaces; a function seat
     replaces no module, only the function its module calls, named `<module>:<structure>`
-    (Note [Unit arbitration]: it overlaps no module and no other function)."""
-    return sorted(f"{path}:{seat.seat.form.structure}" if isinstance(seat, FunctionSeat) else path
+    (Note [Unit arbitration]: it overlaps no module and no other function); a block seat stands
+    for its layer's forward only: its parts are other units' seats, which it requires."""
+    return sorted(f"{path}:{seat.seat.form.structure}"
+                  if isinstance(seat, (FunctionSeat, BlockSeatModule)) else path
                   for path, seat in swaps.items())
 
 
@@ -209,10 +212,15 @@ def attach(model: nn.Module, forward: Forward | Iterable[Forward], *,
         for path, seat in plan.swaps.items():
             by_unit.setdefault(seat.seat.form.structure, {})[path] = seat
         for unit, swaps in by_unit.items():
-            t = _measure_unit(model, swaps, unit, score, want, kind, rounds, iters, min_speedup,
-                              floors)
+            # A block runs its parts' seats: it is measured with them and kept only with them
+            # (Note [Unit arbitration]: `needs`).
+            parts = {p: s for b in swaps.values() if isinstance(b, BlockSeatModule)
+                     for p, s in plan.swaps.items() if any(s is q for q in b.parts.values())}
+            t = _measure_unit(model, {**parts, **swaps}, unit, score, want, kind, rounds, iters,
+                              min_speedup, floors)
             tried.setdefault(unit, {})[name] = t
-            if arbiter.offer(unit, name, t["verdict"], t["decision"], _held(swaps)):
+            if arbiter.offer(unit, name, t["verdict"], t["decision"], _held(swaps),
+                             _held(parts)):
                 held[unit] = swaps  # the previous best's packs go with it
         del plan  # a losing candidate's packs go now
 

@@ -30,6 +30,22 @@ void bind_planner(nb::module_& m) {
       .def_rw("affine", &NormFacts::affine)
       .def_rw("modulation", &NormFacts::modulation);
 
+  nb::class_<BlockFacts>(m, "BlockFacts")
+      .def(nb::init<>())
+      .def_rw("form", &BlockFacts::form)
+      .def_rw("input_norm", &BlockFacts::input_norm)
+      .def_rw("attention", &BlockFacts::attention)
+      .def_rw("post_norm", &BlockFacts::post_norm)
+      .def_rw("ffn", &BlockFacts::ffn)
+      .def_rw("q", &BlockFacts::q)
+      .def_rw("k", &BlockFacts::k)
+      .def_rw("v", &BlockFacts::v)
+      .def_rw("o", &BlockFacts::o)
+      .def_rw("q_norm", &BlockFacts::q_norm)
+      .def_rw("k_norm", &BlockFacts::k_norm)
+      .def_rw("rotary", &BlockFacts::rotary)
+      .def_rw("hidden", &BlockFacts::hidden)
+      .def_rw("other", &BlockFacts::other);
   nb::class_<RotaryFacts>(m, "RotaryFacts")
       .def(nb::init<>())
       .def_rw("inv_freq", &RotaryFacts::inv_freq)
@@ -142,6 +158,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("activation", &HostModule::activation)
       .def_rw("norm", &HostModule::norm)
       .def_rw("rotary", &HostModule::rotary)
+      .def_rw("block", &HostModule::block)
       .def_rw("embed_scale", &HostModule::embed_scale)
       .def_rw("calibration_rows", &HostModule::calibration_rows)
       .def_rw("seated", &HostModule::seated)
@@ -184,7 +201,8 @@ void bind_planner(nb::module_& m) {
       .def_ro("tied", &Seam::tied)
       .def_ro("shape", &Seam::shape)
       .def_ro("weight_count", &Seam::weight_count)
-      .def_ro("top_k", &Seam::top_k);
+      .def_ro("top_k", &Seam::top_k)
+      .def_ro("attention", &Seam::attention);
 
   nb::class_<SlotTensor>(m, "SlotTensor")
       .def_ro("module", &SlotTensor::module)

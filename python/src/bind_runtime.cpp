@@ -116,6 +116,7 @@ void bind_runtime(nb::module_& m) {
              return static_cast<int>(s.run(xv, yv, training, &r));
            })
       .def("miss", [](Seat& s, const std::string& why) { return static_cast<int>(s.miss(why)); })
+      .def("retire", &Seat::retire, nb::arg("reason"))
       .def("first_time", &Seat::first_time)
       .def_prop_ro("form", &Seat::form)
       .def_prop_ro("ledger", &Seat::ledger)
@@ -226,6 +227,56 @@ void bind_runtime(nb::module_& m) {
           nb::arg("q"), nb::arg("k"), nb::arg("cos"), nb::arg("sin"), nb::arg("q_out"),
           nb::arg("k_out"), nb::arg("training"));
 
+  nb::class_<BlockSeat, Seat>(m, "BlockSeat")
+      .def(
+          "head",
+          [](BlockSeat& s, nb::handle x, nb::handle cos, nb::handle sin, nb::handle q, nb::handle k,
+             nb::handle v, bool training) {
+            TensorView xv, cv, sv, qv, kv, vv;
+            try {
+              xv = as_rows(view_of(x, "x"));
+              cv = view_of(cos, "cos");
+              sv = view_of(sin, "sin");
+              qv = view_of(q, "q");
+              kv = view_of(k, "k");
+              vv = view_of(v, "v");
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.head(xv, cv, sv, qv, kv, vv, training));
+          },
+          nb::arg("x"), nb::arg("cos"), nb::arg("sin"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
+          nb::arg("training"))
+      .def(
+          "tail",
+          [](BlockSeat& s, nb::handle x, nb::handle q, nb::handle k, nb::handle v, nb::handle mask,
+             nb::handle y, bool training) {
+            TensorView xv, qv, kv, vv, yv;
+            std::optional<TensorView> mv;
+            try {
+              xv = as_rows(view_of(x, "x"));
+              qv = view_of(q, "q");
+              kv = view_of(k, "k");
+              vv = view_of(v, "v");
+              if (!mask.is_none()) mv = mask_view_of(mask, "mask");
+              yv = as_rows(view_of(y, "y"));
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.tail(xv, qv, kv, vv, mv, yv, training));
+          },
+          nb::arg("x"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask").none(),
+          nb::arg("y"), nb::arg("training"))
+      .def_static("judge", &BlockSeat::judge, nb::arg("cosines"), nb::arg("pass_"));
+  m.def(
+      "build_block_seat",
+      [](const SeatPlan& plan, const std::map<std::string, Seat*>& parts, GuardMode mode) {
+        return build_block_seat(plan, parts, mode);
+      },
+      nb::arg("plan"), nb::arg("parts"), nb::arg("mode") = GuardMode::fallback);
+
   // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).
   m.def(
@@ -311,12 +362,12 @@ void bind_gates(nb::module_& m) {
           "offer",
           [](UnitArbiter& a, const std::string& unit, const std::string& scheme,
              std::optional<UnitVerdict> verdict, const std::string& unmeasured,
-             std::vector<std::string> paths) {
-            return a.offer(
-                unit, CandidateResult{scheme, std::move(verdict), unmeasured, std::move(paths)});
+             std::vector<std::string> paths, std::vector<std::string> needs) {
+            return a.offer(unit, CandidateResult{scheme, std::move(verdict), unmeasured,
+                                                 std::move(paths), std::move(needs)});
           },
           nb::arg("unit"), nb::arg("scheme"), nb::arg("verdict").none(), nb::arg("unmeasured"),
-          nb::arg("paths"))
+          nb::arg("paths"), nb::arg("needs") = std::vector<std::string>{})
       .def("plan_refused", &UnitArbiter::plan_refused, nb::arg("scheme"), nb::arg("path"),
            nb::arg("why"))
       .def("settle", &UnitArbiter::settle);

@@ -33,6 +33,7 @@ void bind_types(nb::module_& m) {
   bind_enum<RecurrenceForm>(m, "RecurrenceForm");
   bind_enum<AttentionForm>(m, "AttentionForm");
   bind_enum<RotaryForm>(m, "RotaryForm");
+  bind_enum<BlockForm>(m, "BlockForm");
   nb::enum_<Statistic>(m, "Statistic").value("input_moments", Statistic::input_moments);
   nb::enum_<ModuleKind>(m, "ModuleKind")
       .value("linear", ModuleKind::linear)
@@ -44,6 +45,7 @@ void bind_types(nb::module_& m) {
       .value("conv", ModuleKind::conv)
       .value("attention", ModuleKind::attention)
       .value("rotary", ModuleKind::rotary)
+      .value("block", ModuleKind::block)
       .value("module", ModuleKind::module);
   nb::enum_<RouterForm>(m, "RouterForm")
       .value("unknown", RouterForm::unknown)

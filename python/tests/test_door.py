@@ -25,7 +25,8 @@ def decode_forward(model, n=1, seed=0):
 
 # The structures whose seats hold packed weights (a scheme's forms): the projection contract.
 # The function structures (norms, attention, the gated delta rule) run at host precision.
-FUNCTIONS = {"norm_fused", "attention_core", "gated_delta_core", "causal_conv", "rotary_embed"}
+FUNCTIONS = {"norm_fused", "attention_core", "gated_delta_core", "causal_conv", "rotary_embed",
+             "decoder_block"}
 PROJECTIONS = [s for s in S.list_structures() if s not in FUNCTIONS]
 
 
@@ -41,7 +42,8 @@ def counts(plan):
 
 
 def test_catalog_lists_the_shipped_structures():
-    assert S.list_structures() == ["attention_core", "causal_conv", "decoder_ffn", "encoder_ffn",
+    assert S.list_structures() == ["attention_core", "causal_conv", "decoder_block", "decoder_ffn",
+                                   "encoder_ffn",
                                    "gated_delta_core", "linear_proj", "lm_head",
                                    "modnorm_qkv_chain", "moe_experts", "norm_fused", "qkv_pack",
                                    "rotary_embed"]
@@ -53,10 +55,11 @@ def test_discovery_counts_match_the_architecture(make, layers, norms):
     model = make(layers)
     plan = all_seats(model)
     # Per layer: four projections, the feed-forward, its attention and its norms (Qwen3's q/k
-    # norms too); the final norm, the head and the model's rotary.
+    # norms too), and the layer as one block over them; the final norm, the head and the model's
+    # rotary.
     assert counts(plan) == {"linear_proj": 4 * layers, "decoder_ffn": layers, "lm_head": 1,
                             "attention_core": layers, "norm_fused": norms * layers + 1,
-                            "rotary_embed": 1}
+                            "rotary_embed": 1, "decoder_block": layers}
     assert plan.notes["refused"] == []
     sites = set(plan.swaps)
     for i in range(layers):
@@ -93,11 +96,17 @@ def test_a_host_no_structure_describes_yields_nothing_quietly():
     # (tied, linear) head is a seam.
     # Its attention calls the attention interface (seated); its norms are layer norms, refused
     # by form (what they compute beside the rms forms: a layer norm measures as other).
+    # Its layers compose norms, attention and MLP as a pre-norm block does, but the attention's
+    # projection is one Conv1D: the block is refused naming that.
     plan = all_seats(hosts.gpt2())
     assert counts(plan) == {"lm_head": 1, "attention_core": 2}
     refused = dict(plan.notes["refused"])
-    assert refused and all("norm_fused: form 'other' outside {rms, rms_one_plus}" in why
-                           for why in refused.values()), refused
+    blocks = {site: why for site, why in refused.items() if "decoder_block" in why}
+    assert set(blocks) == {"transformer.h.0", "transformer.h.1"}
+    assert all("0 projections of transformer.h." in why and "the form has q, k and v" in why
+               for why in blocks.values()), blocks
+    assert all("norm_fused: form 'other' outside {rms, rms_one_plus}" in why
+               for site, why in refused.items() if site not in blocks), refused
 
 
 def test_biased_gated_mlp_is_refused_by_name_and_its_projections_stay_linear():
@@ -118,7 +127,7 @@ def test_explain_prints_every_seat_keep_and_refusal_with_counts():
     model = hosts.qwen3()
     plan = S.auto_swaps(model, decode_forward(model), scheme="w4a16_decode")
     text = S.explain(plan)
-    assert text.startswith("flashrt plan: scheme w4a16_decode, 23 seams found")
+    assert text.startswith("flashrt plan: scheme w4a16_decode, 25 seams found")
     assert "kept at host:" in text and "below the 65536" in text
     # The default w4 scheme: the offset int4 grid, the head at Q8_0-class int8.
     assert "int4 g32 asymmetric f16 scales" in text and "int8 g32 f16 scales" in text
@@ -130,7 +139,7 @@ def test_scheme_none_keeps_everything_at_host_and_outputs_are_the_hosts():
     with torch.no_grad():
         want = model(x).logits
     plan = S.auto_swaps(model, lambda: model(x), scheme="none")
-    assert plan.swaps == {} and len(plan.notes["scheme"]["keep_host"]) == 23
+    assert plan.swaps == {} and len(plan.notes["scheme"]["keep_host"]) == 25
     with pytest.raises(ValueError, match="no swaps"):
         plan.attach(model)
     with torch.no_grad():
@@ -168,7 +177,7 @@ def test_attach_detach_is_bit_exact_and_keeps_the_hosts_objects():
     with torch.no_grad():
         got = model(x).logits
     assert not torch.equal(got, want)  # int8 weights: close, not equal
-    assert handle.summary()["seams"] == 23 and handle.summary()["clean"]
+    assert handle.summary()["seams"] == 25 and handle.summary()["clean"]
     # Its attention is routed where the host's call resolves: the configuration keeps its name.
     sdpa = attention_interface._interfaces()._global_mapping["sdpa"]
     assert hasattr(sdpa, "_flashrt_original") and model.config._attn_implementation == "sdpa"
@@ -242,8 +251,8 @@ def test_a_second_thread_falls_back_and_is_counted():
     rep = {r["site"]: r for r in handle.report()}
     assert rep["lm_head"]["fallbacks"] == 1
     assert rep["lm_head"]["last_reason"] == "called from a second thread"
-    # q, k, v, o, mlp, head, the attention, four norms and the final one, the rotary
-    assert handle.summary()["fallbacks"] == handle.summary()["seams"] == 13
+    # q, k, v, o, mlp, head, the attention, four norms and the final one, the rotary, the layer
+    assert handle.summary()["fallbacks"] == handle.summary()["seams"] == 14
     assert theirs["logits"].shape == mine.shape
     handle.detach()
 
@@ -260,7 +269,7 @@ def test_thirty_two_consecutive_fallbacks_put_the_host_back():
             for _ in range(32):
                 model(x)
     assert model.lm_head is head
-    assert handle.summary()["restored"] == 13
+    assert handle.summary()["restored"] == 14  # the layer's block too
     model.eval()
     with torch.no_grad():
         model(x)
@@ -310,7 +319,7 @@ def test_every_door_logs_one_line(caplog):
     model = hosts.qwen3(1)
     with caplog.at_level(logging.WARNING, logger="flashrt"):
         handle = all_seats(model).attach(model)
-    assert "[flashrt] 13 seats, 0 refused" in caplog.text
+    assert "[flashrt] 14 seats, 0 refused" in caplog.text
     handle.detach()
 
 

@@ -44,7 +44,7 @@ def test_layers_differing_only_by_index_are_one_line_with_the_set_and_count():
     plan = relu_in_layer_2()
     grouped, verbose = S.explain(plan), S.explain(plan, verbose=True)
     assert grouped.splitlines()[0] == verbose.splitlines()[0] == (
-        "flashrt plan: scheme w8a16_decode, 45 seams found, 45 seated, 0 kept at host, 1 refused")
+        "flashrt plan: scheme w8a16_decode, 49 seams found, 48 seated, 1 kept at host, 1 refused")
     # Contiguous: the q projections of all four layers, the text of layer 0's line otherwise.
     q0 = one(verbose, "model.layers.0.self_attn.q_proj  ")
     assert one(grouped, "model.layers.{0..3}.self_attn.q_proj  ") == (
@@ -59,8 +59,11 @@ def test_layers_differing_only_by_index_are_one_line_with_the_set_and_count():
     assert one(grouped, "model.layers.2.mlp.gate_proj  ") == one(verbose,
                                                                  "model.layers.2.mlp.gate_proj  ")
     assert "the verbose form lists each" in grouped
+    # Layer 2's block is not assembled, its feed-forward being the host's; the others are.
+    assert "not every part has a seat (ffn model.layers.2.mlp)" in one(grouped, "model.layers.2  ")
+    assert one(grouped, "model.layers.{0..1,3}  decoder_block ").endswith("  x3")
     # Every entry is counted: the x-counts and the single lines add up to the seats.
-    assert counted(grouped, "seated") == counted(verbose, "seated") == len(plan.seams) == 45
+    assert counted(grouped, "seated") == counted(verbose, "seated") == len(plan.seams) == 48
     assert counted(grouped, "refused") == 1
 
 

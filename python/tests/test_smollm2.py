@@ -33,8 +33,9 @@ def adopted(real):
 def test_adoption_seats_every_projection_with_the_files_own_blocks(adopted):
     _, model, report = adopted
     text = S.explain(report)
-    # 151 projection seats; 61 norms, 30 attentions and the rotary at the host's precision
-    assert len(report.plan.seats) == 151 + 61 + 30 + 1 and not report.plan.refused, text
+    # 151 projection seats; 61 norms, 30 attentions and the rotary at the host's precision; the
+    # 30 layers as blocks over them
+    assert len(report.plan.seats) == 151 + 61 + 30 + 1 + 30 and not report.plan.refused, text
     assert "lm_head [49152x576] -> linear_q8_0" in text
     assert "ffn_q4_1 (int4 g32 asymmetric f16 scales" in text
     assert report.summary()["adopted"] == 211
@@ -118,7 +119,7 @@ def test_the_default_w4_scheme_requantises_the_files_own_grids_exactly(real):
     with torch.no_grad():
         want = model.generate(ids, max_new_tokens=16, do_sample=False)
     plan = S.auto_swaps(model, lambda: model(ids[:, :1]), scheme="w4a16_decode")
-    assert len(plan.seams) == 151 + 61 + 30 + 1 and not plan.notes["refused"], S.explain(plan)
+    assert len(plan.seams) == 151 + 61 + 30 + 1 + 30 and not plan.notes["refused"], S.explain(plan)
     handle = plan.attach(model)
     try:
         with torch.no_grad():

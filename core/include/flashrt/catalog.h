@@ -75,6 +75,9 @@ struct GateSpec {
 // A `rotary` node is a rotary embedding module whose cos/sin a rotary function was called with
 // (kind rotary): it binds heads, kv_heads, head_dim, and its measured pairing form must be one of
 // its attribute's values.
+// A `block` node is a decoder layer (kind block) whose measured composition must be one of its
+// attribute's values; it binds hidden. It is the one node of a block structure, seated through
+// the seats of its sublayers.
 enum class NodeKind : int32_t {
   linear,
   activation,
@@ -83,7 +86,8 @@ enum class NodeKind : int32_t {
   recurrence,
   conv,
   attention,
-  rotary
+  rotary,
+  block
 };
 enum class FlowKind : int32_t { same_input, feeds, not_feeds, modulates };
 enum class SiteKind : int32_t { node, parent };

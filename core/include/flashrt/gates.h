@@ -87,12 +87,16 @@ int pick_candidate(const std::vector<UnitVerdict>& verdicts);
 // module of a unit that keeps nothing is refused with the unit's decision. A module some plan
 // refused and no unit decided is refused with the plans' reasons (each prefixed by its scheme
 // under gated auto). The door times and converts; it seats what settle() keeps. A function seat
-// holds no module: the door names it `<module>:<structure>`, which overlaps nothing else.
+// holds no module: the door names it `<module>:<structure>`, which overlaps nothing else. A unit
+// that runs other units' seats (a decoder block runs its parts') lists their holdings in
+// `needs`: it is kept only if each of them is kept, by a unit settled before it, under the
+// same scheme; else it is refused naming what is not.
 struct CandidateResult {
   std::string scheme;
   std::optional<UnitVerdict> verdict;  // none: the unit could not be measured
   std::string unmeasured;              // why, when there is no verdict ("refused: ...")
   std::vector<std::string> paths;      // the modules this candidate seats
+  std::vector<std::string> needs;      // holdings of other units whose seats it runs
 };
 
 struct UnitOutcome {

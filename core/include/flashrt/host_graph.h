@@ -23,6 +23,8 @@ enum class ModuleKind : int32_t {
   conv,        // a depthwise 1-D convolution whose weight a convolution function is called with
   attention,   // a module that calls the host's attention interface; `attention` says how
   rotary,      // a rotary embedding whose cos/sin a rotary function was called with; `rotary`
+  block,       // a decoder layer: norms, an attention module and a feed-forward as children,
+               // composed as `block` says (measured on its call)
   module,      // anything else (a container)
 };
 
@@ -84,6 +86,20 @@ struct RouterFacts {
   RouterForm form = RouterForm::unknown;
   int64_t experts = 0, hidden = 0, top_k = 0;  // its weight's [experts, hidden]; k per row
   std::string other;  // form other: what its call showed instead, for the refusal
+};
+
+// A decoder layer as the door measured its observed call (kind block): which child plays each
+// part, and how its output is composed of theirs. The attention module's own children are
+// named too (its projections, in the order its call ran them, and its per-head q/k norms), as
+// is the rotary module whose tables the layer's call carried. Paths are the host's; "" where
+// the part is absent (a layer without q/k norms).
+struct BlockFacts {
+  BlockForm form = BlockForm::unknown;
+  std::string input_norm, attention, post_norm, ffn;
+  std::string q, k, v, o, q_norm, k_norm;
+  std::string rotary;
+  int64_t hidden = 0;
+  std::string other;  // form other: what the measurement showed, for the refusal
 };
 
 // A weight-holding parameter of the host (two dimensions or more), whatever module holds it: the
@@ -160,6 +176,7 @@ struct HostModule {
   ConvFacts conv;              // kind conv
   AttentionFacts attention;    // kind attention
   RotaryFacts rotary;          // a rotary embedding; empty inv_freq otherwise
+  BlockFacts block;            // kind block
   // An embedding's call returns its rows times this (measured; Gemma scales by sqrt(hidden)),
   // 0 when its call is not its rows times one constant.
   double embed_scale = 1.0;

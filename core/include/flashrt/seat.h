@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace frt {
@@ -83,6 +84,9 @@ class Seat {
   std::string probe(const TensorView& x, const TensorView& y);
   // The door reports a miss it found itself (an input it cannot view without a copy).
   Verdict miss(const std::string& reason);
+  // A miss after which the seat gives its region back for good (a failed self-check): counted
+  // as a fallback, and the ledger marked restored, so the same seat is not attached again.
+  void retire(const std::string& reason);
   // First time a reason is seen (the door warns once per reason).
   bool first_time(const std::string& reason) const;
 
@@ -100,6 +104,8 @@ class Seat {
   // owning thread and the seated dtype, then `refusal` ("" runs `execute`), all in the ledger.
   Verdict run_call(bool training, DType dtype, const std::function<std::string()>& refusal,
                    const std::function<void()>& execute);
+  // Counts a call that ran, for a seat whose call is neither run() nor run_call() (a block).
+  void count_ran();
   // The form checks of one call: "" when the kernel takes it, else the reason. `routing` is
   // run()'s (a seat that takes none refuses a call that brings one, and the other way round).
   virtual std::string refusal(const TensorView& x, const TensorView& y,
@@ -342,9 +348,79 @@ class NormSeat : public Seat {
   float eps_;
 };
 
+// The seats a block seat runs, each built for the same plan (SeatPlan.seam.nodes names their
+// sites): the layer's two norms and feed-forward, its attention module's q/k/v projections (one
+// pack whose splits are q, k and v, or three seats), o projection and per-head q/k norms
+// (nullptr where the layer has none), the model's rotary and the module's attention.
+struct BlockParts {
+  NormSeat* input_norm = nullptr;
+  NormSeat* post_norm = nullptr;
+  std::vector<LinearSeat*> qkv;
+  NormSeat* q_norm = nullptr;
+  NormSeat* k_norm = nullptr;
+  RotarySeat* rotary = nullptr;
+  AttentionSeat* attention = nullptr;
+  LinearSeat* o = nullptr;
+  FfnSeat* ffn = nullptr;
+};
+
+// The layer's widths and the attention call's scalars, as the plan's facts give them.
+struct BlockGeometry {
+  int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 0, softcap = 0;
+};
+
+// A decoder layer for decode rows (op block), run through the seats of its parts in two
+// halves around the host's cache update: head() writes the step's q (normed and rotated), k and
+// v; the door hands k and v to the host's cache and tail() takes back what the cache returns,
+// attends, projects, adds the residual, and runs the post norm and the feed-forward into y. Each
+// part's seat checks and counts its own call; the block's ledger counts the layer's. Between the
+// halves nothing of the host changes but its cache, so a miss in head() leaves the door free to
+// run the host's layer; tail() checks the attention call before it writes anything, and a miss
+// there hands the door the rest of the layer to run with the host's modules.
+class BlockSeat : public Seat {
+ public:
+  // `table`: any package table of the parts (the block runs no op of its own).
+  BlockSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, BlockParts parts,
+            BlockGeometry geometry);
+  // x [rows, hidden]; cos, sin [rows or 1, 1, head_dim] (the tables the layer's call carried); q
+  // [rows, heads, 1, head_dim], k and v [rows, kv_heads, 1, head_dim], contiguous, written.
+  Verdict head(const TensorView& x, const TensorView& cos, const TensorView& sin,
+               const TensorView& q, const TensorView& k, const TensorView& v, bool training);
+  // x as head() had it, q as head() wrote it, k and v the host cache's [rows, kv_heads,
+  // positions, head_dim], the model's mask (AttentionCall's forms) and y [rows, hidden], written.
+  Verdict tail(const TensorView& x, const TensorView& q, const TensorView& k, const TensorView& v,
+               const std::optional<TensorView>& mask, const TensorView& y, bool training);
+  // The self-check of the first decode call against the host's layer on the same values: each
+  // named cosine must reach `pass`. "" when all do, else which did not (the door then restores
+  // the host's layer with that reason, through miss()).
+  static std::string judge(const std::vector<std::pair<std::string, double>>& cosines, double pass);
+  int64_t nbytes() const override;
+
+ private:
+  std::string refusal(const TensorView&, const TensorView&, const Routing*) const override {
+    return "a decoder block takes its own calls (head(), tail())";
+  }
+  void execute(const TensorView&, const TensorView&, const Routing*) override {}
+  // "" when the parts' seats answered ran, else "<part>: <its reason>".
+  std::string part_miss(const char* part, const Seat& seat, Verdict v) const;
+  // Either half's own checks of a call: training mode, the owner's thread, x f32 rows of the
+  // hidden width, contiguous, in the band. "" when it takes x.
+  std::string entry_refusal(const TensorView& x, bool training) const;
+  BlockParts parts_;
+  BlockGeometry geo_;
+  // Scratch for one call, grown to the largest rows seen.
+  std::vector<float> normed_, qkv_, q_normed_, k_normed_, attended_, projected_, residual_,
+      post_normed_, ffn_out_;
+};
+
 // The seat of the pack's module `index` (its position in SeatPlan.replaces, >= 1) at `site`.
 // Throws InvalidArgument when `packed` is not a packed seat or index is out of its range.
 std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::string& site);
+
+// The form of the seat built for `plan`: its site, structure, impl, op, activation dtype and band
+// (the widths and the weights' description are the builder's).
+SeatForm seat_form(const SeatPlan& plan);
 
 // Builds the seat a plan decided on from the host tensors of its slots (operand name -> view,
 // "weight"/"bias" for a linear, "gate"/"up"/"down" and the biases for an ffn). Packs the weights
@@ -361,5 +437,14 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const std::map<std::string, TensorView>& tensors, GuardMode mode,
                                  KernelHub& hub, std::map<std::string, PackedLinear> adopted = {},
                                  const OperandMoments& moments = {});
+
+// Builds the block seat a plan decided on (op block) from the seats built for its parts,
+// keyed by the role its plan's seam.nodes gives each site ("input_norm", "post_norm", "ffn",
+// "attention", "o", "rotary", "qkv" or "q"/"k"/"v", "q_norm"/"k_norm" where the layer has them).
+// The seats must outlive the block (the door holds them). Throws Refused naming a part that is
+// missing or of another kind, or whose widths do not chain.
+std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
+                                            const std::map<std::string, Seat*>& parts,
+                                            GuardMode mode);
 
 }  // namespace frt

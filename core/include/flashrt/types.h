@@ -87,6 +87,9 @@ enum class OpKind : int32_t {
   capped_attention = FRT_OP_CAPPED_ATTENTION,
   gated_delta = FRT_OP_GATED_DELTA,
   causal_conv1d = FRT_OP_CAUSAL_CONV1D,
+  // Not a kernel's op: a decoder layer run as one seat through the seats of its sublayers
+  // (runtime/block_seat.cpp). No package owns it and no descriptor carries it.
+  block = 1000,
 };
 // The ops of function structures: they read no packed weight and run at the host's precision,
 // replacing a function a host module calls (its own arguments in, its own results out) or a
@@ -133,6 +136,12 @@ enum class AttentionForm : int32_t { unknown, softmax, softcapped, other };
 // rotary, another layout).
 enum class RotaryForm : int32_t { unknown, half, interleaved, other };
 
+// How a module's call composes its children, as the door measured it on the observed forward
+// (exact identities on the tensors it saw): y = h + ffn(post_norm(h)), h = x + attn(norm(x))
+// (`pre_norm_residual`: Llama, Qwen, Mistral), or anything else (`other`: a scaled residual, a
+// norm after the sublayer, a parallel block).
+enum class BlockForm : int32_t { unknown, pre_norm_residual, other };
+
 const char* name_of(DType v);
 const char* name_of(Activation v);
 const char* name_of(WeightFormat v);
@@ -143,10 +152,11 @@ const char* name_of(RopeKind v);
 const char* name_of(RecurrenceForm v);
 const char* name_of(AttentionForm v);
 const char* name_of(RotaryForm v);
+const char* name_of(BlockForm v);
 
 // Every value of an enum with its name, in table order: the one definition bindings read (for
 // DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind, RecurrenceForm,
-// AttentionForm, RotaryForm).
+// AttentionForm, RotaryForm, BlockForm).
 template <typename E>
 std::vector<std::pair<E, std::string_view>> enum_entries();
 
@@ -161,6 +171,7 @@ std::optional<RopeKind> parse_rope_kind(std::string_view name);
 std::optional<RecurrenceForm> parse_recurrence_form(std::string_view name);
 std::optional<AttentionForm> parse_attention_form(std::string_view name);
 std::optional<RotaryForm> parse_rotary_form(std::string_view name);
+std::optional<BlockForm> parse_block_form(std::string_view name);
 std::string known_dtypes();
 std::string known_activations();
 std::string known_weight_formats();
@@ -171,6 +182,7 @@ std::string known_rope_kinds();
 std::string known_recurrence_forms();
 std::string known_attention_forms();
 std::string known_rotary_forms();
+std::string known_block_forms();
 
 // The weight operands an op reads, by the ABI's names (frt_linear_args.w is "weight";
 // frt_ffn_args' gate, up, down); a region op's structure must have slots of these names.

@@ -30,7 +30,7 @@ using detail::YamlFields;
 constexpr std::array<std::string_view, 3> kDtypes = {"f32", "bf16", "i64"};
 constexpr std::array<std::string_view, 3> kPointSides = {"input", "output", "internal"};
 // Only regions so far; a stage pipeline has a different shape and would need its own parser.
-constexpr std::array<std::string_view, 2> kKinds = {"region", "function"};
+constexpr std::array<std::string_view, 3> kKinds = {"region", "function", "block"};
 
 template <size_t N>
 bool one_of(const std::array<std::string_view, N>& allowed, std::string_view value) {
@@ -301,7 +301,7 @@ class SpecParser : YamlFields {
     // The attribute a node's measured value must take: declared, and each allowed value one the
     // core names (an activation, or a norm form).
     // (a recurrence form for a recurrence node; "none" also for a conv node, called without one).
-    enum class Values { activation, norm, recurrence, conv, attention, rotary };
+    enum class Values { activation, norm, recurrence, conv, attention, rotary, block };
     const auto node_attribute = [&](const YAML::Node& node, const std::string& field, Values kind) {
       const std::string a = text(require(node, field, "attribute"), child(field, "attribute"));
       if (!s.attributes.count(a))
@@ -313,6 +313,7 @@ class SpecParser : YamlFields {
             kind == Values::norm         ? parse_norm_form(v).has_value()
             : kind == Values::recurrence ? parse_recurrence_form(v).has_value()
             : kind == Values::attention  ? parse_attention_form(v).has_value()
+            : kind == Values::block      ? parse_block_form(v).has_value()
             : kind == Values::rotary
                 ? parse_rotary_form(v).has_value()
                 : parse_activation(v).has_value() || (kind == Values::conv && v == kNoActivation);
@@ -320,11 +321,13 @@ class SpecParser : YamlFields {
         const std::string what = kind == Values::norm         ? "norm form"
                                  : kind == Values::recurrence ? "recurrence form"
                                  : kind == Values::attention  ? "attention form"
+                                 : kind == Values::block      ? "block form"
                                  : kind == Values::rotary     ? "rotary form"
                                                               : "activation";
         const std::string list = kind == Values::norm         ? known_norm_forms()
                                  : kind == Values::recurrence ? known_recurrence_forms()
                                  : kind == Values::attention  ? known_attention_forms()
+                                 : kind == Values::block      ? known_block_forms()
                                  : kind == Values::rotary     ? known_rotary_forms()
                                                               : known_activations();
         fail("attributes." + a + "[" + std::to_string(i) + "]",
@@ -427,11 +430,20 @@ class SpecParser : YamlFields {
             fail(field, "a " + kind + " node binds dim '" + dim + "', which dims does not declare");
         if (s.kind != "function")
           fail(field, "a " + kind + " node belongs to a function structure");
+      } else if (kind == "block") {
+        // A decoder layer whose sublayers' seats the block seat runs in turn (kind block).
+        n.kind = NodeKind::block;
+        n.attribute = node_attribute(kv.second, field, Values::block);
+        has_no_weight(kv.second, field, "a block node");
+        for (const std::string& dim : node_dims(n.kind))
+          if (s.dim(dim) == nullptr)
+            fail(field, "a block node binds dim '" + dim + "', which dims does not declare");
+        if (s.kind != "block") fail(field, "a block node belongs to a block structure");
       } else {
         fail(child(field, "kind"),
              "'" + kind +
-                 "' is not linear, activation, norm, experts, recurrence, conv, attention or "
-                 "rotary");
+                 "' is not linear, activation, norm, experts, recurrence, conv, attention, "
+                 "rotary or block");
       }
       if (n.kind != NodeKind::experts)
         for (const char* k : {"gate", "up", "down"})
@@ -443,7 +455,10 @@ class SpecParser : YamlFields {
     // A region is seated through its weights: a pattern without a weight node (a projection or a
     // bank) has nothing to pack, and its weight dtype and rows come from the first one. A
     // function structure is one recurrence, conv or norm node at its site.
-    if (s.kind == "function") {
+    if (s.kind == "block") {
+      if (m.nodes.size() != 1 || m.nodes[0].kind != NodeKind::block)
+        fail("match.nodes", "a block structure is one block node");
+    } else if (s.kind == "function") {
       if (m.nodes.size() != 1 ||
           (m.nodes[0].kind != NodeKind::recurrence && m.nodes[0].kind != NodeKind::conv &&
            m.nodes[0].kind != NodeKind::norm && m.nodes[0].kind != NodeKind::attention &&
@@ -588,11 +603,13 @@ const DimSpec* StructureSpec::dim(std::string_view dim_name) const {
 const std::vector<std::string>& node_dims(NodeKind kind) {
   static const std::vector<std::string> kRecurrence = {"k_heads", "v_heads", "k_dim", "v_dim"},
                                         kConv = {"channels", "taps"}, kNorm = {"width"},
-                                        kAttention = {"heads", "kv_heads", "head_dim"}, kNone = {};
+                                        kAttention = {"heads", "kv_heads", "head_dim"},
+                                        kBlock = {"hidden"}, kNone = {};
   return kind == NodeKind::recurrence                              ? kRecurrence
          : kind == NodeKind::conv                                  ? kConv
          : kind == NodeKind::norm                                  ? kNorm
          : kind == NodeKind::attention || kind == NodeKind::rotary ? kAttention
+         : kind == NodeKind::block                                 ? kBlock
                                                                    : kNone;
 }
 

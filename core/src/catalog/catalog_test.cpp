@@ -578,12 +578,32 @@ TEST_F(CatalogFiles, NormNodesOptionalNodesAndModulatesAreCheckedAtLoad) {
   expect_error(replaced(with_norm, "proj: {kind: linear, weight: weight}",
                         "proj: {kind: linear, weight: weight, optional: true}"),
                "match.nodes.proj.optional", "the first node is not");
-  expect_error(
-      replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
-      "'layernorm' is not linear, activation, norm, experts, recurrence, conv, attention or "
-      "rotary");
+  expect_error(replaced(with_norm, "kind: norm,", "kind: layernorm,"), "match.nodes.norm.kind",
+               "'layernorm' is not linear, activation, norm, experts, recurrence, conv, attention, "
+               "rotary or block");
   expect_error(replaced(with_norm, "site: parent", "site: parent\n  siblings: maybe"),
                "match.siblings", "");
+}
+
+// The shipped decoder block, renamed: a block structure is one block node binding hidden, whose
+// attribute takes block forms; a block node elsewhere, or a second node, is refused at load.
+TEST_F(CatalogFiles, BlockNodesAreOneBlockStructuresWholeMatch) {
+  std::ifstream in(std::string(FRT_TEST_CATALOG_DIR) + "/structures/decoder_block.yaml");
+  const std::string shipped((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string block = replaced(shipped, "name: decoder_block", "name: demo");
+  write("structures/demo.yaml", block);
+  const Catalog c = Catalog::load(dir_.string());
+  EXPECT_EQ(c.get("demo").kind, "block");
+  EXPECT_EQ(c.get("demo").match.node("block")->kind, NodeKind::block);
+  EXPECT_EQ(node_dims(NodeKind::block), (std::vector<std::string>{"hidden"}));
+  expect_error(replaced(block, "form: [pre_norm_residual]", "form: [post_norm]"),
+               "attributes.form[0]", "unknown block form 'post_norm'");
+  expect_error(replaced(block, "kind: block\n", "kind: function\n"), "match.nodes.block",
+               "a block node belongs to a block structure");
+  expect_error(replaced(block, "block: {kind: block, attribute: form}",
+                        "block: {kind: block, attribute: form}\n    other: {kind: block, "
+                        "attribute: form}"),
+               "match", "");
 }
 
 // The shipped bank structure, renamed: an experts node binds its banks' dims, and banks that do

@@ -4,6 +4,7 @@
 #include <flashrt/gates.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 namespace frt {
@@ -66,6 +67,7 @@ void UnitArbiter::plan_refused(const std::string& scheme, const std::string& pat
 Arbitration UnitArbiter::settle() const {
   Arbitration a;
   std::vector<std::string> seated;
+  std::map<std::string, std::string> kept_under;  // a kept unit's holding -> its scheme
   std::set<std::string> decided;
   for (const Unit& u : units_) {
     UnitOutcome o;
@@ -80,6 +82,17 @@ Arbitration UnitArbiter::settle() const {
         o.scheme.clear();
         o.decision = "refused: its modules are seated by another unit";
       }
+      std::string missing;
+      for (const std::string& r : kept.needs) {
+        const auto it = kept_under.find(r);
+        if (it == kept_under.end() || it->second != kept.scheme)
+          missing += (missing.empty() ? "" : ", ") + r;
+      }
+      if (o.kept() && !missing.empty()) {
+        o.scheme.clear();
+        o.decision = "refused: the seats it runs are not all kept under " + kept.scheme + " (" +
+                     missing + ")";
+      }
     } else if (gated_auto_) {
       o.decision = "refused: no candidate passed (";
       for (size_t i = 0; i < u.tried.size(); ++i)
@@ -91,6 +104,7 @@ Arbitration UnitArbiter::settle() const {
     }
     if (o.kept()) {
       seated.insert(seated.end(), o.paths.begin(), o.paths.end());
+      for (const std::string& p : o.paths) kept_under[p] = o.scheme;
       decided.insert(o.paths.begin(), o.paths.end());
     } else {
       std::set<std::string> every;  // every module some candidate seats for the unit, sorted

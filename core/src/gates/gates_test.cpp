@@ -184,7 +184,7 @@ UnitVerdict verdict_of(UnitDecision d, ParityBand band, double speedup,
 
 CandidateResult candidate(const std::string& scheme, std::optional<UnitVerdict> v,
                           std::vector<std::string> paths, const std::string& unmeasured = "") {
-  return CandidateResult{scheme, std::move(v), unmeasured, std::move(paths)};
+  return CandidateResult{scheme, std::move(v), unmeasured, std::move(paths), {}};
 }
 
 TEST(Arbiter, GatedAutoKeepsTheFastestPassingCandidatePerUnit) {
@@ -234,6 +234,41 @@ TEST(Arbiter, AUnitWithNoPassingCandidateRefusesEveryModuleAnyCandidateSeats) {
   EXPECT_EQ(r.refused[0].first, "m.0.mlp");  // sorted
   EXPECT_EQ(r.refused[2].first, "m.2.mlp");
   EXPECT_EQ(r.refused[0].second, "decoder_ffn unit " + r.units[0].decision);
+}
+
+TEST(Arbiter, AUnitRunningOtherUnitsSeatsIsKeptOnlyWithThemUnderItsScheme) {
+  const UnitVerdict ok = verdict_of(UnitDecision::activated, ParityBand::pass, 1.5);
+  const UnitVerdict slow =
+      verdict_of(UnitDecision::refused_latency, ParityBand::pass, 0.9, "refused: 0.9x");
+  const auto block = [&](const char* scheme) {
+    CandidateResult c = candidate(scheme, ok, {"m.0:decoder_block"});
+    c.needs = {"m.0.mlp", "m.0.input_layernorm"};
+    return c;
+  };
+  {  // every part kept under the block's scheme: kept
+    UnitArbiter a(/*gated_auto=*/false);
+    a.offer("decoder_ffn", candidate("w8", ok, {"m.0.mlp"}));
+    a.offer("norm_fused", candidate("w8", ok, {"m.0.input_layernorm"}));
+    a.offer("decoder_block", block("w8"));
+    EXPECT_TRUE(a.settle().units[2].kept());
+  }
+  {  // a part's unit refused: so is the block, naming it
+    UnitArbiter a(/*gated_auto=*/false);
+    a.offer("decoder_ffn", candidate("w8", ok, {"m.0.mlp"}));
+    a.offer("norm_fused", candidate("w8", slow, {"m.0.input_layernorm"}));
+    a.offer("decoder_block", block("w8"));
+    const Arbitration r = a.settle();
+    EXPECT_FALSE(r.units[2].kept());
+    EXPECT_EQ(r.units[2].decision,
+              "refused: the seats it runs are not all kept under w8 (m.0.input_layernorm)");
+  }
+  {  // gated auto: the parts kept under another scheme than the block's best
+    UnitArbiter a(/*gated_auto=*/true);
+    a.offer("decoder_ffn", candidate("w4", ok, {"m.0.mlp"}));
+    a.offer("norm_fused", candidate("w4", ok, {"m.0.input_layernorm"}));
+    a.offer("decoder_block", block("w8"));
+    EXPECT_FALSE(a.settle().units[2].kept());
+  }
 }
 
 TEST(Arbiter, AUnitWhoseModulesAnotherKeptUnitHoldsIsRefused) {

@@ -45,12 +45,16 @@ std::vector<int64_t> function_dims(const HostModule& m, NodeKind kind) {
     return {f.heads, f.kv_heads, f.head_dim};
   }
   if (kind == NodeKind::rotary) return {m.rotary.heads, m.rotary.kv_heads, m.rotary.head_dim};
+  if (kind == NodeKind::block) return {m.block.hidden};
   return {m.conv.channels, m.conv.taps};
 }
 
 // A function structure's one node is the seat's whole unit (catalog.cpp checks that it is one
 // node); a norm node elsewhere is part of a region of projections.
-bool function_unit(const StructureSpec& spec) { return spec.kind == "function"; }
+// A block structure's one node is its whole unit too.
+bool function_unit(const StructureSpec& spec) {
+  return spec.kind == "function" || spec.kind == "block";
+}
 
 std::string eps_text(double eps) {
   char buf[32];
@@ -82,6 +86,7 @@ std::string function_shape(const HostModule& m) {
   if (m.kind == ModuleKind::norm)
     return "[" + std::to_string(m.in_features) + "] " + name_of(m.norm.form) + ", eps " +
            eps_text(m.norm.eps);
+  if (m.kind == ModuleKind::block) return "hidden " + std::to_string(m.block.hidden);
   return std::to_string(m.conv.channels) + " channels x " + std::to_string(m.conv.taps) + " taps";
 }
 
@@ -163,6 +168,7 @@ class Matcher {
     if (n.kind == NodeKind::conv) return m.kind == ModuleKind::conv;
     if (n.kind == NodeKind::attention) return m.kind == ModuleKind::attention;
     if (n.kind == NodeKind::rotary) return m.kind == ModuleKind::rotary;
+    if (n.kind == NodeKind::block) return m.kind == ModuleKind::block;
     return m.kind == ModuleKind::linear &&
            (!n.output_head || (!g_.output_head.empty() && m.path == g_.output_head));
   }
@@ -357,6 +363,7 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
         : n.kind == NodeKind::recurrence ? name_of(m.recurrence.form)
         : n.kind == NodeKind::attention  ? name_of(m.attention.form)
         : n.kind == NodeKind::rotary     ? name_of(m.rotary.form)
+        : n.kind == NodeKind::block      ? name_of(m.block.form)
         : n.kind == NodeKind::conv && !m.conv.activated
             ? std::string(kNoActivation)
             : name_of(n.kind == NodeKind::conv ? m.conv.activation : m.activation);
@@ -369,6 +376,7 @@ std::string boundary_refusal(const StructureSpec& spec, const Assignment& a,
       if (n.kind == NodeKind::attention && !m.attention.other.empty())
         why += ": " + m.attention.other;
       if (n.kind == NodeKind::rotary && !m.rotary.other.empty()) why += ": " + m.rotary.other;
+      if (n.kind == NodeKind::block && !m.block.other.empty()) why += ": " + m.block.other;
       return why;
     }
   }
@@ -486,6 +494,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
                          : lead.kind == NodeKind::conv       ? m.kind == ModuleKind::conv
                          : lead.kind == NodeKind::attention  ? m.kind == ModuleKind::attention
                          : lead.kind == NodeKind::rotary     ? m.kind == ModuleKind::rotary
+                         : lead.kind == NodeKind::block      ? m.kind == ModuleKind::block
                                                              : m.kind == ModuleKind::norm;
     if (!kind_ok || (lead.output_head && (g.output_head.empty() || m.path != g.output_head)))
       continue;

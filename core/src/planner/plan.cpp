@@ -280,6 +280,89 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
   p.refused.emplace_back(seam.site, why);
 }
 
+// Note [Decoder block assembly]: a decoder layer is seated as one block only where every part
+// of it already has a seat of this plan: its two norms, its feed-forward, its attention, the
+// attention module's q/k/v (one pack in the order q, k, v, or a linear seat each) and o
+// projections, its per-head q/k norms where it has them, and the rotary module whose tables its
+// call carried. The block seat then runs those seats in turn (runtime/block_seat.cpp), so it
+// holds no weight of its own and its band is the narrowest of theirs; any part left with the
+// host (kept, refused, not asked for) keeps the layer with the host's forward, whose sublayers
+// keep their own seats: a keep-at-host naming that part, never a refusal of the layer's weights.
+void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& g, Plan& p) {
+  const HostModule* layer = g.find(seam.site);
+  const BlockFacts& f = layer->block;
+  const std::string where = seam.structure + " " + seam.shape;
+  const auto seat_at = [&](const std::string& path) -> const SeatPlan* {
+    for (const SeatPlan& s : p.seats)
+      if (s.site == path && s.replaces.size() == 1) return &s;
+    return nullptr;
+  };
+  std::vector<std::pair<std::string, const SeatPlan*>> parts;
+  std::string missing;
+  const auto need = [&](const char* role, const std::string& path, std::vector<OpKind> ops) {
+    if (path.empty()) return;
+    const SeatPlan* s = seat_at(path);
+    if (s == nullptr || std::find(ops.begin(), ops.end(), s->op) == ops.end()) {
+      missing += (missing.empty() ? "" : ", ") + std::string(role) + " " + path;
+      return;
+    }
+    parts.emplace_back(role, s);
+  };
+  need("input_norm", f.input_norm, {OpKind::rmsnorm});
+  need("post_norm", f.post_norm, {OpKind::rmsnorm});
+  need("ffn", f.ffn, {OpKind::gated_ffn, OpKind::ffn});
+  need("attention", f.attention, {OpKind::attention});
+  need("o", f.o, {OpKind::linear});
+  need("q_norm", f.q_norm, {OpKind::rmsnorm});
+  need("k_norm", f.k_norm, {OpKind::rmsnorm});
+  need("rotary", f.rotary, {OpKind::rotary});
+  const std::vector<std::string> qkv = {f.q, f.k, f.v};
+  const auto pack = std::find_if(p.seats.begin(), p.seats.end(),
+                                 [&](const SeatPlan& s) { return s.replaces == qkv; });
+  if (pack != p.seats.end() && pack->op == OpKind::linear) {
+    parts.emplace_back("qkv", &*pack);
+  } else {
+    need("q", f.q, {OpKind::linear});
+    need("k", f.k, {OpKind::linear});
+    need("v", f.v, {OpKind::linear});
+  }
+  if (!missing.empty()) {
+    p.keep_host.emplace_back(seam.site, where + ": not every part has a seat (" + missing +
+                                            "); the layer runs its own forward, its sublayers "
+                                            "their own seats");
+    return;
+  }
+  SeatPlan b;
+  b.seam = seam;
+  b.site = seam.site;
+  b.replaces = {seam.site};
+  b.impl = "block_f32";
+  b.op = OpKind::block;
+  b.form.name = "host";
+  b.form.host = true;
+  b.form.tag = "f32";
+  b.act_dtype = DType::f32;
+  b.band_min = 1;
+  b.band_max = kUnboundedRows;
+  for (const auto& [role, s] : parts) {
+    // A pack is reached through its first projection (where the door's lead seat stands).
+    b.seam.nodes[role] = s->replaces.size() > 1 ? s->replaces.front() : s->site;
+    b.band_min = std::max(b.band_min, s->band_min);
+    // Attention's band counts query tokens per sequence, not rows: every decode row has one.
+    if (s->op != OpKind::attention) b.band_max = std::min(b.band_max, s->band_max);
+    if (s->op == OpKind::attention) b.seam.attention = s->seam.attention;
+  }
+  if (const DimSpec* band = band_of(catalog.get(seam.structure)); band != nullptr) {
+    b.band_min = std::max(b.band_min, band->min);
+    b.band_max = std::min(b.band_max, band->max);
+  }
+  if (b.band_min > b.band_max) {
+    p.keep_host.emplace_back(seam.site, where + ": its parts' row bands do not overlap");
+    return;
+  }
+  p.seats.push_back(std::move(b));
+}
+
 // What an adopted checkpoint says of one seam: its linear nodes' own forms, or its bank's.
 struct SourceVerdict {
   std::optional<WeightForm> form;  // the first node's form (all of them when !mixed)
@@ -396,7 +479,8 @@ void account_weights(const HostGraph& g, int64_t min_elements, Plan& p) {
   // projections: it covers no weight below it.
   const auto decides_weights = [&](const std::string& site) {
     const HostModule* m = g.find(site);
-    return m == nullptr || (m->kind != ModuleKind::recurrence && m->kind != ModuleKind::attention);
+    return m == nullptr || (m->kind != ModuleKind::recurrence && m->kind != ModuleKind::attention &&
+                            m->kind != ModuleKind::block);
   };
   std::vector<std::string> covered;
   for (const SeatPlan& s : p.seats) {
@@ -471,6 +555,7 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
   p.seams_found = static_cast<int64_t>(d.seams.size());
   std::set<std::string> unavailable_noted;
   const std::map<std::string, std::string> bank_of_router = routers(graph);
+  std::vector<const Seam*> blocks;
   for (Seam& seam : d.seams) {
     const StructureSpec& spec = catalog.get(seam.structure);
     const std::string where = seam.structure + " " + seam.shape;
@@ -488,6 +573,10 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       for (const MatchNode& n : spec.match.nodes)
         if (seam.nodes.count(n.name)) p.keep_host.emplace_back(seam.nodes.at(n.name), why);
     };
+    if (spec.kind == "block") {  // after every other seam (Note [Decoder block assembly])
+      blocks.push_back(&seam);
+      continue;
+    }
     if (spec.kind == "function") {
       // No form of its own: seated under any scheme that seats something (a scheme giving no
       // structure a form, the host-only baseline, seats nothing).
@@ -683,6 +772,14 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
       for (const std::string& step : steps) why += "; " + step;
       p.refused.emplace_back(seam.site, why);
     }
+  }
+  for (const Seam* seam : blocks) {
+    if (!adopting && p.scheme.formats.empty())
+      p.keep_host.emplace_back(seam->site, "scheme '" + p.scheme.name + "' seats nothing; " +
+                                               seam->structure + " " + seam->shape +
+                                               " stays with the host");
+    else
+      plan_block_seam(catalog, *seam, graph, p);
   }
   if (options.structures.empty())
     account_weights(graph, options.account_weights.value_or(catalog.schemes().account_weights), p);

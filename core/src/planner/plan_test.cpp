@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace frt {
 namespace {
@@ -1195,6 +1196,143 @@ TEST(Plan, ARotaryIsSeatedAtHostPrecisionForEveryTokenCountWhereItRotatesHalves)
   o.scheme = "none";
   const Plan none = plan(rotary_host(RotaryForm::half).g, catalog(), o, hub());
   EXPECT_TRUE(none.seats.empty()) << explain(none);
+}
+
+// A pre-norm decoder layer as the door measured it: its norms, attention module (q/k/v/o and
+// per-head q/k norms), feed-forward and the model's rotary, each called once for a decode row;
+// the layer's composition `form`.
+GraphBuilder block_host(BlockForm form) {
+  GraphBuilder b;
+  b.module("", ModuleKind::module);
+  HostModule& r = b.module("model.rotary_emb", ModuleKind::rotary);
+  r.rotary.form = RotaryForm::half;
+  r.rotary.heads = 16;
+  r.rotary.kv_heads = 8;
+  r.rotary.head_dim = 128;
+  b.call_fresh("model.rotary_emb");
+  const std::string p = "model.layers.0";
+  HostModule& layer = b.module(p, ModuleKind::block);
+  layer.block.form = form;
+  layer.block.hidden = 1024;
+  if (form == BlockForm::other)
+    layer.block.other =
+        "model.layers.0.post_attention_layernorm does not read x + "
+        "model.layers.0.self_attn's output (a scaled residual)";
+  else
+    layer.block = {form,
+                   p + ".input_layernorm",
+                   p + ".self_attn",
+                   p + ".post_attention_layernorm",
+                   p + ".mlp",
+                   p + ".self_attn.q_proj",
+                   p + ".self_attn.k_proj",
+                   p + ".self_attn.v_proj",
+                   p + ".self_attn.o_proj",
+                   p + ".self_attn.q_norm",
+                   p + ".self_attn.k_norm",
+                   "model.rotary_emb",
+                   1024,
+                   ""};
+  b.call_fresh(p);
+  const auto norm = [&](const std::string& path, int64_t width) {
+    HostModule& n = b.module(path, ModuleKind::norm);
+    n.in_features = n.out_features = width;
+    n.norm.form = NormForm::rms;
+    n.norm.eps = 1e-6;
+    b.call_fresh(path);
+  };
+  norm(p + ".input_layernorm", 1024);
+  HostModule& a = b.module(p + ".self_attn", ModuleKind::attention);
+  a.attention.form = AttentionForm::softmax;
+  a.attention.heads = 16;
+  a.attention.kv_heads = 8;
+  a.attention.head_dim = 128;
+  a.attention.scale = 1.0 / std::sqrt(128.0);
+  b.call_fresh(p + ".self_attn");
+  const int64_t x = b.next_id++;
+  for (const auto& [name, out] : {std::pair{"q_proj", 2048}, {"k_proj", 1024}, {"v_proj", 1024}}) {
+    b.linear(p + ".self_attn." + name, 1024, out);
+    b.call(p + ".self_attn." + name, x, b.next_id++);
+  }
+  norm(p + ".self_attn.q_norm", 128);
+  norm(p + ".self_attn.k_norm", 128);
+  b.linear(p + ".self_attn.o_proj", 2048, 1024);
+  b.call_fresh(p + ".self_attn.o_proj");
+  norm(p + ".post_attention_layernorm", 1024);
+  b.gated_mlp(p + ".mlp", 1024, 3072, Activation::silu);
+  return b;
+}
+
+TEST(Plan, ADecoderLayerWhoseEveryPartIsSeatedIsOneBlockOverTheirSeats) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(block_host(BlockForm::pre_norm_residual).g, catalog(), o, hub());
+  const auto block = std::find_if(p.seats.begin(), p.seats.end(),
+                                  [](const SeatPlan& s) { return s.op == OpKind::block; });
+  ASSERT_NE(block, p.seats.end()) << explain(p);
+  EXPECT_EQ(block->site, "model.layers.0");
+  EXPECT_EQ(block->impl, "block_f32");
+  EXPECT_TRUE(block->form.host);
+  EXPECT_TRUE(block->package.empty());  // it runs its parts' seats, no op of its own
+  EXPECT_EQ(block->band_min, 1);
+  EXPECT_EQ(block->band_max, 16);  // the projections' decode band (attention's is per token)
+  const std::map<std::string, std::string> want = {
+      {"block", "model.layers.0"},
+      {"input_norm", "model.layers.0.input_layernorm"},
+      {"post_norm", "model.layers.0.post_attention_layernorm"},
+      {"ffn", "model.layers.0.mlp"},
+      {"attention", "model.layers.0.self_attn"},
+      {"o", "model.layers.0.self_attn.o_proj"},
+      {"q_norm", "model.layers.0.self_attn.q_norm"},
+      {"k_norm", "model.layers.0.self_attn.k_norm"},
+      {"rotary", "model.rotary_emb"},
+      {"q", "model.layers.0.self_attn.q_proj"},
+      {"k", "model.layers.0.self_attn.k_proj"},
+      {"v", "model.layers.0.self_attn.v_proj"}};
+  EXPECT_EQ(block->seam.nodes, want);
+  EXPECT_EQ(block->seam.attention.heads, 16);
+  EXPECT_NE(explain(p).find("model.layers.0  decoder_block hidden 1024 -> block_f32"),
+            std::string::npos)
+      << explain(p);
+  EXPECT_TRUE(p.refused.empty()) << explain(p);
+
+  // A part left with the host keeps the layer's own forward, naming the part; its weights stay
+  // accounted by their own decisions.
+  o.structures = {"decoder_block", "norm_fused", "rotary_embed", "linear_proj", "decoder_ffn"};
+  const Plan partial = plan(block_host(BlockForm::pre_norm_residual).g, catalog(), o, hub());
+  const auto kept = find_site(partial.keep_host, "model.layers.0");
+  ASSERT_NE(kept, partial.keep_host.end()) << explain(partial);
+  EXPECT_NE(kept->second.find("decoder_block hidden 1024: not every part has a seat (attention "
+                              "model.layers.0.self_attn)"),
+            std::string::npos)
+      << kept->second;
+  for (const SeatPlan& s : partial.seats) EXPECT_NE(s.op, OpKind::block);
+  // The host-only baseline keeps it with the others.
+  o.structures = {};
+  o.scheme = "none";
+  const Plan none = plan(block_host(BlockForm::pre_norm_residual).g, catalog(), o, hub());
+  ASSERT_NE(find_site(none.keep_host, "model.layers.0"), none.keep_host.end()) << explain(none);
+}
+
+TEST(Plan, ALayerOfAnotherCompositionIsRefusedByFormAndItsPartsKeepTheirSeats) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  const Plan p = plan(block_host(BlockForm::other).g, catalog(), o, hub());
+  const auto refused = find_site(p.refused, "model.layers.0");
+  ASSERT_NE(refused, p.refused.end()) << explain(p);
+  EXPECT_EQ(refused->second,
+            "decoder_block: form 'other' outside {pre_norm_residual} (hidden 1024): "
+            "model.layers.0.post_attention_layernorm does not read x + model.layers.0.self_attn's "
+            "output (a scaled residual)");
+  int parts = 0;
+  for (const SeatPlan& s : p.seats) {
+    EXPECT_NE(s.op, OpKind::block);
+    parts += s.site.rfind("model.layers.0.", 0) == 0;
+  }
+  EXPECT_EQ(parts, 10) << explain(p);  // norms x4, q/k/v/o, attention, mlp
+  // The refusal covers no weight below the layer: nothing there is refused for want of a
+  // structure.
+  for (const auto& [site, why] : p.refused) EXPECT_EQ(site, "model.layers.0") << why;
 }
 
 }  // namespace

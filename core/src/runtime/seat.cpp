@@ -50,6 +50,15 @@ Verdict Seat::miss(const std::string& reason) {
   return Verdict::fallback;
 }
 
+void Seat::retire(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  ++ledger_.calls;
+  ++ledger_.fallbacks;
+  ++ledger_.reasons[reason];
+  ledger_.last_reason = reason;
+  ledger_.restored = true;
+}
+
 bool Seat::first_time(const std::string& reason) const {
   std::lock_guard lock(mu_);
   auto it = ledger_.reasons.find(reason);
@@ -101,6 +110,12 @@ Verdict Seat::run_call(bool training, DType dtype, const std::function<std::stri
   ++ledger_.calls;
   ledger_.consecutive_fallbacks = 0;
   return Verdict::ran;
+}
+
+void Seat::count_ran() {
+  std::lock_guard lock(mu_);
+  ++ledger_.calls;
+  ledger_.consecutive_fallbacks = 0;
 }
 
 GuardMode Seat::mode() const {
@@ -415,14 +430,7 @@ std::unique_ptr<Seat> member_seat(const Seat& packed, size_t index, const std::s
   return std::make_unique<MemberSeat>(form, packed.table(), packed.mode());
 }
 
-std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
-                                 const std::map<std::string, TensorView>& tensors, GuardMode mode,
-                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted,
-                                 const OperandMoments& moments) {
-  const frt_kernel_table& table = hub.table(plan.package);
-  if (!kernel_dtype(plan.act_dtype))
-    throw Refused("activation dtype " + std::string(name_of(plan.act_dtype)) +
-                  "; seats take f32, bf16");
+SeatForm seat_form(const SeatPlan& plan) {
   SeatForm form;
   form.site = plan.site;
   form.structure = plan.seam.structure;
@@ -431,6 +439,21 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
   form.dtype = plan.act_dtype;
   form.band_min = plan.band_min;
   form.band_max = plan.band_max;
+  return form;
+}
+
+std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
+                                 const std::map<std::string, TensorView>& tensors, GuardMode mode,
+                                 KernelHub& hub, std::map<std::string, PackedLinear> adopted,
+                                 const OperandMoments& moments) {
+  if (plan.op == OpKind::block)
+    throw InvalidArgument(plan.site +
+                          ": a decoder block is built from its parts' seats (build_block_seat)");
+  const frt_kernel_table& table = hub.table(plan.package);
+  if (!kernel_dtype(plan.act_dtype))
+    throw Refused("activation dtype " + std::string(name_of(plan.act_dtype)) +
+                  "; seats take f32, bf16");
+  SeatForm form = seat_form(plan);
   if (plan.op == OpKind::linear && plan.replaces.size() > 1)
     return build_packed(plan, tensors, table, mode, form);
   if (plan.op == OpKind::linear) {

@@ -32,7 +32,7 @@ constexpr Table<WeightFormat, 11> kFormats{{{WeightFormat::int8_channel, "int8_c
                                             {WeightFormat::int6_super_gemm, "int6_super_gemm"},
                                             {WeightFormat::int5_gemm, "int5_gemm"},
                                             {WeightFormat::int5_super_gemm, "int5_super_gemm"}}};
-constexpr Table<OpKind, 11> kOps{{{OpKind::linear, "linear"},
+constexpr Table<OpKind, 12> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::gated_ffn, "gated_ffn"},
                                   {OpKind::ffn, "ffn"},
                                   {OpKind::rmsnorm, "rmsnorm"},
@@ -42,7 +42,8 @@ constexpr Table<OpKind, 11> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::moe_ffn, "moe_ffn"},
                                   {OpKind::capped_attention, "capped_attention"},
                                   {OpKind::gated_delta, "gated_delta"},
-                                  {OpKind::causal_conv1d, "causal_conv1d"}}};
+                                  {OpKind::causal_conv1d, "causal_conv1d"},
+                                  {OpKind::block, "block"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};
 constexpr Table<NormForm, 5> kNormForms{{{NormForm::unknown, "unknown"},
@@ -69,6 +70,9 @@ constexpr Table<RotaryForm, 4> kRotaryForms{{{RotaryForm::unknown, "unknown"},
                                              {RotaryForm::half, "half"},
                                              {RotaryForm::interleaved, "interleaved"},
                                              {RotaryForm::other, "other"}}};
+constexpr Table<BlockForm, 3> kBlockForms{{{BlockForm::unknown, "unknown"},
+                                           {BlockForm::pre_norm_residual, "pre_norm_residual"},
+                                           {BlockForm::other, "other"}}};
 
 template <typename E, size_t N>
 const char* name_in(const Table<E, N>& t, E v) {
@@ -103,6 +107,7 @@ const char* name_of(RopeKind v) { return name_in(kRopeKinds, v); }
 const char* name_of(RecurrenceForm v) { return name_in(kRecurrenceForms, v); }
 const char* name_of(AttentionForm v) { return name_in(kAttentionForms, v); }
 const char* name_of(RotaryForm v) { return name_in(kRotaryForms, v); }
+const char* name_of(BlockForm v) { return name_in(kBlockForms, v); }
 std::optional<DType> parse_dtype(std::string_view n) { return parse_in(kDTypes, n); }
 std::optional<Activation> parse_activation(std::string_view n) { return parse_in(kActivations, n); }
 std::optional<WeightFormat> parse_weight_format(std::string_view n) {
@@ -123,6 +128,7 @@ std::optional<AttentionForm> parse_attention_form(std::string_view n) {
 std::optional<RotaryForm> parse_rotary_form(std::string_view n) {
   return parse_in(kRotaryForms, n);
 }
+std::optional<BlockForm> parse_block_form(std::string_view n) { return parse_in(kBlockForms, n); }
 const std::vector<std::string>& op_weight_operands(OpKind op) {
   static const std::vector<std::string> kLinear = {"weight"}, kGated = {"gate", "up", "down"},
                                         kUngated = {"up", "down"}, kNone = {};
@@ -184,6 +190,10 @@ template <>
 std::vector<std::pair<RotaryForm, std::string_view>> enum_entries<RotaryForm>() {
   return entries_of(kRotaryForms);
 }
+template <>
+std::vector<std::pair<BlockForm, std::string_view>> enum_entries<BlockForm>() {
+  return entries_of(kBlockForms);
+}
 
 std::string known_dtypes() { return list_of(kDTypes); }
 std::string known_activations() { return list_of(kActivations); }
@@ -195,5 +205,6 @@ std::string known_rope_kinds() { return list_of(kRopeKinds); }
 std::string known_recurrence_forms() { return list_of(kRecurrenceForms); }
 std::string known_attention_forms() { return list_of(kAttentionForms); }
 std::string known_rotary_forms() { return list_of(kRotaryForms); }
+std::string known_block_forms() { return list_of(kBlockForms); }
 
 }  // namespace frt

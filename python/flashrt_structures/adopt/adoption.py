@@ -22,6 +22,7 @@ from torch import nn
 from .. import _core, accuracy, catalog, decisions, seats, swap
 from .. import receipt as receipts
 from ..autoswap import notes_of
+from ..block_seats import build_block_seat
 from ..observe import observe
 from ..observe.calibration import record
 from . import compressed_tensors, gguf
@@ -202,7 +203,11 @@ def adopt_prequantized(
     options.decisions_path = decisions.path()
     plan = _core.plan(graph, catalog.shipped(), options)
     adopted = _adopted(plan, sources)  # checked before any seat is built
-    swaps = {sp.site: seats.build(model, sp, adopted=adopted[sp.site]) for sp in plan.seats}
+    swaps = {sp.site: seats.build(model, sp, adopted=adopted[sp.site]) for sp in plan.seats
+             if sp.op != _core.OpKind.block}
+    for sp in plan.seats:  # a layer's block runs the seats of its parts, built above
+        if sp.op == _core.OpKind.block:
+            swaps[sp.site] = build_block_seat(model, sp, swaps)
     report = AdoptionReport(fmt, path, plan, None, host=type(model).__name__)
     for sp in plan.seats:
         for op, slot in sp.slots.items():

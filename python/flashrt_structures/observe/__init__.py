@@ -12,6 +12,8 @@ model names; the planner in the core does the matching.
   functions measured, and their calls recorded while the forwards run (`FunctionWatch`).
 * `attention`: modules that call the host's attention interface, their calls recorded through a
   router registered in it (`AttentionWatch`; the seats route through it too).
+* `blocks`: decoder layers (two norms, an attention and a feed-forward as children), how their
+  call composes them, measured on one more run of the first forward.
 * `rotary`: the rotary function attention modules call with their model's cos and sin, measured,
   its calls attributed to the rotary module whose tables they carry (`RotaryWatch`).
 """
@@ -22,6 +24,7 @@ from torch import nn
 
 from .. import _core
 from .attention import AttentionWatch
+from .blocks import watch_blocks
 from .calls import CallRecorder, Forward, host_call, normalise_forwards, record_calls
 from .calls import _first_tensor as _first_tensor  # the vLLM door's seats unwrap (out, bias)
 from .functions import FunctionWatch
@@ -48,6 +51,7 @@ def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
     watch.write()
     attention.write()
     rotary.write()
+    watch_blocks(model, graph, forwards[0])  # needs the kinds the watches above wrote
     return graph
 
 

@@ -1,0 +1,331 @@
+// The decoder block seat: head() and tail() compute what its parts' seats compute one after the
+// other (bit for bit: the same seats, the same kernels), with q/k/v as one pack or three seats;
+// a missing part is refused at build; a call outside the band, or an attention call the op does
+// not take, misses before anything is written; the self-check's judge names what failed.
+#include <flashrt/errors.h>
+#include <flashrt/hub.h>
+#include <flashrt/seat.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace frt {
+namespace {
+
+KernelHub& hub() {
+  static KernelHub h([] {
+    KernelPathConfig c;
+    c.bundled_root = FRT_TEST_KERNEL_ROOT;
+    return c;
+  }());
+  return h;
+}
+
+std::vector<float> ramp(int64_t n, float scale, float phase) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * static_cast<float>(i) + phase);
+  return v;
+}
+
+TensorView view(std::vector<float>& v, std::array<int64_t, 4> shape, int rank) {
+  TensorView t;
+  t.data = v.data();
+  t.rank = rank;
+  t.shape = shape;
+  int64_t stride = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    t.strides[i] = stride;
+    stride *= shape[i];
+  }
+  return t;
+}
+
+TensorView rows(std::vector<float>& v, int64_t r, int64_t c) { return view(v, {r, c, 0, 0}, 2); }
+
+constexpr int64_t kHidden = 64, kHeads = 4, kKv = 2, kDim = 16, kInter = 96, kPos = 5;
+
+// One layer's seats, built from plans as the door builds them.
+struct Layer {
+  std::vector<float> n1 = ramp(kHidden, 0.4f, 0.1f), n2 = ramp(kHidden, 0.4f, 0.5f),
+                     qn = ramp(kDim, 0.4f, 0.9f), kn = ramp(kDim, 0.4f, 1.3f),
+                     wq = ramp(kHeads * kDim * kHidden, 0.05f, 0.2f),
+                     wk = ramp(kKv * kDim * kHidden, 0.05f, 0.6f),
+                     wv = ramp(kKv * kDim * kHidden, 0.05f, 1.0f),
+                     wo = ramp(kHidden * kHeads * kDim, 0.05f, 1.4f),
+                     gate = ramp(kInter * kHidden, 0.05f, 1.8f),
+                     up = ramp(kInter * kHidden, 0.05f, 2.2f),
+                     down = ramp(kHidden * kInter, 0.05f, 2.6f);
+  std::map<std::string, std::unique_ptr<Seat>> seats;
+
+  static SeatPlan plan(OpKind op, const char* package, const char* site) {
+    SeatPlan p;
+    p.site = site;
+    p.replaces = {site};
+    p.op = op;
+    p.package = package;
+    p.act_dtype = DType::f32;
+    p.band_min = 1;
+    p.band_max = 16;
+    if (op == OpKind::linear || op == OpKind::gated_ffn) {
+      p.form.name = "int8";
+      p.form.format = WeightFormat::int8_channel;
+      p.impl = "w8a16";
+    } else {
+      p.form.name = "host";
+      p.form.host = true;
+      p.impl = "f32";
+      p.band_max = op == OpKind::attention ? 1 : kUnboundedRows;
+    }
+    p.seam.dims = {{"heads", kHeads}, {"kv_heads", kKv}, {"head_dim", kDim}};
+    return p;
+  }
+  void norm(const char* role, std::vector<float>& w) {
+    SeatPlan p = plan(OpKind::rmsnorm, "flashrt/decode", role);
+    p.seam.dims = {{"width", static_cast<int64_t>(w.size())}};
+    p.seam.norm.form = NormForm::rms;
+    p.seam.norm.eps = 1e-6;
+    TensorView t = view(w, {static_cast<int64_t>(w.size()), 0, 0, 0}, 1);
+    seats[role] = build_seat(p, {{"weight", t}}, GuardMode::fallback, hub());
+  }
+  explicit Layer(bool packed) {
+    norm("input_norm", n1);
+    norm("post_norm", n2);
+    norm("q_norm", qn);
+    norm("k_norm", kn);
+    if (packed) {
+      SeatPlan p = plan(OpKind::linear, "flashrt/linear", "q");
+      p.replaces = {"q", "k", "v"};
+      for (const char* s : {"q", "k", "v"}) p.slots[s] = {s, "weight"};
+      seats["qkv"] = build_seat(p,
+                                {{"q", rows(wq, kHeads * kDim, kHidden)},
+                                 {"k", rows(wk, kKv * kDim, kHidden)},
+                                 {"v", rows(wv, kKv * kDim, kHidden)}},
+                                GuardMode::fallback, hub());
+    } else {
+      for (auto& [s, w, out] : {std::tuple{"q", &wq, kHeads * kDim},
+                                std::tuple{"k", &wk, kKv * kDim}, std::tuple{"v", &wv, kKv * kDim}})
+        seats[s] = build_seat(plan(OpKind::linear, "flashrt/linear", s),
+                              {{"weight", rows(*w, out, kHidden)}}, GuardMode::fallback, hub());
+    }
+    seats["o"] =
+        build_seat(plan(OpKind::linear, "flashrt/linear", "o"),
+                   {{"weight", rows(wo, kHidden, kHeads * kDim)}}, GuardMode::fallback, hub());
+    SeatPlan f = plan(OpKind::gated_ffn, "flashrt/ffn", "ffn");
+    f.activation = Activation::silu;
+    seats["ffn"] = build_seat(f,
+                              {{"gate", rows(gate, kInter, kHidden)},
+                               {"up", rows(up, kInter, kHidden)},
+                               {"down", rows(down, kHidden, kInter)}},
+                              GuardMode::fallback, hub());
+    seats["rotary"] = build_seat(plan(OpKind::rotary, "flashrt/decode", "rotary"), {},
+                                 GuardMode::fallback, hub());
+    seats["attention"] = build_seat(plan(OpKind::attention, "flashrt/decode", "attention"), {},
+                                    GuardMode::fallback, hub());
+  }
+  std::map<std::string, Seat*> parts() {
+    std::map<std::string, Seat*> out;
+    for (auto& [role, s] : seats) out[role] = s.get();
+    return out;
+  }
+  std::unique_ptr<BlockSeat> block() {
+    SeatPlan p;
+    p.site = "layers.0";
+    p.seam.structure = "decoder_block";
+    p.op = OpKind::block;
+    p.act_dtype = DType::f32;
+    p.band_min = 1;
+    p.band_max = 16;
+    p.seam.dims = {{"hidden", kHidden}};
+    p.seam.attention.heads = kHeads;
+    p.seam.attention.kv_heads = kKv;
+    p.seam.attention.head_dim = kDim;
+    return build_block_seat(p, parts(), GuardMode::fallback);
+  }
+};
+
+// The rotate-half tables of one position, [1, 1, dim].
+void tables(std::vector<float>& cos, std::vector<float>& sin, int64_t position) {
+  cos.resize(kDim);
+  sin.resize(kDim);
+  for (int64_t i = 0; i < kDim / 2; ++i) {
+    const float a = static_cast<float>(position) * std::pow(10.0f, -static_cast<float>(i) / 4);
+    cos[i] = cos[i + kDim / 2] = std::cos(a);
+    sin[i] = sin[i + kDim / 2] = std::sin(a);
+  }
+}
+
+// What the door would do with the parts' seats one by one: y for x given the cache's earlier
+// keys and values ([b, kv, kPos - 1, dim] each, the step's appended at the end).
+std::vector<float> by_parts(Layer& l, std::vector<float>& x, int64_t b, std::vector<float>& cos,
+                            std::vector<float>& sin, std::vector<float>& cache_k,
+                            std::vector<float>& cache_v) {
+  const int64_t qw = kHeads * kDim, kw = kKv * kDim;
+  std::vector<float> n1(b * kHidden), q(b * qw), k(b * kw), v(b * kw), qn(b * qw), kn(b * kw);
+  auto run = [](Seat& s, TensorView in, TensorView out) {
+    ASSERT_EQ(s.run(in, out, false), Verdict::ran) << s.ledger().last_reason;
+  };
+  run(*l.seats["input_norm"], rows(x, b, kHidden), rows(n1, b, kHidden));
+  if (l.seats.count("qkv")) {
+    std::vector<float> all(b * (qw + 2 * kw));
+    run(*l.seats["qkv"], rows(n1, b, kHidden), rows(all, b, qw + 2 * kw));
+    for (int64_t r = 0; r < b; ++r) {
+      std::memcpy(&q[r * qw], &all[r * (qw + 2 * kw)], qw * sizeof(float));
+      std::memcpy(&k[r * kw], &all[r * (qw + 2 * kw) + qw], kw * sizeof(float));
+      std::memcpy(&v[r * kw], &all[r * (qw + 2 * kw) + qw + kw], kw * sizeof(float));
+    }
+  } else {
+    run(*l.seats["q"], rows(n1, b, kHidden), rows(q, b, qw));
+    run(*l.seats["k"], rows(n1, b, kHidden), rows(k, b, kw));
+    run(*l.seats["v"], rows(n1, b, kHidden), rows(v, b, kw));
+  }
+  run(*l.seats["q_norm"], rows(q, b * kHeads, kDim), rows(qn, b * kHeads, kDim));
+  run(*l.seats["k_norm"], rows(k, b * kKv, kDim), rows(kn, b * kKv, kDim));
+  std::vector<float> qr(b * qw), kr(b * kw);
+  RotaryCall rc{view(qn, {b, kHeads, 1, kDim}, 4), view(kn, {b, kKv, 1, kDim}, 4),
+                view(cos, {1, 1, kDim, 0}, 3),     view(sin, {1, 1, kDim, 0}, 3),
+                view(qr, {b, kHeads, 1, kDim}, 4), view(kr, {b, kKv, 1, kDim}, 4)};
+  EXPECT_EQ(dynamic_cast<RotarySeat&>(*l.seats["rotary"]).call(rc, false), Verdict::ran);
+  // The cache: earlier positions, then this step's k and v.
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t h = 0; h < kKv; ++h) {
+      const int64_t at = ((r * kKv + h) * kPos + kPos - 1) * kDim;
+      std::memcpy(&cache_k[at], &kr[(r * kKv + h) * kDim], kDim * sizeof(float));
+      std::memcpy(&cache_v[at], &v[(r * kKv + h) * kDim], kDim * sizeof(float));
+    }
+  std::vector<float> att(b * qw), o(b * kHidden), h(b * kHidden), n2(b * kHidden), f(b * kHidden);
+  AttentionCall ac{view(qr, {b, kHeads, 1, kDim}, 4),
+                   view(cache_k, {b, kKv, kPos, kDim}, 4),
+                   view(cache_v, {b, kKv, kPos, kDim}, 4),
+                   view(att, {b, 1, kHeads, kDim}, 4),
+                   std::nullopt,
+                   1.0f / std::sqrt(static_cast<float>(kDim)),
+                   0.0f};
+  EXPECT_EQ(dynamic_cast<AttentionSeat&>(*l.seats["attention"]).call(ac, false), Verdict::ran);
+  run(*l.seats["o"], rows(att, b, qw), rows(o, b, kHidden));
+  for (int64_t i = 0; i < b * kHidden; ++i) h[i] = x[i] + o[i];
+  run(*l.seats["post_norm"], rows(h, b, kHidden), rows(n2, b, kHidden));
+  run(*l.seats["ffn"], rows(n2, b, kHidden), rows(f, b, kHidden));
+  std::vector<float> y(b * kHidden);
+  for (int64_t i = 0; i < b * kHidden; ++i) y[i] = h[i] + f[i];
+  return y;
+}
+
+TEST(BlockSeat, HeadAndTailComputeWhatItsPartsSeatsComputeOneAfterTheOther) {
+  for (bool packed : {false, true}) {
+    for (int64_t b : {int64_t{1}, int64_t{3}}) {
+      SCOPED_TRACE(std::string(packed ? "one pack" : "three projections") + ", rows " +
+                   std::to_string(b));
+      Layer layer(packed);
+      std::unique_ptr<BlockSeat> block = layer.block();
+      std::vector<float> x = ramp(b * kHidden, 1.0f, 0.3f), cos, sin;
+      tables(cos, sin, kPos - 1);
+      std::vector<float> ck = ramp(b * kKv * kPos * kDim, 1.0f, 0.7f), cv = ramp(ck.size(), 1, 2);
+      std::vector<float> want_k = ck, want_v = cv;
+      const std::vector<float> want = by_parts(layer, x, b, cos, sin, want_k, want_v);
+
+      std::vector<float> q(b * kHeads * kDim), k(b * kKv * kDim), v(b * kKv * kDim);
+      ASSERT_EQ(block->head(rows(x, b, kHidden), view(cos, {1, 1, kDim, 0}, 3),
+                            view(sin, {1, 1, kDim, 0}, 3), view(q, {b, kHeads, 1, kDim}, 4),
+                            view(k, {b, kKv, 1, kDim}, 4), view(v, {b, kKv, 1, kDim}, 4), false),
+                Verdict::ran)
+          << block->ledger().last_reason;
+      // The door's cache update: the step's k and v after the earlier positions.
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t h = 0; h < kKv; ++h) {
+          const int64_t at = ((r * kKv + h) * kPos + kPos - 1) * kDim;
+          std::memcpy(&ck[at], &k[(r * kKv + h) * kDim], kDim * sizeof(float));
+          std::memcpy(&cv[at], &v[(r * kKv + h) * kDim], kDim * sizeof(float));
+        }
+      EXPECT_EQ(ck, want_k);
+      EXPECT_EQ(cv, want_v);
+      std::vector<float> y(b * kHidden, std::nanf(""));
+      ASSERT_EQ(block->tail(rows(x, b, kHidden), view(q, {b, kHeads, 1, kDim}, 4),
+                            view(ck, {b, kKv, kPos, kDim}, 4), view(cv, {b, kKv, kPos, kDim}, 4),
+                            std::nullopt, rows(y, b, kHidden), false),
+                Verdict::ran)
+          << block->ledger().last_reason;
+      EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
+      EXPECT_EQ(block->ledger().calls, 1);
+      EXPECT_EQ(block->ledger().fallbacks, 0);
+      EXPECT_EQ(block->nbytes(), (packed ? layer.seats["qkv"]->nbytes()
+                                         : layer.seats["q"]->nbytes() + layer.seats["k"]->nbytes() +
+                                               layer.seats["v"]->nbytes()) +
+                                     layer.seats["o"]->nbytes() + layer.seats["ffn"]->nbytes());
+    }
+  }
+}
+
+TEST(BlockSeat, MissesComeBeforeAnythingIsWrittenAndBuildRefusesAMissingPart) {
+  Layer layer(false);
+  std::unique_ptr<BlockSeat> block = layer.block();
+  std::vector<float> cos, sin;
+  tables(cos, sin, 2);
+  // 17 rows: outside the band (the door runs the host's layer).
+  std::vector<float> x = ramp(17 * kHidden, 1.0f, 0.3f), q(17 * kHeads * kDim, std::nanf("")),
+                     k(17 * kKv * kDim, std::nanf("")), v = k;
+  EXPECT_EQ(block->head(rows(x, 17, kHidden), view(cos, {1, 1, kDim, 0}, 3),
+                        view(sin, {1, 1, kDim, 0}, 3), view(q, {17, kHeads, 1, kDim}, 4),
+                        view(k, {17, kKv, 1, kDim}, 4), view(v, {17, kKv, 1, kDim}, 4), false),
+            Verdict::fallback);
+  EXPECT_NE(block->ledger().last_reason.find("rows 17 outside the band 1..16"), std::string::npos)
+      << block->ledger().last_reason;
+  EXPECT_TRUE(std::isnan(q[0]));
+  // A mask with a hole: the attention refuses it before the tail writes anything.
+  std::vector<float> x1 = ramp(kHidden, 1.0f, 0.3f), q1 = ramp(kHeads * kDim, 1.0f, 0.1f),
+                     ck = ramp(kKv * kPos * kDim, 1.0f, 0.7f), cv = ck,
+                     mask = {0.0f, -INFINITY, 0.0f, 0.0f, 0.0f}, y(kHidden, std::nanf(""));
+  TensorView m = view(mask, {1, 1, 1, kPos}, 4);
+  EXPECT_EQ(block->tail(rows(x1, 1, kHidden), view(q1, {1, kHeads, 1, kDim}, 4),
+                        view(ck, {1, kKv, kPos, kDim}, 4), view(cv, {1, kKv, kPos, kDim}, 4), m,
+                        rows(y, 1, kHidden), true),
+            Verdict::fallback);
+  EXPECT_EQ(block->ledger().last_reason, "training mode");
+  EXPECT_EQ(block->tail(rows(x1, 1, kHidden), view(q1, {1, kHeads, 1, kDim}, 4),
+                        view(ck, {1, kKv, kPos, kDim}, 4), view(cv, {1, kKv, kPos, kDim}, 4), m,
+                        rows(y, 1, kHidden), false),
+            Verdict::fallback);
+  EXPECT_EQ(block->ledger().last_reason.rfind("attention attention: ", 0), 0u)
+      << block->ledger().last_reason;
+  EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](float f) { return std::isnan(f); }));
+  EXPECT_EQ(block->ledger().fallbacks, 3);
+  // A plan whose part has no seat, or a part of another kind, is refused naming it.
+  std::map<std::string, Seat*> parts = layer.parts();
+  parts.erase("o");
+  SeatPlan p;
+  p.site = "layers.0";
+  p.op = OpKind::block;
+  p.seam.dims = {{"hidden", kHidden}};
+  p.seam.attention.heads = kHeads;
+  p.seam.attention.kv_heads = kKv;
+  p.seam.attention.head_dim = kDim;
+  try {
+    build_block_seat(p, parts, GuardMode::fallback);
+    ADD_FAILURE() << "built without its o projection";
+  } catch (const Refused& e) {
+    EXPECT_STREQ(e.what(), "layers.0: the block's o seat is missing");
+  }
+  parts["o"] = layer.seats["ffn"].get();
+  EXPECT_THROW(build_block_seat(p, parts, GuardMode::fallback), Refused);
+  // Widths that do not chain (an o projection of another width) are refused too.
+  parts["o"] = layer.seats["k"].get();
+  EXPECT_THROW(build_block_seat(p, parts, GuardMode::fallback), Refused);
+}
+
+TEST(BlockSeat, TheSelfChecksJudgeNamesEachCosineBelowThePass) {
+  EXPECT_EQ(BlockSeat::judge({{"k", 1.0}, {"v", 0.9999}, {"update", 0.995}}, 0.99), "");
+  const std::string why = BlockSeat::judge({{"k", 0.2}, {"v", 0.999}, {"update", NAN}}, 0.99);
+  EXPECT_EQ(why.rfind("self-check against the host's layer: k cosine 0.2", 0), 0u) << why;
+  EXPECT_NE(why.find("update cosine nan"), std::string::npos) << why;
+  EXPECT_EQ(why.find("v cosine"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace frt
