@@ -275,7 +275,9 @@ void bind_runtime(nb::module_& m) {
       [](const SeatPlan& plan, const std::map<std::string, Seat*>& parts, GuardMode mode) {
         return build_block_seat(plan, parts, mode);
       },
-      nb::arg("plan"), nb::arg("parts"), nb::arg("mode") = GuardMode::fallback);
+      // The block holds its parts' seats by pointer: the dict of them lives as long as it does.
+      nb::arg("plan"), nb::arg("parts"), nb::arg("mode") = GuardMode::fallback,
+      nb::keep_alive<0, 2>());
 
   // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).

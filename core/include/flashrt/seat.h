@@ -395,7 +395,8 @@ class BlockSeat : public Seat {
   // named cosine must reach `pass`. "" when all do, else which did not (the door then restores
   // the host's layer with that reason, through miss()).
   static std::string judge(const std::vector<std::pair<std::string, double>>& cosines, double pass);
-  int64_t nbytes() const override;
+  // Its parts' seats stream the bytes, each counted where it stands (as a pack's members are).
+  int64_t nbytes() const override { return 0; }
 
  private:
   std::string refusal(const TensorView&, const TensorView&, const Routing*) const override {

@@ -93,12 +93,6 @@ BlockSeat::BlockSeat(SeatForm form, const frt_kernel_table& table, GuardMode mod
         "], hidden " + std::to_string(geo_.hidden));
 }
 
-int64_t BlockSeat::nbytes() const {
-  int64_t n = parts_.o->nbytes() + parts_.ffn->nbytes();
-  for (const LinearSeat* s : parts_.qkv) n += s->nbytes();
-  return n;
-}
-
 std::string BlockSeat::part_miss(const char* part, const Seat& seat, Verdict v) const {
   const std::string why = v == Verdict::band ? "rows outside its band" : seat.ledger().last_reason;
   return std::string(part) + " " + seat.form().site + ": " + why;
