@@ -33,9 +33,11 @@ they are measured when importable and reported as not installed otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 import warnings
@@ -128,6 +130,37 @@ def llama_isa(llama_cpp) -> str:
     was imported from: a run held at the AVX2 tier may take an AVX2-only build."""
     info = llama_cpp.llama_print_system_info().decode().strip()
     return f"built for: {info} ({Path(llama_cpp.__file__).parent})"
+
+
+def vector_ceiling(threads: int) -> dict | None:
+    """The machine's vector multiply-add ceilings (bench/probes/vector_ceiling.cpp: vpdpbusd and
+    vfmadd231ps on operands in registers, GMAC/s over `threads`), the compute floor a batch step
+    is held against; None where no compiler builds the probe, or where the amx variant serves:
+    its tiles take the 16-row steps, so the vector units are not their ceiling."""
+    chosen = {p["repo"]: p["chosen"] for p in S.impls.kernels_report()["packages"]}
+    if shutil.which("g++") is None or any(c.endswith("-amx") for c in chosen.values()):
+        return None
+    src = Path(__file__).resolve().parent / "probes" / "vector_ceiling.cpp"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            exe = Path(tmp) / "probe"
+            subprocess.run(["g++", "-O2", "-march=native", "-pthread", str(src), "-o", str(exe)],
+                           check=True, capture_output=True)
+            out = subprocess.run([str(exe), str(threads)], check=True, capture_output=True,
+                                 text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return json.loads(out.stdout)
+
+
+def bracketed_ceiling(before: dict | None, after: dict | None) -> dict | None:
+    """A ceiling is the most the machine did: the larger of the runs before and after the arms
+    (a neighbour's load on this shared guest only lowers one), both kept."""
+    if before is None or after is None:
+        return before or after
+    return {"units": before["units"], "threads": before["threads"],
+            **{u: max(before[u], after[u]) for u in ("int8_gmacs", "fp32_gmacs")},
+            "before": before, "after": after}
 
 
 def host_weight_bytes(model) -> int:
@@ -461,6 +494,7 @@ def family_run(name: str, args) -> dict:
     host_decode = statistics.median(s[1] for s in samples["host"]) / (new - 1)
     host_prefill = statistics.median(s[0] for s in samples["host"])
     binding = loops["loop_w8"].plan.binding
+    ceiling = args.ceiling if batches else None
     print(f"\n{name}: {released} widths, {args.layers} layers, fp32 random weights, batch 1, "
           f"prompt {prompt_len}, new {new}; binding {binding}")
     print(f"{'arm':<15}{'prefill tok/s':>14}{'vs host':>9}{'decode tok/s':>14}{'vs host':>9}"
@@ -494,6 +528,12 @@ def family_run(name: str, args) -> dict:
             row["weight_macs_per_step"] = rows_per_step * sum(
                 m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
             row["gmac_per_s"] = row["weight_macs_per_step"] / (dec * rows_per_step) / 1e9
+            if ceiling is not None:  # int8 products for the a8 schemes, fp32 FMAs for the rest
+                unit = "int8_gmacs" if FAMILY_SCHEMES[base].split("_")[0].endswith("a8") \
+                    else "fp32_gmacs"
+                row["compute_ceiling"] = {"unit": unit, "gmacs": ceiling[unit],
+                                          "units": ceiling["units"]}
+                row["frac_of_compute_ceiling"] = row["gmac_per_s"] / ceiling[unit]
         if brackets:
             row["floor"] = summarize(brackets)
             row["frac_of_floor"] = row["floor"]["frac_of_bandwidth"]
@@ -521,8 +561,11 @@ def family_run(name: str, args) -> dict:
               "against the host's")
     for row in rows:
         if row["batch"] > 1:
+            ceil = row.get("compute_ceiling")
+            frac = (f", {row['frac_of_compute_ceiling']:.0%} of the {ceil['gmacs']:.0f} GMAC/s "
+                    f"{ceil['unit'][:4]} ceiling" if ceil else "")
             print(f"{row['arm']}: aggregate {row['aggregate_vs_batch1']:.2f}x its batch-1 decode, "
-                  f"{row['gmac_per_s']:.1f} GMAC/s of weight multiply-adds")
+                  f"{row['gmac_per_s']:.1f} GMAC/s of weight multiply-adds{frac}")
     for loop_arm_name, peer_arm in (("loop_w8", "llama.cpp_Q8_0"), ("loop_w4a8", "llama.cpp_Q4_0")):
         mine = next((r for r in rows if r["arm"] == loop_arm_name), None)
         theirs = next((r for r in rows if r["arm"] == peer_arm), None)
@@ -544,9 +587,25 @@ def family_main(args) -> int:
 
     names = list(FAMILIES) if args.family == "all" else args.family.split(",")
     print(f"machine: {machine()}")
+    # The compute ceilings of a batch step, measured before any arm and after the last.
+    batched = any(b > 1 for b in args.batch)
+    before = vector_ceiling(torch.get_num_threads()) if batched else None
+    args.ceiling = before
+    families = {name: family_run(name, args) for name in names}
+    after = vector_ceiling(torch.get_num_threads()) if batched else None
+    args.ceiling = bracketed_ceiling(before, after)
+    if args.ceiling is not None:  # every batch row against the bracketed ceiling
+        for fam in families.values():
+            for row in fam["rows"]:
+                if "compute_ceiling" in row:
+                    unit = row["compute_ceiling"]["unit"]
+                    row["compute_ceiling"]["gmacs"] = args.ceiling[unit]
+                    row["frac_of_compute_ceiling"] = row["gmac_per_s"] / args.ceiling[unit]
+                    print(f"{row['arm']}: {row['frac_of_compute_ceiling']:.0%} of the bracketed "
+                          f"{args.ceiling[unit]:.0f} GMAC/s {unit[:4]} ceiling")
     result = {"bench": "decode_families", "machine": machine(), "prompt": args.prompt,
-              "new_tokens": args.new, "rounds": args.rounds,
-              "families": {name: family_run(name, args) for name in names}}
+              "new_tokens": args.new, "rounds": args.rounds, "vector_ceiling": args.ceiling,
+              "families": families}
     write_result(result_path(args.json, "decode_families"), result)
     return 0
 

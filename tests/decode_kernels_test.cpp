@@ -206,6 +206,31 @@ TEST_P(DecodeKernels, DenseMatchesFloat64ForF32AndBf16Weights) {
     }
 }
 
+// act(g) * u against float64, every split the same bits (elementwise), in place over the gate.
+TEST_P(DecodeKernels, GatedActivationMatchesFloat64AndAnySplit) {
+  for (int32_t act : {FRT_ACT_SILU, FRT_ACT_GELU_TANH, FRT_ACT_GELU}) {
+    for (int64_t n : {1, 15, 16, 200, 1000, 1003}) {
+      std::vector<float> g = randn(n, rng_, 3.0f), u = randn(n, rng_);
+      std::vector<float> whole(n, std::nanf("")), split = g;
+      frt_gated_act_args one{act, n, g.data(), u.data(), whole.data()};
+      frt_error err{};
+      ASSERT_EQ(run_op(*t_, OpKind::gated_act, &one, 0, 1, &err), FRT_OK) << err.message;
+      frt_gated_act_args inplace{act, n, split.data(), u.data(), split.data()};
+      run3(*t_, OpKind::gated_act, inplace);
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = g[i];
+        const double a =
+            act == FRT_ACT_SILU ? x / (1 + std::exp(-x))
+            : act == FRT_ACT_GELU_TANH
+                ? 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+                : 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+        ASSERT_NEAR(whole[i], a * u[i], 2e-6 * (1 + std::fabs(a * u[i]))) << act << " " << i;
+        ASSERT_EQ(std::memcmp(&whole[i], &split[i], sizeof(float)), 0) << act << " " << i;
+      }
+    }
+  }
+}
+
 TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
   frt_error err{};
   frt_dense_args d{};
@@ -228,12 +253,20 @@ TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
       0.0f};
   EXPECT_NE(run_op(*t_, OpKind::capped_attention, &uncapped, 0, 1, &err), FRT_OK);
   EXPECT_NE(std::string(err.message).find("softcap must be positive"), std::string::npos);
+  // An activation no kernel computes, or a missing buffer: an error, nothing written.
+  std::vector<float> g(4, 1.0f), u(4, 1.0f), act_out(4, 7.0f);
+  frt_gated_act_args relu{100, 4, g.data(), u.data(), act_out.data()};
+  EXPECT_NE(run_op(*t_, OpKind::gated_act, &relu, 0, 1, &err), FRT_OK);
+  EXPECT_NE(std::string(err.message).find("gated activation: bad arguments"), std::string::npos);
+  frt_gated_act_args no_up{FRT_ACT_SILU, 4, g.data(), nullptr, act_out.data()};
+  EXPECT_NE(run_op(*t_, OpKind::gated_act, &no_up, 0, 1, &err), FRT_OK);
+  EXPECT_EQ(act_out, std::vector<float>(4, 7.0f));
 }
 
 TEST_P(DecodeKernels, ListsItsPrimitivesAndAnswersPlanTimeQuestions) {
-  EXPECT_EQ(t_->n_ops, 5);
+  EXPECT_EQ(t_->n_ops, 6);
   for (OpKind kind : {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense,
-                      OpKind::capped_attention}) {
+                      OpKind::capped_attention, OpKind::gated_act}) {
     const frt_op* op = find_op(*t_, kind);
     ASSERT_NE(op, nullptr) << name_of(kind);
     EXPECT_EQ(op->phases, 1) << name_of(kind);

@@ -138,3 +138,35 @@ def test_one_masked_sequence_runs_as_one_and_keeps_its_row():
     with pytest.raises(S.Refused, match="a batch of 20 sequences; this loop holds 1 and a loop "
                                         "holds at most 16"):
         loop.generate(_prompts(20, seed=3), 4)
+
+
+def test_each_rows_token_is_the_first_largest_of_its_logits_across_the_team():
+    """The greedy token of every row of a batch step is found on the team (Note [Greedy tokens
+    on the team]): each row cut into ranges, their winners merged. A head row copied makes two
+    logits equal, one in the first range and one in the last; the token is the first index, as
+    the host's argmax takes it, in every row."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(3)
+    vocab = 20000  # 3 rows x 20000 logits: past the size that wakes the team
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, tie_word_embeddings=False,
+        max_position_embeddings=64)).eval()
+    prompts = [torch.tensor([5, 9, 11]), torch.tensor([7]), torch.tensor([13, 2])]
+    with torch.no_grad():
+        head = model.lm_head.weight
+        t = int(model(prompts[0].reshape(1, -1)).logits[0, -1].argmax())
+        head[vocab - 1] = head[t] * 2  # the largest logit of the first row, in the last range
+        head[3] = head[vocab - 1]      # and its equal, in the first
+    loop = S.decode_loop(model, max_len=16, batch=3)
+    program = loop.program
+    last = [program.prefill(p.tolist(), 0, b) for b, p in enumerate(prompts)]
+    assert last[0] == 3
+    tokens = program.step_batch(last, [0, 1, 2], [len(p) for p in prompts])
+    for row, token in enumerate(tokens):
+        logits = torch.from_numpy(program.logits(row))
+        assert token == int(logits.argmax()), row  # torch: the first maximal index
+    with torch.no_grad():  # the host's own argmax of the first sequence's next step agrees
+        seq = torch.cat([prompts[0], torch.tensor([3])]).reshape(1, -1)
+        assert tokens[0] == int(model(seq).logits[0, -1].argmax())

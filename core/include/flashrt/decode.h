@@ -184,6 +184,10 @@ class DecodeProgram {
   void rotate(float* x, int64_t heads, const float* cos, const float* sin);
   // x (+)= scale * y over n values: a residual add, or a store where the family scales none.
   void residual(float* h, const float* y, int64_t n) const;
+  void gated_activation(Activation act, float* gate, const float* up, int64_t n);
+  // The first `rows` rows of logits_ finished (divisor, softcap) and their greedy tokens into
+  // next (when given); returns the last row's (Note [Greedy tokens on the team]).
+  int64_t greedy_tokens(int64_t rows, int64_t* next);
   // A norm weight as the rmsnorm kernel takes it: the host's own, or 1 + w kept here.
   const float* norm_weight(const float* host, int64_t width);
 
@@ -192,6 +196,7 @@ class DecodeProgram {
   const frt_kernel_table& decode_;
   const frt_op *dense_ = nullptr, *rmsnorm_ = nullptr, *rotary_ = nullptr, *attention_ = nullptr;
   const frt_op* capped_attention_ = nullptr;  // where the family softcaps its scores
+  const frt_op* gated_act_ = nullptr;         // act(gate) * up between separate projections
   const frt_kernel_table* linear_;
   const frt_kernel_table* ffn_;
   // Preallocated once for a block of kPromptBlock rows (row-major [row][width]): no allocation

@@ -87,6 +87,7 @@ enum class OpKind : int32_t {
   capped_attention = FRT_OP_CAPPED_ATTENTION,
   gated_delta = FRT_OP_GATED_DELTA,
   causal_conv1d = FRT_OP_CAUSAL_CONV1D,
+  gated_act = FRT_OP_GATED_ACT,
   // Not a kernel's op: a decoder layer run as one seat through the seats of its sublayers
   // (runtime/block_seat.cpp). No package owns it and no descriptor carries it.
   block = 1000,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 
 #include "quant/weight_memory.h"
 #include "runtime/run_on_threads.h"
@@ -55,7 +56,8 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   rmsnorm_ = find_op(decode_, OpKind::rmsnorm);
   rotary_ = find_op(decode_, OpKind::rotary);
   attention_ = find_op(decode_, OpKind::attention);
-  check(dense_ && rmsnorm_ && rotary_ && attention_,
+  gated_act_ = find_op(decode_, OpKind::gated_act);
+  check(dense_ && rmsnorm_ && rotary_ && attention_ && gated_act_,
         std::string("package '") + decode_.package + "' lacks a decode primitive");
   if (c.attention_softcap > 0) {
     capped_attention_ = find_op(decode_, OpKind::capped_attention);
@@ -388,23 +390,17 @@ void DecodeProgram::ffn(const FfnWeights& f, const float* x, float* y, int64_t m
   } else {
     project_group({{&f.gate, gate_.data()}, {&f.up, up_.data()}}, x, m);
   }
-  // The activation on the team too: one exp per hidden element (3,072 on Qwen3-0.6B) is ~2% of
-  // a decode step on one thread while the other waits. Elementwise, so any split is exact.
-  const int64_t count = m * inner;
-  Parallel& par = process_parallel();
-  const int nth = par.size();
-  par.run(nth, [&](int ith, int team) {
-    const int64_t per = (count + team - 1) / team, end = std::min(count, (ith + 1) * per);
-    for (int64_t i = ith * per; i < end; ++i) {
-      const float g = gate_[i];
-      const float a =
-          f.act == Activation::silu
-              ? g / (1.0f + std::exp(-g))
-              : 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-      gate_[i] = a * up_[i];
-    }
-  });
+  gated_activation(f.act, gate_.data(), up_.data(), m * inner);
   project(f.down, gate_.data(), y, m);
+}
+
+// gate[i] = act(gate[i]) * up[i] by the package's op, on the team: one vector exp per element,
+// where a libm call per element (std::tanh for gelu_tanh, ~20 ns) was ~8% of a 16-row step at
+// Gemma 3's widths. The plan admits silu and gelu_tanh only (kDecodeActivations).
+void DecodeProgram::gated_activation(Activation act, float* gate, const float* up, int64_t n) {
+  const frt_gated_act_args a{act == Activation::silu ? FRT_ACT_SILU : FRT_ACT_GELU_TANH, n, gate,
+                             up, gate};
+  parallel(gated_act_, a, "gated activation", n);
 }
 
 // The router at the host's precision: logits x W^T, softmax in fp32, the top-k (ties to the
@@ -477,14 +473,7 @@ void DecodeProgram::host_bank(const BankWeights& b, const float* x, float* y, in
     if (rows == 0) continue;
     dense(b.gate, e, xg_.data(), rows, F, H, gate_.data());
     dense(b.up, e, xg_.data(), rows, F, H, up_.data());
-    for (int64_t i = 0; i < rows * F; ++i) {
-      const float g = gate_[i];
-      const float a =
-          b.act == Activation::silu
-              ? g / (1.0f + std::exp(-g))
-              : 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-      gate_[i] = a * up_[i];
-    }
+    gated_activation(b.act, gate_.data(), up_.data(), rows * F);
     dense(b.down, e, gate_.data(), rows, H, F, yg_.data());
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = rows_of[i];
@@ -731,18 +720,69 @@ int64_t DecodeProgram::run_rows(const int64_t* tokens, const int64_t* seqs,
   norm_rows(w_.final_norm, first, rows, H);
   project(w_.head, first, logits_.data(), rows);
   logits_rows_ = rows;
+  return greedy_tokens(rows, next);
+}
+
+namespace {
+
+// The first index of the largest value of lg[b, e) that a `>` scan from -inf takes (NaN never
+// does), with its value; index -1 where none does. Eight running maxima over interleaved lanes:
+// the one compare-and-select chain was a cycle of latency a logit.
+struct Greedy {
+  float value = -std::numeric_limits<float>::infinity();
+  int64_t index = -1;
+  // Takes o where it is larger, or equal and earlier: the order-free merge of two scans.
+  void merge(const Greedy& o) {
+    if (o.index >= 0 && (index < 0 || o.value > value || (o.value == value && o.index < index)))
+      *this = o;
+  }
+};
+
+Greedy scan_greedy(const float* lg, int64_t b, int64_t e) {
+  constexpr int kLanes = 8;
+  Greedy lane[kLanes];
+  int64_t i = b;
+  for (; i + kLanes <= e; i += kLanes)
+    for (int j = 0; j < kLanes; ++j)
+      if (lg[i + j] > lane[j].value) lane[j] = {lg[i + j], i + j};
+  for (; i < e; ++i)  // after every lane's elements: a lane keeps its first maximum
+    if (lg[i] > lane[0].value) lane[0] = {lg[i], i};
+  Greedy best;
+  for (const Greedy& l : lane) best.merge(l);
+  return best;
+}
+
+}  // namespace
+
+// Note [Greedy tokens on the team]: a batch step's logits are rows x vocab (16 x 262,144 at
+// Gemma 3's vocabulary), and one thread finishing and scanning them while the other waited was
+// ~4% of a 16-row step (and of a one-row step on a large vocabulary, ~0.3 ms). Each row is cut
+// into one contiguous range per team thread; a thread finishes its ranges as the host orders it
+// (divided by the family's scale, then softcapped, c·tanh(l / c)) and scans them, and the ranges'
+// results merge. The token is the serial scan's: the first index of the largest value, NaN never
+// taken, index 0 where nothing beats logit 0 (a NaN there, or nothing above -inf).
+int64_t DecodeProgram::greedy_tokens(int64_t rows, int64_t* next) {
+  const DecodeConfig& c = cfg_;
+  Parallel& par = process_parallel();
+  const int nth = rows * c.vocab < 16384 ? 1 : par.size();
+  std::vector<Greedy> found(static_cast<size_t>(rows * nth));
+  par.run(nth, [&](int ith, int team) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* lg = logits_.data() + r * c.vocab;
+      const int64_t b = c.vocab * ith / team, e = c.vocab * (ith + 1) / team;
+      if (c.logits_divisor != 1.0f)
+        for (int64_t i = b; i < e; ++i) lg[i] /= c.logits_divisor;
+      if (c.final_softcap > 0)
+        for (int64_t i = b; i < e; ++i)
+          lg[i] = std::tanh(lg[i] / c.final_softcap) * c.final_softcap;
+      found[r * nth + ith] = scan_greedy(lg, b, e);
+    }
+  });
   int64_t best = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    float* lg = logits_.data() + r * c.vocab;
-    // As the host orders them: divided by the family's scale, then softcapped (c·tanh(l / c)).
-    if (c.logits_divisor != 1.0f)
-      for (int64_t i = 0; i < c.vocab; ++i) lg[i] /= c.logits_divisor;
-    if (c.final_softcap > 0)
-      for (int64_t i = 0; i < c.vocab; ++i)
-        lg[i] = std::tanh(lg[i] / c.final_softcap) * c.final_softcap;
-    best = 0;
-    for (int64_t i = 1; i < c.vocab; ++i)
-      if (lg[i] > lg[best]) best = i;
+    Greedy g;
+    for (int t = 0; t < nth; ++t) g.merge(found[r * nth + t]);
+    best = std::isnan(logits_[r * c.vocab]) || g.index < 0 ? 0 : g.index;
     if (next != nullptr) next[r] = best;
   }
   return best;

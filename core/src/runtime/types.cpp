@@ -32,7 +32,7 @@ constexpr Table<WeightFormat, 11> kFormats{{{WeightFormat::int8_channel, "int8_c
                                             {WeightFormat::int6_super_gemm, "int6_super_gemm"},
                                             {WeightFormat::int5_gemm, "int5_gemm"},
                                             {WeightFormat::int5_super_gemm, "int5_super_gemm"}}};
-constexpr Table<OpKind, 12> kOps{{{OpKind::linear, "linear"},
+constexpr Table<OpKind, 13> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::gated_ffn, "gated_ffn"},
                                   {OpKind::ffn, "ffn"},
                                   {OpKind::rmsnorm, "rmsnorm"},
@@ -43,6 +43,7 @@ constexpr Table<OpKind, 12> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::capped_attention, "capped_attention"},
                                   {OpKind::gated_delta, "gated_delta"},
                                   {OpKind::causal_conv1d, "causal_conv1d"},
+                                  {OpKind::gated_act, "gated_act"},
                                   {OpKind::block, "block"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};

@@ -6,6 +6,7 @@
 #include <frt_kern/panels.h>
 #include <frt_kern/util.h>
 
+#include <algorithm>
 #include <cmath>
 
 #if defined(__AVX2__)
@@ -306,6 +307,21 @@ int32_t dense_run(const frt_dense_args* a, int32_t ith, int32_t nth, frt_error* 
       a->y[r * a->ldy + c] = v;
     }
   }
+  return ok(err);
+}
+
+// The panel table's feed-forward epilogue (Note [Vector activations] in
+// common/src/x86/avx2/activate_avx2.cpp: one vector exp per element, every variant the same
+// bits), each thread a range of whole 64-element pieces, so that only the last range has a tail
+// and every element takes the path it takes unsplit.
+int32_t gated_act_run(const frt_gated_act_args* a, int32_t ith, int32_t nth, frt_error* err) {
+  if (a == nullptr || a->gate == nullptr || a->up == nullptr || a->out == nullptr || a->n < 0 ||
+      (a->act != FRT_ACT_SILU && a->act != FRT_ACT_GELU_TANH && a->act != FRT_ACT_GELU))
+    return fail(err, FRT_E_INVALID, "gated activation: bad arguments");
+  constexpr int64_t kPiece = 64;
+  const Range pieces = split(div_up(a->n, kPiece), ith, nth);
+  const int64_t b = pieces.begin * kPiece, e = std::min(a->n, pieces.end * kPiece);
+  if (b < e) kPanels.activate(a->act, a->gate + b, nullptr, a->up + b, a->out + b, e - b);
   return ok(err);
 }
 

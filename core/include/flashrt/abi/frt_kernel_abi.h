@@ -38,9 +38,11 @@ extern "C" {
  *   with int8 scale codes under an f16 super scale (GGUF Q6_K's): formats appended.
  * 4.5: FRT_W_INT4_SUPER_GEMM, FRT_W_INT6_SUPER_GEMM, FRT_W_INT5_GEMM and
  *   FRT_W_INT5_SUPER_GEMM: GGUF Q4_K's, Q6_K's, Q5_0/Q5_1's and Q5_K's values laid out for the
- *   integer dot products of FRT_W_INT4_GEMM (formats appended). */
+ *   integer dot products of FRT_W_INT4_GEMM (formats appended).
+ * 4.6: FRT_OP_GATED_ACT, the gated activation act(gate) * up elementwise (frt_gated_act_args):
+ *   a kind appended. */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 5
+#define FRT_KERNEL_ABI_MINOR 6
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -116,7 +118,8 @@ enum frt_op_kind {
   FRT_OP_MOE_FFN = 8,          /* frt_moe_args (4.1) */
   FRT_OP_CAPPED_ATTENTION = 9, /* frt_capped_attention_args (4.2) */
   FRT_OP_GATED_DELTA = 10,     /* frt_gated_delta_args (4.3) */
-  FRT_OP_CAUSAL_CONV1D = 11    /* frt_causal_conv1d_args (4.3) */
+  FRT_OP_CAUSAL_CONV1D = 11,   /* frt_causal_conv1d_args (4.3) */
+  FRT_OP_GATED_ACT = 12        /* frt_gated_act_args (4.6) */
 };
 
 /* ---- The weight formats (the format header). -----------------------------------------------
@@ -317,6 +320,16 @@ typedef struct frt_rotary_args {
   float* x;               /* [heads][head_dim] */
   const float *cos, *sin; /* [head_dim / 2] */
 } frt_rotary_args;
+
+/* FRT_OP_GATED_ACT: out[i] = act(gate[i]) * up[i] for i < n (act an frt_act), elementwise, so
+ * any split across threads gives the same values: the gated feed-forward's middle where a decode
+ * program runs its projections apart. out may be gate or up. */
+typedef struct frt_gated_act_args {
+  int32_t act;
+  int64_t n;
+  const float *gate, *up;
+  float* out;
+} frt_gated_act_args;
 
 /* One query token against `positions` cached keys/values with grouped heads (heads % kv_heads
  * == 0; head h reads kv head h / (heads / kv_heads)); softmax in fp32. The vector of position t,
