@@ -38,11 +38,14 @@ from .calls import host_call
 
 # Keywords the host's implementations take that change nothing the op computes (or that the
 # seat reads itself); any other keyword with a value (attention sinks `s_aux`, a position bias)
-# is a form the op does not compute.
+# is a form the op does not compute. `output_router_logits` is the routed-MoE families' flag for
+# collecting the routers' logits (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE): transformers threads the
+# model's keywords through every layer into the attention call, where it is ignored.
 KNOWN_KWARGS = frozenset({"dropout", "scaling", "softcap", "sliding_window", "is_causal",
                           "position_ids", "cache_position", "output_attentions", "use_cache",
                           "past_key_values", "past_key_value", "layer_idx", "position_embeddings",
-                          "attention_mask", "token_type_ids", "return_dict", "use_sliding"})
+                          "attention_mask", "token_type_ids", "return_dict", "use_sliding",
+                          "output_router_logits"})
 EAGER = "eager_attention_forward"  # the name every modeling file gives its default
 
 # A handler: (host implementation, module, query, key, value, mask, kwargs) -> the call's result.
