@@ -1,12 +1,12 @@
 """One decode-row call (M = 1) of a projection-sized weight, cold and hot: each call on a copy of
 the weight not read since ~600 MB of others were (as a decode step meets its weights: from DRAM,
 once each), against the same call repeated on one copy (in L2 and L3: the kernel's own
-instructions and the call's fixed costs). Beside both, the floor: the pack's bytes over a read
-probe taken right after. Where the hot call is well under the floor and the cold call well over
-it, the weights' path from DRAM is what a step loses, not the kernel's arithmetic; where hot and
-floor are near, the kernel's instructions and the reads contend. A probe for the decode floor on
-a machine (which forms, which shapes, how far), not a floor figure: those are
-bench/kernels.py --floor-only's, held against bracketing probes.
+instructions and the call's fixed costs, which the cold figure carries too). Beside both, the
+floor: the pack's bytes over a read probe taken right after. Where the hot call is well under
+the floor and the cold call well over it, the weights' path from DRAM is what a step loses, not
+the kernel's arithmetic; where hot and floor are near, the kernel's instructions and the reads
+contend. A probe for the decode floor on a machine (which forms, which shapes, how far), not a
+floor figure: those are bench/kernels.py --floor-only's, held against bracketing probes.
 
     .venv/bin/python bench/probes/cold_calls.py --json bench/results/amx/cold_calls.json
 """
@@ -46,9 +46,9 @@ def measure(form: str, k: int, n: int, threads: int, rounds: int) -> dict:
     cold, hot, bandwidth = [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        for p in packs:
+        for p in packs[1:]:  # not `first`: the hot loop below keeps it in cache
             ops.linear(x, p, out=y, threads=threads)
-        cold.append((time.perf_counter() - t0) / copies)
+        cold.append((time.perf_counter() - t0) / (copies - 1))
         t0 = time.perf_counter()
         for _ in range(200):
             ops.linear(x, first, out=y, threads=threads)

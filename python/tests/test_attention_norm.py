@@ -46,7 +46,7 @@ def gemma2() -> Gemma2ForCausalLM:
 # The routed-MoE families pass output_router_logits down to every attention call, which changes
 # nothing the op computes (their attention was once refused for it).
 FAMILIES = {"qwen3": lambda: hosts.qwen3(2), "llama": lambda: hosts.llama(2), "gemma3": gemma3,
-            "qwen3_5": gated_delta_hosts.qwen35, "gemma2": gemma2, **moe_hosts.FAMILIES}
+            "gemma2": gemma2, **gated_delta_hosts.FAMILIES, **moe_hosts.FAMILIES}
 
 
 def attention_modules(model) -> list[str]:
