@@ -108,6 +108,33 @@ def test_a_prompt_and_32_steps_equal_the_hosts_and_detach_gives_everything_back(
         assert torch.equal(greedy(model, prompt, 4).sequences, want.sequences[:, :12])
 
 
+def test_a_moe_forward_asking_for_router_logits_runs_the_attention_seats():
+    """output_router_logits=True asks the routers, not attention, for something: the seated
+    attention serves the step, and the logits and every layer's router logits match the host's."""
+    model = moe_hosts.qwen3_moe()
+    prompt = hosts.ids(6, seed=3)
+    with torch.no_grad():
+        past = model(prompt, use_cache=True).past_key_values
+        want = model(hosts.ids(1), past_key_values=past, use_cache=True,
+                     output_router_logits=True)
+    handle = plan_for(model).attach(model)
+    try:
+        with torch.no_grad():
+            past = model(prompt, use_cache=True).past_key_values
+            got = model(hosts.ids(1), past_key_values=past, use_cache=True,
+                        output_router_logits=True)
+        attention = [r for r in handle.report() if r["structure"] == "attention_core"]
+    finally:
+        handle.detach()
+    assert len(attention) == len(attention_modules(model))
+    assert all(r["calls"] - r["band_dispatches"] == 1 and r["fallbacks"] == 0
+               for r in attention), attention
+    assert cosine(got.logits, want.logits) >= 0.9999
+    assert len(got.router_logits) == len(want.router_logits) == len(model.model.layers)
+    # The routers read hidden states the seated attention wrote (its own fp32 summation order).
+    assert min(cosine(a, b) for a, b in zip(got.router_logits, want.router_logits)) >= 0.9999
+
+
 def test_softcapped_scores_are_seated_in_their_form_and_match_eager():
     model = gemma2()
     plan = plan_for(model)
