@@ -3,8 +3,8 @@ seats: the same scheme's plan twice, one of them without the attention structure
 round by round in one process on one host (each attached for its turn only, its own cache), so
 the machine's drift lands on both. Per arm the median decode step; per round the ratio of the
 two; the greedy tokens of both against the host's. A probe for one change (the routed-MoE
-families' attention seated, Note in observe/attention.py's KNOWN_KWARGS), not a floor figure:
-those are bench/moe.py's.
+families' attention seated: the comment on KNOWN_KWARGS in observe/attention.py), not a floor
+figure: those are bench/moe.py's.
 
     .venv/bin/python bench/probes/moe_door_attention.py \
         --json bench/results/amx/moe_door_attention.json
