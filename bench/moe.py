@@ -35,6 +35,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import flashrt_structures as S
 from flashrt_structures import ops
+from flashrt_structures.block_seats import BlockSeatModule
 from flashrt_structures.seats import BankSeat
 
 from _common import Bracket, llama_logits, machine, probe, result_path, summarize, write_result
@@ -61,7 +62,9 @@ def step_bytes(model: Qwen3MoeForCausalLM, swaps: dict | None) -> int:
     seated), every other projection (packed where seated) and the routers; the input
     embedding reads one row and is not counted."""
     top_k, experts = model.config.num_experts_per_tok, model.config.num_experts
-    seated = dict(swaps or {})
+    # A decoder block streams nothing of its own: its parts are seats of the same plan (its
+    # router's copy reads the router's bytes, counted below with the host's routers).
+    seated = {k: v for k, v in (swaps or {}).items() if not isinstance(v, BlockSeatModule)}
     total = 0
     for name, mod in model.named_modules():
         if name in seated:

@@ -47,6 +47,10 @@ def _collecting() -> bool:
     return _COLLECTOR is not None and bool(_COLLECTOR.get())
 
 
+# The plan's nodes that are the host's modules, not seats: the layer itself, a routed layer's
+# feed-forward module (which a fallback runs) and its router (the block runs a copy).
+_HOST_ROLES = frozenset({"block", "moe", "router"})
+
 # The layer call's keywords the block reads itself; every other one goes to the cache update and
 # the attention call, as the layer's attention module would pass it.
 _OWN = frozenset({"hidden_states", "attention_mask", "position_embeddings", "cache",
@@ -82,6 +86,7 @@ class BlockSeatModule(SeatModule):
         self._heads, self._kv_heads, self._dim = facts.heads, facts.kv_heads, facts.head_dim
         self._window = facts.sliding_window or None
         self._pass = catalog.load(plan.seam.structure).gate.pass_
+        self._ffn = "moe" if "moe" in self._rel else "ffn"  # the feed-forward the host runs
         self._checked = False
 
     @property
@@ -179,7 +184,7 @@ class BlockSeatModule(SeatModule):
         out, _ = host_fn(attention, q, keys, values, mask, dropout=0.0, scaling=scaling,
                          sliding_window=self._window, **rest)
         h = x + self._part("o")(out.reshape(*x.shape[:-1], -1).contiguous())
-        y = h + self._part("ffn")(self._part("post_norm")(h))
+        y = h + self._part(self._ffn)(self._part("post_norm")(h))
         if verdict == RESTORE and self._on_restore is not None:
             self._on_restore(self)
         return y
@@ -243,12 +248,19 @@ def build_block_seat(model: nn.Module, plan: _core.SeatPlan,
     """The block seat for one planned layer, from the seat modules built for its parts."""
     parts: dict[str, SeatModule] = {}
     for role, path in plan.seam.nodes.items():
-        if role == "block":
+        if role in _HOST_ROLES:
             continue
         if path not in swaps:
             raise _core.Refused(f"{plan.site}: its {role} ({path}) has no seat in this plan")
         parts[role] = swaps[path]
-    seat = _core.build_block_seat(plan, {role: s.seat for role, s in parts.items()})
+    router: torch.Tensor | None = None
+    if "router" in plan.seam.nodes:  # a routed layer: the block runs the router (copied)
+        weight = model.get_submodule(plan.seam.nodes["router"])._parameters.get("weight")
+        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32:
+            raise _core.Refused(f"{plan.site}: its router weight is not an fp32 tensor")
+        router = weight.detach().contiguous()
+    seat = _core.build_block_seat(plan, {role: s.seat for role, s in parts.items()},
+                                  router=router)
     module = BlockSeatModule(plan.site, model.get_submodule(plan.site), seat, parts, plan)
     module.plan = plan
     return module

@@ -202,7 +202,8 @@ void bind_planner(nb::module_& m) {
       .def_ro("shape", &Seam::shape)
       .def_ro("weight_count", &Seam::weight_count)
       .def_ro("top_k", &Seam::top_k)
-      .def_ro("attention", &Seam::attention);
+      .def_ro("attention", &Seam::attention)
+      .def_ro("router", &Seam::router);
 
   nb::class_<SlotTensor>(m, "SlotTensor")
       .def_ro("module", &SlotTensor::module)

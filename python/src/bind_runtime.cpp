@@ -272,12 +272,15 @@ void bind_runtime(nb::module_& m) {
       .def_static("judge", &BlockSeat::judge, nb::arg("cosines"), nb::arg("pass_"));
   m.def(
       "build_block_seat",
-      [](const SeatPlan& plan, const std::map<std::string, Seat*>& parts, GuardMode mode) {
-        return build_block_seat(plan, parts, mode);
+      [](const SeatPlan& plan, const std::map<std::string, Seat*>& parts, GuardMode mode,
+         nb::handle router) {
+        std::optional<TensorView> rv;
+        if (!router.is_none()) rv = view_of(router, "router");
+        return build_block_seat(plan, parts, mode, rv ? &*rv : nullptr);  // the router is copied
       },
       // The block holds its parts' seats by pointer: the dict of them lives as long as it does.
       nb::arg("plan"), nb::arg("parts"), nb::arg("mode") = GuardMode::fallback,
-      nb::keep_alive<0, 2>());
+      nb::arg("router").none() = nb::none(), nb::keep_alive<0, 2>());
 
   // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).

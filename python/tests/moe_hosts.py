@@ -3,6 +3,8 @@ widths, banks large enough that every one is past the catalog's accounting size.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import (
     GptOssConfig,
@@ -19,6 +21,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+import hosts
 from hosts import VOCAB
 
 _COMMON = dict(vocab_size=VOCAB, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
@@ -73,3 +76,24 @@ def llama4(layers: int = 2) -> Llama4ForCausalLM:
 
 
 FAMILIES = {"qwen3_moe": qwen3_moe, "qwen2_moe": qwen2_moe, "mixtral": mixtral, "olmoe": olmoe}
+
+
+def step_asking_for_router_logits(model, plan) -> tuple[Any, Any, dict[str, dict]]:
+    """One decode step after a 6-token prompt with output_router_logits=True: the host's output,
+    the output with `plan` attached, and the attached run's ledger by site."""
+    prompt = hosts.ids(6, seed=3)
+
+    def step() -> Any:
+        with torch.no_grad():
+            past = model(prompt, use_cache=True).past_key_values
+            return model(hosts.ids(1), past_key_values=past, use_cache=True,
+                         output_router_logits=True)
+
+    want = step()
+    handle = plan.attach(model)
+    try:
+        got = step()
+        report = {r["site"]: r for r in handle.report()}
+    finally:
+        handle.detach()
+    return want, got, report

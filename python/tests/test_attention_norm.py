@@ -112,20 +112,8 @@ def test_a_moe_forward_asking_for_router_logits_runs_the_attention_seats():
     """output_router_logits=True asks the routers, not attention, for something: the seated
     attention serves the step, and the logits and every layer's router logits match the host's."""
     model = moe_hosts.qwen3_moe()
-    prompt = hosts.ids(6, seed=3)
-    with torch.no_grad():
-        past = model(prompt, use_cache=True).past_key_values
-        want = model(hosts.ids(1), past_key_values=past, use_cache=True,
-                     output_router_logits=True)
-    handle = plan_for(model).attach(model)
-    try:
-        with torch.no_grad():
-            past = model(prompt, use_cache=True).past_key_values
-            got = model(hosts.ids(1), past_key_values=past, use_cache=True,
-                        output_router_logits=True)
-        attention = [r for r in handle.report() if r["structure"] == "attention_core"]
-    finally:
-        handle.detach()
+    want, got, report = moe_hosts.step_asking_for_router_logits(model, plan_for(model))
+    attention = [r for r in report.values() if r["structure"] == "attention_core"]
     assert len(attention) == len(attention_modules(model))
     assert all(r["calls"] - r["band_dispatches"] == 1 and r["fallbacks"] == 0
                for r in attention), attention

@@ -35,6 +35,7 @@ struct Seam {
   int64_t top_k = 0;         // a bank of experts: the experts each row is routed to
   NormFacts norm;            // a norm seam (a function structure's norm node): its form and epsilon
   AttentionFacts attention;  // an attention seam: what its calls showed (scale, softcap)
+  RouterFacts router;        // a routed decoder block: how its router chooses, as measured
 };
 
 using SiteReason = std::pair<std::string, std::string>;

@@ -348,10 +348,22 @@ class NormSeat : public Seat {
   float eps_;
 };
 
+// A routed layer's router as a block runs it: its weight [experts, hidden] copied at build (fp32,
+// the host's own stays the host's), logits x W^T on a package's dense op (the attention seat's
+// package, flashrt/decode), then choose_experts() (kernel_ops.h): the top-k of the softmax,
+// renormalised where the door measured the host's router to do so (RouterFacts).
+struct BlockRouter {
+  std::vector<float> weight;
+  int64_t experts = 0, top_k = 0;
+  bool renormalise = false;
+};
+
 // The seats a block seat runs, each built for the same plan (SeatPlan.seam.nodes names their
 // sites): the layer's two norms and feed-forward, its attention module's q/k/v projections (one
 // pack whose splits are q, k and v, or three seats), o projection and per-head q/k norms
-// (nullptr where the layer has none), the model's rotary and the module's attention.
+// (nullptr where the layer has none), the model's rotary and the module's attention. The
+// feed-forward is a dense one (ffn) or a routed one: a bank of experts and the router that
+// picks its rows' experts (bank and router; Note [Routed decoder block] in planner/plan.cpp).
 struct BlockParts {
   NormSeat* input_norm = nullptr;
   NormSeat* post_norm = nullptr;
@@ -362,6 +374,8 @@ struct BlockParts {
   AttentionSeat* attention = nullptr;
   LinearSeat* o = nullptr;
   FfnSeat* ffn = nullptr;
+  MoeSeat* bank = nullptr;
+  BlockRouter router;  // with bank only
 };
 
 // The layer's widths and the attention call's scalars, as the plan's facts give them.
@@ -408,11 +422,15 @@ class BlockSeat : public Seat {
   // Either half's own checks of a call: training mode, the owner's thread, x f32 rows of the
   // hidden width, contiguous, in the band. "" when it takes x.
   std::string entry_refusal(const TensorView& x, bool training) const;
+  // A routed layer's feed-forward: the router's choice for the rows, then the bank's call.
+  void routed_ffn(const TensorView& x, const TensorView& y);
   BlockParts parts_;
   BlockGeometry geo_;
+  const frt_op* router_op_ = nullptr;  // the dense op the router's logits run on (routed only)
   // Scratch for one call, grown to the largest rows seen.
   std::vector<float> normed_, qkv_, q_normed_, k_normed_, attended_, projected_, residual_,
-      post_normed_, ffn_out_;
+      post_normed_, ffn_out_, logits_, route_weight_;
+  std::vector<int64_t> route_index_;
 };
 
 // The seat of the pack's module `index` (its position in SeatPlan.replaces, >= 1) at `site`.
@@ -440,12 +458,14 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
                                  const OperandMoments& moments = {});
 
 // Builds the block seat a plan decided on (op block) from the seats built for its parts,
-// keyed by the role its plan's seam.nodes gives each site ("input_norm", "post_norm", "ffn",
-// "attention", "o", "rotary", "qkv" or "q"/"k"/"v", "q_norm"/"k_norm" where the layer has them).
-// The seats must outlive the block (the door holds them). Throws Refused naming a part that is
-// missing or of another kind, or whose widths do not chain.
+// keyed by the role its plan's seam.nodes gives each site ("input_norm", "post_norm", "ffn" or
+// "bank", "attention", "o", "rotary", "qkv" or "q"/"k"/"v", "q_norm"/"k_norm" where the layer has
+// them). A routed layer's plan (a "bank" part) also takes `router`, the host's routing weight
+// [experts, hidden] in fp32 (copied; its form is plan.seam.router's). The seats must outlive the
+// block (the door holds them). Throws Refused naming a part that is missing or of another kind,
+// or whose widths do not chain, or a router weight the plan does not describe.
 std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
                                             const std::map<std::string, Seat*>& parts,
-                                            GuardMode mode);
+                                            GuardMode mode, const TensorView* router = nullptr);
 
 }  // namespace frt

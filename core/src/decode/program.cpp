@@ -406,33 +406,10 @@ void DecodeProgram::gated_activation(Activation act, float* gate, const float* u
 // The router at the host's precision: logits x W^T, softmax in fp32, the top-k (ties to the
 // lower expert), divided by their sum where the host's router does so.
 void DecodeProgram::route(const MoeWeights& w, const float* x, int64_t m) {
-  const int64_t E = w.bank.experts(), k = w.top_k;
+  const int64_t k = w.top_k;
   project(w.router, x, router_.data(), m);
-  for (int64_t r = 0; r < m; ++r) {
-    float* p = router_.data() + r * E;
-    float top = p[0];
-    for (int64_t e = 1; e < E; ++e) top = std::max(top, p[e]);
-    float sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - top));
-    for (int64_t e = 0; e < E; ++e) p[e] /= sum;
-    int64_t* index = route_i_.data() + r * k;
-    float* weight = route_w_.data() + r * k;
-    // k passes, each taking the largest probability not yet taken (the first, on a tie).
-    float total = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t best = -1;
-      for (int64_t e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int64_t i = 0; i < j && !taken; ++i) taken = index[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
-      index[j] = best;
-      weight[j] = p[best];
-      total += p[best];
-    }
-    if (w.renormalise)
-      for (int64_t j = 0; j < k; ++j) weight[j] /= total;
-  }
+  choose_experts(router_.data(), m, w.bank.experts(), k, w.renormalise, route_i_.data(),
+                 route_w_.data());
 }
 
 // The host's own banks at its precision: each chosen expert in ascending order runs once over

@@ -288,6 +288,62 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
 // holds no weight of its own and its band is the narrowest of theirs; any part left with the
 // host (kept, refused, not asked for) keeps the layer with the host's forward, whose sublayers
 // keep their own seats: a keep-at-host naming that part, never a refusal of the layer's weights.
+// Note [Routed decoder block]: a layer whose feed-forward is routed (Qwen3-MoE, Mixtral, OLMoE)
+// is a block too when that module holds exactly a seated bank of experts and the router that
+// picks its rows' experts, and the door measured the router to be the top-k of softmax(x W^T),
+// renormalised or not (RouterFacts, observe/routing.py). The block then runs the router itself
+// (its weight copied, logits on the dense op, the choice in choose_experts(), as decode_loop
+// does) and the bank's seat with that choice, so the layer's whole decode step is two calls into
+// the core. Anything else in the module (Qwen2-MoE's shared expert and its sigmoid gate, a
+// router with a bias or sigmoid scores) keeps the layer with the host's forward, the reason
+// naming it; the bank keeps its own seat there. The block's first decode call is checked against
+// the host's layer like any block's (block_seats.py), which catches a composition the
+// measurement did not show (a router whose choice its module uses some other way).
+bool routed_ffn(const HostGraph& g, const std::string& ffn, const Plan& p,
+                std::vector<std::pair<std::string, const SeatPlan*>>& parts, RouterFacts& router,
+                std::string& router_path, std::string& missing) {
+  const std::string prefix = ffn + ".";
+  const auto below = [](const std::string& path, const std::string& root) {
+    return path == root || path.rfind(root + ".", 0) == 0;
+  };
+  const SeatPlan* bank = nullptr;
+  for (const SeatPlan& s : p.seats)
+    if (s.op == OpKind::moe_ffn && s.replaces.size() == 1 && s.site.rfind(prefix, 0) == 0 &&
+        s.site.find('.', prefix.size()) == std::string::npos)
+      bank = &s;
+  if (bank == nullptr) return false;
+  const HostModule* bm = g.find(bank->site);
+  const HostModule* rm =
+      bm != nullptr && !bm->experts.router.empty() ? g.find(bm->experts.router) : nullptr;
+  std::string why;
+  if (rm == nullptr) {
+    why = "no router located beside its bank " + bank->site;
+  } else if (rm->router.form != RouterForm::softmax_topk &&
+             rm->router.form != RouterForm::softmax_topk_renormalised) {
+    why = "its router " + rm->path + " is not a softmax top-k" +
+          (rm->router.other.empty() ? std::string(" (not measured)") : ": " + rm->router.other);
+  } else if (rm->weight_dtype != DType::f32) {
+    why = "its router " + rm->path + " holds " + name_of(rm->weight_dtype) +
+          " weights; the block routes in fp32 as an fp32 host does";
+  } else {
+    for (const HostParam& w : g.params)
+      if (below(w.module, ffn) && !below(w.module, bank->site) && !below(w.module, rm->path)) {
+        why = "it holds " + w.module + "." + w.name +
+              " beside its router and bank (a shared "
+              "expert is not in the block's routed form)";
+        break;
+      }
+  }
+  if (!why.empty()) {
+    missing += (missing.empty() ? "" : ", ") + std::string("ffn ") + ffn + ": " + why;
+    return true;
+  }
+  parts.emplace_back("bank", bank);
+  router = rm->router;
+  router_path = rm->path;
+  return true;
+}
+
 void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& g, Plan& p) {
   const HostModule* layer = g.find(seam.site);
   const BlockFacts& f = layer->block;
@@ -310,7 +366,11 @@ void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& 
   };
   need("input_norm", f.input_norm, {OpKind::rmsnorm});
   need("post_norm", f.post_norm, {OpKind::rmsnorm});
-  need("ffn", f.ffn, {OpKind::gated_ffn, OpKind::ffn});
+  RouterFacts router;
+  std::string router_path;
+  if (const SeatPlan* dense = seat_at(f.ffn);
+      dense != nullptr || !routed_ffn(g, f.ffn, p, parts, router, router_path, missing))
+    need("ffn", f.ffn, {OpKind::gated_ffn, OpKind::ffn});
   need("attention", f.attention, {OpKind::attention});
   need("o", f.o, {OpKind::linear});
   need("q_norm", f.q_norm, {OpKind::rmsnorm});
@@ -332,10 +392,32 @@ void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& 
                                             "their own seats");
     return;
   }
+  // The block norms q and k head by head; a norm over the whole projection (OLMo 2, OLMoE) is
+  // another form, which its own seat serves in the host's layer.
+  for (const auto& [role, s] : parts) {
+    if (role != "q_norm" && role != "k_norm") continue;
+    const HostModule* attention = g.find(f.attention);
+    const int64_t head_dim = attention != nullptr ? attention->attention.head_dim : 0;
+    const auto width = s->seam.dims.find("width");
+    if (width != s->seam.dims.end() && width->second != head_dim) {
+      p.keep_host.emplace_back(
+          seam.site, where + ": its " + role + " " + s->site + " norms " +
+                         std::to_string(width->second) + " values at once, the whole projection; " +
+                         "the block norms each head of " + std::to_string(head_dim) +
+                         " (the layer runs its own forward, its sublayers their own seats)");
+      return;
+    }
+  }
   SeatPlan b;
   b.seam = seam;
   b.site = seam.site;
   b.replaces = {seam.site};
+  if (!router_path.empty()) {
+    b.seam.nodes["moe"] = f.ffn;  // the host's routed module, which a fallback runs
+    b.seam.nodes["router"] = router_path;
+    b.seam.router = router;
+    b.seam.top_k = router.top_k;
+  }
   b.impl = "block_f32";
   b.op = OpKind::block;
   b.form.name = "host";

@@ -1,6 +1,7 @@
 // The decoder block seat: a layer's decode rows through the seats of its parts, in two halves
 // around the host's cache update (seat.h, BlockSeat; Note [Decoder block assembly] in
-// planner/plan.cpp says when a plan assembles one).
+// planner/plan.cpp says when a plan assembles one; Note [Routed decoder block] there, when its
+// feed-forward is a router and a bank of experts).
 #include <flashrt/errors.h>
 #include <flashrt/seat.h>
 
@@ -14,6 +15,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "runtime/run_on_threads.h"
 
 namespace frt {
 namespace {
@@ -61,13 +64,13 @@ BlockSeat::BlockSeat(SeatForm form, const frt_kernel_table& table, GuardMode mod
     : Seat(std::move(form), table, mode), parts_(std::move(parts)), geo_(geometry) {
   const BlockParts& p = parts_;
   if (p.input_norm == nullptr || p.post_norm == nullptr || p.rotary == nullptr ||
-      p.attention == nullptr || p.o == nullptr || p.ffn == nullptr ||
+      p.attention == nullptr || p.o == nullptr || (p.ffn == nullptr) == (p.bank == nullptr) ||
       (p.qkv.size() != 1 && p.qkv.size() != 3) ||
       std::any_of(p.qkv.begin(), p.qkv.end(), [](const LinearSeat* s) { return s == nullptr; }) ||
       (p.q_norm == nullptr) != (p.k_norm == nullptr))
     throw InvalidArgument(
         "a decoder block needs its norms, q/k/v (one pack or three), o, rotary, attention and "
-        "feed-forward seats, and q and k norms both or neither");
+        "one feed-forward seat (dense, or a bank of experts), and q and k norms both or neither");
   const int64_t q = geo_.heads * geo_.head_dim, kv = geo_.kv_heads * geo_.head_dim;
   if (geo_.hidden < 1 || q < 1 || kv < 1 || geo_.heads % geo_.kv_heads != 0 || !(geo_.scale > 0))
     throw InvalidArgument("a decoder block's geometry: hidden " + std::to_string(geo_.hidden) +
@@ -83,14 +86,29 @@ BlockSeat::BlockSeat(SeatForm form, const frt_kernel_table& table, GuardMode mod
                           std::to_string(p.q_norm->form().width) + " and " +
                           std::to_string(p.k_norm->form().width) + " wide; the block norms each " +
                           "head of " + std::to_string(geo_.head_dim));
+  const Seat& ffn = p.ffn != nullptr ? static_cast<const Seat&>(*p.ffn) : *p.bank;
   if (qkv_out != q + 2 * kv || p.o->form().width != q || p.o->form().out != geo_.hidden ||
-      p.ffn->form().width != geo_.hidden || p.ffn->form().out != geo_.hidden)
+      ffn.form().width != geo_.hidden || ffn.form().out != geo_.hidden)
     throw InvalidArgument(
         "a decoder block's parts do not chain: q/k/v out " + std::to_string(qkv_out) + " for " +
         std::to_string(q) + " + 2x" + std::to_string(kv) + ", o [" +
-        std::to_string(p.o->form().width) + " -> " + std::to_string(p.o->form().out) + "], ffn [" +
-        std::to_string(p.ffn->form().width) + " -> " + std::to_string(p.ffn->form().out) +
-        "], hidden " + std::to_string(geo_.hidden));
+        std::to_string(p.o->form().width) + " -> " + std::to_string(p.o->form().out) + "], " +
+        (p.ffn != nullptr ? "ffn [" : "bank [") + std::to_string(ffn.form().width) + " -> " +
+        std::to_string(ffn.form().out) + "], hidden " + std::to_string(geo_.hidden));
+  if (p.bank == nullptr) return;
+  const BlockRouter& r = p.router;
+  const int64_t experts = p.bank->bank().experts();
+  if (r.experts != experts || r.top_k < 1 || r.top_k > experts ||
+      static_cast<int64_t>(r.weight.size()) != experts * geo_.hidden)
+    throw InvalidArgument("a decoder block's router: " + std::to_string(r.weight.size()) +
+                          " weights for " + std::to_string(r.experts) + " experts, top-" +
+                          std::to_string(r.top_k) + ", where its bank holds " +
+                          std::to_string(experts) + " experts of hidden " +
+                          std::to_string(geo_.hidden));
+  router_op_ = find_op(p.attention->table(), OpKind::dense);
+  if (router_op_ == nullptr)
+    throw InvalidArgument("a decoder block's router: the attention seat's package (" +
+                          std::string(p.attention->table().package) + ") runs no dense op");
 }
 
 std::string BlockSeat::part_miss(const char* part, const Seat& seat, Verdict v) const {
@@ -215,12 +233,49 @@ Verdict BlockSeat::tail(const TensorView& x, const TensorView& q, const TensorVi
   for (int64_t i = 0; i < rows * hidden; ++i) residual_[i] = xs[i] + projected_[i];
   must("post_norm", *parts_.post_norm,
        parts_.post_norm->run(rows_of(residual_, hidden), rows_of(post_normed_, hidden), false));
-  must("ffn", *parts_.ffn,
-       parts_.ffn->run(rows_of(post_normed_, hidden), rows_of(ffn_out_, hidden), false));
+  if (parts_.ffn != nullptr)
+    must("ffn", *parts_.ffn,
+         parts_.ffn->run(rows_of(post_normed_, hidden), rows_of(ffn_out_, hidden), false));
+  else
+    routed_ffn(rows_of(post_normed_, hidden), rows_of(ffn_out_, hidden));
   float* ys = static_cast<float*>(y.data);
   for (int64_t i = 0; i < rows * hidden; ++i) ys[i] = residual_[i] + ffn_out_[i];
   count_ran();
   return Verdict::ran;
+}
+
+// The router's logits on the dense op over the team (a [experts, hidden] weight: 1 MiB at
+// Qwen3-30B-A3B's widths, a bandwidth read worth both threads), its choice on this thread (rows x
+// experts values), then the bank's call with that choice.
+void BlockSeat::routed_ffn(const TensorView& x, const TensorView& y) {
+  const BlockRouter& r = parts_.router;
+  const int64_t rows = x.shape[0], hidden = geo_.hidden;
+  logits_.resize(static_cast<size_t>(rows * r.experts));
+  route_index_.resize(static_cast<size_t>(rows * r.top_k));
+  route_weight_.resize(static_cast<size_t>(rows * r.top_k));
+  frt_dense_args a{};
+  a.w_dtype = FRT_F32;
+  a.m = rows;
+  a.n = r.experts;
+  a.k = hidden;
+  a.x = static_cast<const float*>(x.data);
+  a.ldx = hidden;
+  a.w = r.weight.data();
+  a.ldw = hidden;
+  a.y = logits_.data();
+  a.ldy = r.experts;
+  Parallel& team = process_parallel();
+  detail::run_on_threads(team, team.size(), "router", [&](int ith, int n, frt_error* err) {
+    return router_op_->run(&a, 0, ith, n, err);
+  });
+  choose_experts(logits_.data(), rows, r.experts, r.top_k, r.renormalise, route_index_.data(),
+                 route_weight_.data());
+  const Routing routing{
+      TensorView::matrix(route_index_.data(), DType::i64, rows, r.top_k, r.top_k),
+      TensorView::matrix(route_weight_.data(), DType::f32, rows, r.top_k, r.top_k)};
+  if (Verdict v = parts_.bank->run(x, y, false, &routing); v != Verdict::ran)
+    throw InvalidArgument("decoder block " + form().site + ": " +
+                          part_miss("bank", *parts_.bank, v));
 }
 
 std::string BlockSeat::judge(const std::vector<std::pair<std::string, double>>& cosines,
@@ -236,7 +291,7 @@ std::string BlockSeat::judge(const std::vector<std::pair<std::string, double>>& 
 
 std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
                                             const std::map<std::string, Seat*>& parts,
-                                            GuardMode mode) {
+                                            GuardMode mode, const TensorView* router) {
   if (plan.op != OpKind::block)
     throw InvalidArgument(plan.site + ": op " + name_of(plan.op) + " is not a decoder block");
   const auto part = [&]<typename T>(const char* role, bool required) -> T* {
@@ -254,7 +309,28 @@ std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
   BlockParts b;
   b.input_norm = part.operator()<NormSeat>("input_norm", true);
   b.post_norm = part.operator()<NormSeat>("post_norm", true);
-  b.ffn = part.operator()<FfnSeat>("ffn", true);
+  b.bank = part.operator()<MoeSeat>("bank", false);
+  b.ffn = part.operator()<FfnSeat>("ffn", b.bank == nullptr);
+  if (b.bank != nullptr) {
+    // Note [Routed decoder block]: the router's weight, as the plan measured its form.
+    const RouterFacts& f = plan.seam.router;
+    const int64_t experts = b.bank->bank().experts(), hidden = b.bank->bank().hidden();
+    if (f.form != RouterForm::softmax_topk && f.form != RouterForm::softmax_topk_renormalised)
+      throw Refused(plan.site + ": the plan holds no softmax top-k router for its bank");
+    if (router == nullptr || router->data == nullptr || router->dtype != DType::f32 ||
+        router->rank != 2 || router->shape[0] != experts || router->shape[1] != hidden ||
+        router->strides[1] != 1 || router->strides[0] != hidden)
+      throw Refused(plan.site + ": its router weight " +
+                    (router != nullptr && router->data != nullptr ? router->describe()
+                                                                  : std::string("missing")) +
+                    ": expected f32 [" + std::to_string(experts) + ", " + std::to_string(hidden) +
+                    "] contiguous");
+    const float* w = static_cast<const float*>(router->data);
+    b.router.weight.assign(w, w + experts * hidden);
+    b.router.experts = experts;
+    b.router.top_k = f.top_k;
+    b.router.renormalise = f.form == RouterForm::softmax_topk_renormalised;
+  }
   b.attention = part.operator()<AttentionSeat>("attention", true);
   b.o = part.operator()<LinearSeat>("o", true);
   b.rotary = part.operator()<RotarySeat>("rotary", true);
@@ -279,7 +355,7 @@ std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
   form.width = form.out = g.hidden;
   form.weights = "its parts' seats";
   try {
-    return std::make_unique<BlockSeat>(form, b.ffn->table(), mode, b, g);
+    return std::make_unique<BlockSeat>(form, b.attention->table(), mode, std::move(b), g);
   } catch (const InvalidArgument& e) {
     throw Refused(plan.site + ": " + e.what());
   }

@@ -1,5 +1,6 @@
 // The decoder block seat: head() and tail() compute what its parts' seats compute one after the
-// other (bit for bit: the same seats, the same kernels), with q/k/v as one pack or three seats;
+// other (bit for bit: the same seats, the same kernels), with q/k/v as one pack or three seats,
+// and a routed layer's router and bank (by value: the router's own summation order);
 // a missing part is refused at build; a call outside the band, or an attention call the op does
 // not take, misses before anything is written; the self-check's judge names what failed.
 #include <flashrt/errors.h>
@@ -50,7 +51,8 @@ TensorView view(std::vector<float>& v, std::array<int64_t, 4> shape, int rank) {
 
 TensorView rows(std::vector<float>& v, int64_t r, int64_t c) { return view(v, {r, c, 0, 0}, 2); }
 
-constexpr int64_t kHidden = 64, kHeads = 4, kKv = 2, kDim = 16, kInter = 96, kPos = 5;
+constexpr int64_t kHidden = 64, kHeads = 4, kKv = 2, kDim = 16, kInter = 96, kPos = 5, kExperts = 6,
+                  kTopK = 2;
 
 // One layer's seats, built from plans as the door builds them.
 struct Layer {
@@ -63,6 +65,11 @@ struct Layer {
                      gate = ramp(kInter * kHidden, 0.05f, 1.8f),
                      up = ramp(kInter * kHidden, 0.05f, 2.2f),
                      down = ramp(kHidden * kInter, 0.05f, 2.6f);
+  // A routed feed-forward's bank ([experts, out, in]) and router ([experts, hidden]).
+  std::vector<float> bank_gate = ramp(kExperts * kInter * kHidden, 0.05f, 0.3f),
+                     bank_up = ramp(kExperts * kInter * kHidden, 0.05f, 0.8f),
+                     bank_down = ramp(kExperts * kHidden * kInter, 0.05f, 1.1f),
+                     router = ramp(kExperts * kHidden, 0.2f, 1.7f);
   std::map<std::string, std::unique_ptr<Seat>> seats;
 
   static SeatPlan plan(OpKind op, const char* package, const char* site) {
@@ -74,7 +81,7 @@ struct Layer {
     p.act_dtype = DType::f32;
     p.band_min = 1;
     p.band_max = 16;
-    if (op == OpKind::linear || op == OpKind::gated_ffn) {
+    if (op == OpKind::linear || op == OpKind::gated_ffn || op == OpKind::moe_ffn) {
       p.form.name = "int8";
       p.form.format = WeightFormat::int8_channel;
       p.impl = "w8a16";
@@ -95,7 +102,10 @@ struct Layer {
     TensorView t = view(w, {static_cast<int64_t>(w.size()), 0, 0, 0}, 1);
     seats[role] = build_seat(p, {{"weight", t}}, GuardMode::fallback, hub());
   }
-  explicit Layer(bool packed) {
+  static TensorView bank_view(std::vector<float>& v, int64_t e, int64_t n, int64_t k) {
+    return view(v, {e, n, k, 0}, 3);
+  }
+  explicit Layer(bool packed, bool routed = false) {
     norm("input_norm", n1);
     norm("post_norm", n2);
     norm("q_norm", qn);
@@ -118,13 +128,28 @@ struct Layer {
     seats["o"] =
         build_seat(plan(OpKind::linear, "flashrt/linear", "o"),
                    {{"weight", rows(wo, kHidden, kHeads * kDim)}}, GuardMode::fallback, hub());
-    SeatPlan f = plan(OpKind::gated_ffn, "flashrt/ffn", "ffn");
-    f.activation = Activation::silu;
-    seats["ffn"] = build_seat(f,
-                              {{"gate", rows(gate, kInter, kHidden)},
-                               {"up", rows(up, kInter, kHidden)},
-                               {"down", rows(down, kHidden, kInter)}},
-                              GuardMode::fallback, hub());
+    if (routed) {
+      SeatPlan f = plan(OpKind::moe_ffn, "flashrt/ffn", "bank");
+      f.seam.structure = "moe_experts";
+      f.activation = Activation::silu;
+      f.form.format = WeightFormat::int8_group;
+      f.form.group = 32;
+      f.form.symmetric = true;
+      f.form.scale_dtype = DType::f16;
+      seats["bank"] = build_seat(f,
+                                 {{"gate", bank_view(bank_gate, kExperts, kInter, kHidden)},
+                                  {"up", bank_view(bank_up, kExperts, kInter, kHidden)},
+                                  {"down", bank_view(bank_down, kExperts, kHidden, kInter)}},
+                                 GuardMode::fallback, hub());
+    } else {
+      SeatPlan f = plan(OpKind::gated_ffn, "flashrt/ffn", "ffn");
+      f.activation = Activation::silu;
+      seats["ffn"] = build_seat(f,
+                                {{"gate", rows(gate, kInter, kHidden)},
+                                 {"up", rows(up, kInter, kHidden)},
+                                 {"down", rows(down, kHidden, kInter)}},
+                                GuardMode::fallback, hub());
+    }
     seats["rotary"] = build_seat(plan(OpKind::rotary, "flashrt/decode", "rotary"), {},
                                  GuardMode::fallback, hub());
     seats["attention"] = build_seat(plan(OpKind::attention, "flashrt/decode", "attention"), {},
@@ -135,7 +160,8 @@ struct Layer {
     for (auto& [role, s] : seats) out[role] = s.get();
     return out;
   }
-  std::unique_ptr<BlockSeat> block() {
+  // The plan of the layer's block, as the planner writes one (a routed one's router form).
+  static SeatPlan block_plan(RouterForm form = RouterForm::softmax_topk_renormalised) {
     SeatPlan p;
     p.site = "layers.0";
     p.seam.structure = "decoder_block";
@@ -147,9 +173,53 @@ struct Layer {
     p.seam.attention.heads = kHeads;
     p.seam.attention.kv_heads = kKv;
     p.seam.attention.head_dim = kDim;
-    return build_block_seat(p, parts(), GuardMode::fallback);
+    p.seam.router.form = form;
+    p.seam.router.top_k = kTopK;
+    return p;
+  }
+  std::unique_ptr<BlockSeat> block() {
+    TensorView r = rows(router, kExperts, kHidden);
+    return build_block_seat(block_plan(), parts(), GuardMode::fallback,
+                            seats.count("bank") ? &r : nullptr);
   }
 };
+
+// The routed feed-forward as the host's sparse block computes it, in double: softmax(n2 W^T),
+// its top-k (renormalised or not), each chosen expert's gated output through the bank's seat on
+// that row alone (the seat's own rounding), weighted and summed.
+std::vector<float> routed_reference(Layer& l, std::vector<float>& n2, int64_t b, bool renormalise) {
+  std::vector<float> out(b * kHidden, 0.0f);
+  for (int64_t r = 0; r < b; ++r) {
+    std::vector<double> p(kExperts);
+    double top = -INFINITY, sum = 0;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      double z = 0;
+      for (int64_t i = 0; i < kHidden; ++i)
+        z += static_cast<double>(n2[r * kHidden + i]) * l.router[e * kHidden + i];
+      p[e] = z;
+      top = std::max(top, z);
+    }
+    for (double& z : p) sum += (z = std::exp(z - top));
+    std::vector<int64_t> order(kExperts);
+    for (int64_t e = 0; e < kExperts; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return p[a] > p[c]; });
+    double chosen = 0;
+    for (int64_t j = 0; j < kTopK; ++j) chosen += p[order[j]] / sum;
+    for (int64_t j = 0; j < kTopK; ++j) {
+      std::vector<int64_t> index = {order[j]};
+      std::vector<float> weight = {static_cast<float>(p[order[j]] / sum /
+                                                      (renormalise ? chosen : 1.0))},
+                         one(kHidden);
+      std::vector<float> xr(n2.begin() + r * kHidden, n2.begin() + (r + 1) * kHidden);
+      TensorView iv = TensorView::matrix(index.data(), DType::i64, 1, 1, 1);
+      const Routing routing{iv, TensorView::matrix(weight.data(), DType::f32, 1, 1, 1)};
+      EXPECT_EQ(l.seats["bank"]->run(rows(xr, 1, kHidden), rows(one, 1, kHidden), false, &routing),
+                Verdict::ran);
+      for (int64_t i = 0; i < kHidden; ++i) out[r * kHidden + i] += one[i];
+    }
+  }
+  return out;
+}
 
 // The rotate-half tables of one position, [1, 1, dim].
 void tables(std::vector<float>& cos, std::vector<float>& sin, int64_t position) {
@@ -212,18 +282,24 @@ std::vector<float> by_parts(Layer& l, std::vector<float>& x, int64_t b, std::vec
   run(*l.seats["o"], rows(att, b, qw), rows(o, b, kHidden));
   for (int64_t i = 0; i < b * kHidden; ++i) h[i] = x[i] + o[i];
   run(*l.seats["post_norm"], rows(h, b, kHidden), rows(n2, b, kHidden));
-  run(*l.seats["ffn"], rows(n2, b, kHidden), rows(f, b, kHidden));
+  if (l.seats.count("ffn"))
+    run(*l.seats["ffn"], rows(n2, b, kHidden), rows(f, b, kHidden));
+  else
+    f = routed_reference(l, n2, b, true);
   std::vector<float> y(b * kHidden);
   for (int64_t i = 0; i < b * kHidden; ++i) y[i] = h[i] + f[i];
   return y;
 }
 
+// A routed layer (its feed-forward a router and a bank's seat) runs the router in the tail: the
+// router's fp32 logits against the reference's double ones pick the same experts here (the
+// ramps' probabilities are far from ties), the weights within float rounding.
 TEST(BlockSeat, HeadAndTailComputeWhatItsPartsSeatsComputeOneAfterTheOther) {
-  for (bool packed : {false, true}) {
+  for (auto [packed, routed] : {std::pair{false, false}, {true, false}, {true, true}}) {
     for (int64_t b : {int64_t{1}, int64_t{3}}) {
-      SCOPED_TRACE(std::string(packed ? "one pack" : "three projections") + ", rows " +
-                   std::to_string(b));
-      Layer layer(packed);
+      SCOPED_TRACE(std::string(packed ? "one pack" : "three projections") +
+                   (routed ? ", routed" : "") + ", rows " + std::to_string(b));
+      Layer layer(packed, routed);
       std::unique_ptr<BlockSeat> block = layer.block();
       std::vector<float> x = ramp(b * kHidden, 1.0f, 0.3f), cos, sin;
       tables(cos, sin, kPos - 1);
@@ -252,7 +328,15 @@ TEST(BlockSeat, HeadAndTailComputeWhatItsPartsSeatsComputeOneAfterTheOther) {
                             std::nullopt, rows(y, b, kHidden), false),
                 Verdict::ran)
           << block->ledger().last_reason;
-      EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
+      if (routed) {
+        double worst = 0;
+        for (size_t i = 0; i < y.size(); ++i)
+          worst = std::max(worst, static_cast<double>(std::fabs(y[i] - want[i])));
+        EXPECT_LT(worst, 1e-4);
+        EXPECT_EQ(layer.seats["bank"]->ledger().calls, 1 + 2 * b);  // the block's, the reference's
+      } else {
+        EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
+      }
       EXPECT_EQ(block->ledger().calls, 1);
       EXPECT_EQ(block->ledger().fallbacks, 0);
       EXPECT_EQ(block->nbytes(), 0);  // its parts' seats stream the bytes
@@ -296,13 +380,7 @@ TEST(BlockSeat, MissesComeBeforeAnythingIsWrittenAndBuildRefusesAMissingPart) {
   // A plan whose part has no seat, or a part of another kind, is refused naming it.
   std::map<std::string, Seat*> parts = layer.parts();
   parts.erase("o");
-  SeatPlan p;
-  p.site = "layers.0";
-  p.op = OpKind::block;
-  p.seam.dims = {{"hidden", kHidden}};
-  p.seam.attention.heads = kHeads;
-  p.seam.attention.kv_heads = kKv;
-  p.seam.attention.head_dim = kDim;
+  SeatPlan p = Layer::block_plan();
   try {
     build_block_seat(p, parts, GuardMode::fallback);
     ADD_FAILURE() << "built without its o projection";
@@ -322,6 +400,36 @@ TEST(BlockSeat, TheSelfChecksJudgeNamesEachCosineBelowThePass) {
   EXPECT_EQ(why.rfind("self-check against the host's layer: k cosine 0.2", 0), 0u) << why;
   EXPECT_NE(why.find("update cosine nan"), std::string::npos) << why;
   EXPECT_EQ(why.find("v cosine"), std::string::npos) << why;
+}
+
+TEST(BlockSeat, ARoutedLayersRouterMustBeTheBanksAndItsForm) {
+  Layer layer(false, true);
+  // No router weight, a router the plan does not describe, or one of another shape: refused.
+  SeatPlan p = Layer::block_plan(RouterForm::softmax_topk);
+  try {
+    build_block_seat(p, layer.parts(), GuardMode::fallback);
+    ADD_FAILURE() << "built without a router";
+  } catch (const Refused& e) {
+    EXPECT_NE(std::string(e.what()).find("its router weight missing: expected f32 [6, 64]"),
+              std::string::npos)
+        << e.what();
+  }
+  TensorView short_router = rows(layer.router, kExperts - 1, kHidden);
+  EXPECT_THROW(build_block_seat(p, layer.parts(), GuardMode::fallback, &short_router), Refused);
+  TensorView r = rows(layer.router, kExperts, kHidden);
+  p.seam.router.form = RouterForm::other;
+  EXPECT_THROW(build_block_seat(p, layer.parts(), GuardMode::fallback, &r), Refused);
+  p.seam.router.form = RouterForm::softmax_topk;
+  p.seam.router.top_k = kExperts + 1;
+  EXPECT_THROW(build_block_seat(p, layer.parts(), GuardMode::fallback, &r), Refused);
+  // A dense feed-forward and a bank both, or neither, is not a block.
+  p.seam.router.top_k = kTopK;
+  std::map<std::string, Seat*> parts = layer.parts();
+  Layer dense(false);
+  parts["ffn"] = dense.seats["ffn"].get();
+  EXPECT_THROW(build_block_seat(p, parts, GuardMode::fallback, &r), Refused);
+  // In form, it builds.
+  EXPECT_NE(build_block_seat(p, layer.parts(), GuardMode::fallback, &r), nullptr);
 }
 
 }  // namespace

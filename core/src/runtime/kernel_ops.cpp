@@ -2,6 +2,7 @@
 #include <flashrt/kernel_ops.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -347,6 +348,35 @@ void run_ffn(const frt_kernel_table& table, Parallel& pool, const FfnOperands& f
              const TensorView& x, const TensorView& y, int threads) {
   if (std::string why = ffn_refusal(table, f, x, y); !why.empty()) throw Refused(why);
   detail::run_ffn_unchecked(table, pool, f, x, y, threads);
+}
+
+void choose_experts(float* logits, int64_t rows, int64_t experts, int64_t k, bool renormalise,
+                    int64_t* index, float* weight) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* p = logits + r * experts;
+    float top = p[0];
+    for (int64_t e = 1; e < experts; ++e) top = std::max(top, p[e]);
+    float sum = 0;
+    for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(p[e] - top));
+    for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
+    int64_t* chosen = index + r * k;
+    float* w = weight + r * k;
+    // k passes, each taking the largest probability not yet taken (the first, on a tie).
+    float total = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < experts; ++e) {
+        bool taken = false;
+        for (int64_t i = 0; i < j && !taken; ++i) taken = chosen[i] == e;
+        if (!taken && (best < 0 || p[e] > p[best])) best = e;
+      }
+      chosen[j] = best;
+      w[j] = p[best];
+      total += p[best];
+    }
+    if (renormalise)
+      for (int64_t j = 0; j < k; ++j) w[j] /= total;
+  }
 }
 
 }  // namespace frt

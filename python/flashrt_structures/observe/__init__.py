@@ -37,6 +37,7 @@ from .probes import (
     measure_wrapped,
 )
 from .rotary import RotaryWatch
+from .routing import measure_routers
 from .tree import config_facts, describe_tree, engine_projection
 
 
@@ -52,6 +53,7 @@ def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
     attention.write()
     rotary.write()
     watch_blocks(model, graph, forwards[0])  # needs the kinds the watches above wrote
+    measure_routers(model, graph)  # a routed layer's block runs its router
     return graph
 
 

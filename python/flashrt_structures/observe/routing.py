@@ -20,6 +20,7 @@ from torch import nn
 from .. import _core
 from ..seats import SeatModule
 from .experts import describe_bank, find_router, measure_bank
+from .probes import dtype_of
 
 # Rows a measurement calls the module on: enough that a renormalised top-k and a plain one differ
 # on every row unless k covers the whole bank.
@@ -115,6 +116,35 @@ def _probe_bank(mod: nn.Module, facts: _core.ExpertFacts, top_k: int) -> _core.A
     return act if act is not None else _core.Activation.unknown
 
 
+def _measure_router_of(model: nn.Module, modules: list[_core.HostModule], by_path: dict[str, int],
+                       facts: _core.ExpertFacts) -> _core.HostModule | None:
+    """The bank's router in `modules` with its form measured (written back there), or None when
+    the bank has no router located."""
+    if not facts.router or facts.router not in by_path:
+        return None
+    j = by_path[facts.router]
+    router = modules[j]
+    mod = model.get_submodule(facts.router)
+    router.router = measure_router(mod, facts.experts, facts.hidden)
+    weight = mod._parameters.get("weight")
+    if isinstance(weight, torch.Tensor):
+        router.weight_dtype = dtype_of(weight.dtype)
+    modules[j] = router
+    return router
+
+
+def measure_routers(model: nn.Module, graph: _core.HostGraph) -> None:
+    """The form of each bank's router (the door's: a routed decoder block runs the router
+    itself, Note [Routed decoder block] in planner/plan.cpp), measured on a call of its own. A
+    host without banks is left as it is."""
+    modules = list(graph.modules)
+    by_path = {hm.path: i for i, hm in enumerate(modules)}
+    found = [_measure_router_of(model, modules, by_path, hm.experts) for hm in list(modules)
+             if hm.kind == _core.ModuleKind.experts]
+    if any(r is not None for r in found):
+        graph.modules = modules
+
+
 def describe_routing(model: nn.Module, graph: _core.HostGraph) -> None:
     """Adds to `graph` what a decode plan reads of each bank of experts: a seated bank's facts
     (read from the host bank under the seat), each bank's gated form, and its router's form,
@@ -133,13 +163,7 @@ def describe_routing(model: nn.Module, graph: _core.HostGraph) -> None:
             continue
         parent_path, _, name = hm.path.rpartition(".")
         facts.router = find_router(model.get_submodule(parent_path), parent_path, name, facts)
-        router = None
-        if facts.router and facts.router in by_path:
-            j = by_path[facts.router]
-            router = modules[j]
-            router.router = measure_router(model.get_submodule(facts.router), facts.experts,
-                                           facts.hidden)
-            modules[j] = router
+        router = _measure_router_of(model, modules, by_path, facts)
         if not facts.transposed:
             hm.activation = _probe_bank(host, facts, router.router.top_k if router else 1)
         hm.experts = facts
