@@ -172,3 +172,27 @@ def test_a_bf16_router_keeps_the_layer_naming_it():
     assert not blocks(plan)
     kept = plan.notes["scheme"]["keep_host"]["model.layers.0"]
     assert "its router model.layers.0.mlp.gate holds bf16 weights" in kept, kept
+
+
+def test_a_router_holding_a_score_correction_is_another_form():
+    """Ernie 4.5 MoE's router adds a learned correction to the expert scores before the top-k
+    (`moe_statics.e_score_correction_bias`): a bias small enough that random rows may choose as
+    a plain softmax top-k would, so the router's own state names the form, not its calls."""
+    from transformers import Ernie4_5_MoeConfig, Ernie4_5_MoeForCausalLM
+
+    from flashrt_structures.observe.routing import measure_router
+
+    torch.manual_seed(16)
+    cfg = Ernie4_5_MoeConfig(vocab_size=hosts.VOCAB, hidden_size=256, num_attention_heads=4,
+                             num_key_value_heads=2, num_hidden_layers=2, intermediate_size=512,
+                             moe_intermediate_size=128, moe_num_experts=16, moe_k=4,
+                             moe_num_shared_experts=0, moe_layer_start_index=0)
+    model = Ernie4_5_MoeForCausalLM(cfg).eval()
+    gate = model.model.layers[1].mlp.gate
+    with torch.no_grad():
+        gate.moe_statics.e_score_correction_bias.normal_(0, 5e-4)
+    facts = measure_router(gate, 16, 256)
+    assert facts.form == S._core.RouterForm.other
+    assert "moe_statics.e_score_correction_bias beside its weight" in facts.other, facts.other
+    plan = plan_of(model)
+    assert not blocks(plan)

@@ -101,9 +101,10 @@ void run_moe(const frt_kernel_table& table, Parallel& pool, const ExpertBank& ba
              const TensorView& x, const Routing& routing, const TensorView& y, int threads = 0);
 
 // A softmax router's choice from its logits [rows, experts] (x W^T at the host's precision),
-// which become the probabilities (fp32, in place): each row's top-k (the first on a tie, as
-// torch.topk), divided by their sum where the host's router renormalises, into index [rows, k]
-// and weight [rows, k]. The decode program and a routed decoder block both choose with it.
+// which become the probabilities (fp32, in place): each row's top-k (the lower expert on a tie,
+// where torch.topk's CPU order is its own; exact ties are rare in real logits), divided by their
+// sum where the host's router renormalises, into index [rows, k] and weight [rows, k]. The
+// decode program and a routed decoder block both choose with it.
 void choose_experts(float* logits, int64_t rows, int64_t experts, int64_t k, bool renormalise,
                     int64_t* index, float* weight);
 

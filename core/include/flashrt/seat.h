@@ -394,7 +394,8 @@ struct BlockGeometry {
 // there hands the door the rest of the layer to run with the host's modules.
 class BlockSeat : public Seat {
  public:
-  // `table`: any package table of the parts (the block runs no op of its own).
+  // `table`: the attention part's package table (a routed block runs its router's logits on
+  // that package's dense op; every other op is its parts' seats').
   BlockSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, BlockParts parts,
             BlockGeometry geometry);
   // x [rows, hidden]; cos, sin [rows or 1, 1, head_dim] (the tables the layer's call carried); q
@@ -409,8 +410,11 @@ class BlockSeat : public Seat {
   // named cosine must reach `pass`. "" when all do, else which did not (the door then restores
   // the host's layer with that reason, through miss()).
   static std::string judge(const std::vector<std::pair<std::string, double>>& cosines, double pass);
-  // Its parts' seats stream the bytes, each counted where it stands (as a pack's members are).
-  int64_t nbytes() const override { return 0; }
+  // Its parts' seats stream their bytes, each counted where it stands (as a pack's members
+  // are); a routed block streams its router's copy (experts x hidden fp32) itself.
+  int64_t nbytes() const override {
+    return static_cast<int64_t>(parts_.router.weight.size() * sizeof(float));
+  }
 
  private:
   std::string refusal(const TensorView&, const TensorView&, const Routing*) const override {

@@ -361,7 +361,7 @@ void choose_experts(float* logits, int64_t rows, int64_t experts, int64_t k, boo
     for (int64_t e = 0; e < experts; ++e) p[e] /= sum;
     int64_t* chosen = index + r * k;
     float* w = weight + r * k;
-    // k passes, each taking the largest probability not yet taken (the first, on a tie).
+    // k passes, each taking the largest probability not yet taken (the lower expert, on a tie).
     float total = 0;
     for (int64_t j = 0; j < k; ++j) {
       int64_t best = -1;
