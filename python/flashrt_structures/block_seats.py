@@ -258,11 +258,9 @@ def build_block_seat(model: nn.Module, plan: _core.SeatPlan,
             raise _core.Refused(f"{plan.site}: its {role} ({path}) has no seat in this plan")
         parts[role] = swaps[path]
     router: torch.Tensor | None = None
-    if "router" in plan.seam.nodes:  # a routed layer: the block runs the router (copied)
+    if "router" in plan.seam.nodes:  # a routed layer: the core copies the router (and checks it)
         weight = model.get_submodule(plan.seam.nodes["router"])._parameters.get("weight")
-        if not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32:
-            raise _core.Refused(f"{plan.site}: its router weight is not an fp32 tensor")
-        router = weight.detach().contiguous()
+        router = weight.detach().contiguous() if isinstance(weight, torch.Tensor) else None
     seat = _core.build_block_seat(plan, {role: s.seat for role, s in parts.items()},
                                   router=router)
     module = BlockSeatModule(plan.site, model.get_submodule(plan.site), seat, parts, plan)

@@ -288,8 +288,8 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
 // holds no weight of its own and its band is the narrowest of theirs; any part left with the
 // host (kept, refused, not asked for) keeps the layer with the host's forward, whose sublayers
 // keep their own seats: a keep-at-host naming that part, never a refusal of the layer's weights.
-// Note [Routed decoder block]: a layer whose feed-forward is routed (Qwen3-MoE, Mixtral, OLMoE)
-// is a block too when that module holds exactly a seated bank of experts and the router that
+// Note [Routed decoder block]: a layer whose feed-forward is routed (Qwen3-MoE, Mixtral) is a
+// block too when that module holds exactly a seated bank of experts and the router that
 // picks its rows' experts, and the door measured the router to be the top-k of softmax(x W^T),
 // renormalised or not (RouterFacts, observe/routing.py). The block then runs the router itself
 // (its weight copied, logits on the dense op, the choice in choose_experts(), as decode_loop
@@ -394,10 +394,10 @@ void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& 
   }
   // The block norms q and k head by head; a norm over the whole projection (OLMo 2, OLMoE) is
   // another form, which its own seat serves in the host's layer.
+  const HostModule* attention = g.find(f.attention);
+  const int64_t head_dim = attention != nullptr ? attention->attention.head_dim : 0;
   for (const auto& [role, s] : parts) {
     if (role != "q_norm" && role != "k_norm") continue;
-    const HostModule* attention = g.find(f.attention);
-    const int64_t head_dim = attention != nullptr ? attention->attention.head_dim : 0;
     const auto width = s->seam.dims.find("width");
     if (width != s->seam.dims.end() && width->second != head_dim) {
       p.keep_host.emplace_back(

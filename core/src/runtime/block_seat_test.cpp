@@ -185,9 +185,9 @@ struct Layer {
 };
 
 // The routed feed-forward as the host's sparse block computes it, in double: softmax(n2 W^T),
-// its top-k (renormalised or not), each chosen expert's gated output through the bank's seat on
-// that row alone (the seat's own rounding), weighted and summed.
-std::vector<float> routed_reference(Layer& l, std::vector<float>& n2, int64_t b, bool renormalise) {
+// its top-k renormalised (the block plan's form), each chosen expert's gated output through the
+// bank's seat on that row alone (the seat's own rounding), weighted and summed.
+std::vector<float> routed_reference(Layer& l, std::vector<float>& n2, int64_t b) {
   std::vector<float> out(b * kHidden, 0.0f);
   for (int64_t r = 0; r < b; ++r) {
     std::vector<double> p(kExperts);
@@ -207,9 +207,7 @@ std::vector<float> routed_reference(Layer& l, std::vector<float>& n2, int64_t b,
     for (int64_t j = 0; j < kTopK; ++j) chosen += p[order[j]] / sum;
     for (int64_t j = 0; j < kTopK; ++j) {
       std::vector<int64_t> index = {order[j]};
-      std::vector<float> weight = {static_cast<float>(p[order[j]] / sum /
-                                                      (renormalise ? chosen : 1.0))},
-                         one(kHidden);
+      std::vector<float> weight = {static_cast<float>(p[order[j]] / sum / chosen)}, one(kHidden);
       std::vector<float> xr(n2.begin() + r * kHidden, n2.begin() + (r + 1) * kHidden);
       TensorView iv = TensorView::matrix(index.data(), DType::i64, 1, 1, 1);
       const Routing routing{iv, TensorView::matrix(weight.data(), DType::f32, 1, 1, 1)};
@@ -285,7 +283,7 @@ std::vector<float> by_parts(Layer& l, std::vector<float>& x, int64_t b, std::vec
   if (l.seats.count("ffn"))
     run(*l.seats["ffn"], rows(n2, b, kHidden), rows(f, b, kHidden));
   else
-    f = routed_reference(l, n2, b, true);
+    f = routed_reference(l, n2, b);
   std::vector<float> y(b * kHidden);
   for (int64_t i = 0; i < b * kHidden; ++i) y[i] = h[i] + f[i];
   return y;
