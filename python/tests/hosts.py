@@ -6,6 +6,8 @@ decode tests compare against (the host's own greedy generate, where tokens first
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import (
     AutoModel,
@@ -127,3 +129,17 @@ def first_divergence(model: torch.nn.Module, got: torch.Tensor, want: torch.Tens
         logits = model(want[:, :pos]).logits[0, -1]
     top = logits.topk(2).values
     return pos - prompt, float(top[0] - top[1])
+
+
+def generate_attached(model: torch.nn.Module, plan: Any, prompt: torch.Tensor, new: int = 32,
+                      **kw: Any) -> tuple[Any, dict[str, dict]]:
+    """`new` greedy tokens with `plan` attached for the run (logits kept), and its ledger by
+    site; detached after."""
+    handle = plan.attach(model)
+    try:
+        with torch.no_grad():
+            out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, **kw)
+        return out, {r["site"]: r for r in handle.report()}
+    finally:
+        handle.detach()

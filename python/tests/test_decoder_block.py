@@ -60,15 +60,7 @@ def blocks(plan) -> dict[str, BlockSeatModule]:
     return {p: s for p, s in plan.swaps.items() if isinstance(s, BlockSeatModule)}
 
 
-def generate(model, plan, prompt, new=32, **kw):
-    handle = plan.attach(model)
-    try:
-        with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                 output_logits=True, return_dict_in_generate=True, **kw)
-        return out, {r["site"]: r for r in handle.report()}
-    finally:
-        handle.detach()
+generate = hosts.generate_attached
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -37,15 +37,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
                                                  dim=0).item()
 
 
-def generate(model, plan, prompt, new=32):
-    handle = plan.attach(model)
-    try:
-        with torch.no_grad():
-            out = model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                 output_logits=True, return_dict_in_generate=True)
-        return out, {r["site"]: r for r in handle.report()}
-    finally:
-        handle.detach()
+generate = hosts.generate_attached
 
 
 @pytest.mark.parametrize("family", sorted(ROUTED))
