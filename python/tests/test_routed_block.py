@@ -109,7 +109,8 @@ def test_a_router_outside_the_softmax_top_k_form_keeps_the_layer_naming_it():
     plan = plan_of(model)
     assert not blocks(plan)
     kept = plan.notes["scheme"]["keep_host"]["model.layers.0"]
-    assert "its router model.layers.0.mlp.gate is not a softmax top-k" in kept, kept
+    assert ("its router: model.layers.0.mlp.gate (Qwen3MoeTopKRouter) does not route as the "
+            "top-k of softmax(x W^T)") in kept, kept
     assert "model.layers.0.mlp.experts" in plan.swaps  # the bank keeps its seat
 
 

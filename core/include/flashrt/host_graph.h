@@ -88,6 +88,14 @@ struct RouterFacts {
   std::string other;  // form other: what its call showed instead, for the refusal
 };
 
+struct HostModule;
+
+// Why the router `m` cannot choose among a bank's `experts` experts of width `hidden` as the
+// core routes (choose_experts(): the top-k of softmax(x W^T) in fp32, renormalised or not,
+// k in 1..FRT_MAX_TOP_K); "" when it can. decode_loop's plan and a routed decoder block's
+// ask the same question of the same facts, each adding what only it needs.
+std::string router_refusal(const HostModule& m, int64_t experts, int64_t hidden);
+
 // A decoder layer as the door measured its observed call (kind block): which child plays each
 // part, and how its output is composed of theirs. The attention module's own children are
 // named too (its projections, in the order its call ran them, and its per-head q/k norms), as

@@ -215,21 +215,11 @@ bool Planner::router(const std::string& layer, DecodeLayerPlan& L, int64_t hidde
   if (m == nullptr) return refuse(slot_path(layer, "router"), absent);
   const std::string named = path + " (" + m->type_name + ")";
   const RouterFacts& r = m->router;
-  std::string why;
-  if (m->seated.has_value())
-    why = named + " is seated; the loop routes at the host's precision (it picks the experts)";
-  else if (r.form == RouterForm::unknown)
-    why = "the door measured no routing at " + named;
-  else if (r.form == RouterForm::other)
-    why = named + " does not route as the top-k of softmax(x W^T): " + r.other;
-  else if (e.experts > 0 && (r.experts != e.experts || r.hidden != hidden))
-    why = named + " routes over [" + std::to_string(r.experts) + "x" + std::to_string(r.hidden) +
-          "]; the bank holds " + std::to_string(e.experts) + " experts of width " +
-          std::to_string(hidden);
-  else if (r.top_k < 1 || r.top_k > r.experts || r.top_k > FRT_MAX_TOP_K)
-    why = named + " picks " + std::to_string(r.top_k) + " of " + std::to_string(r.experts) +
-          " experts; the loop takes 1.." +
-          std::to_string(std::min<int64_t>(r.experts, FRT_MAX_TOP_K));
+  // A bank of 0 experts was refused by bank(); the router is judged against its own count then.
+  const std::string why =
+      m->seated.has_value()
+          ? named + " is seated; the loop routes at the host's precision (it picks the experts)"
+          : router_refusal(*m, e.experts > 0 ? e.experts : r.experts, hidden);
   if (!at_slot) return refuse(slot_path(layer, "router"), absent + (why.empty() ? "" : "; " + why));
   if (!why.empty()) return refuse(path, why);
   moe.top_k = r.top_k;

@@ -291,7 +291,8 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
 // Note [Routed decoder block]: a layer whose feed-forward is routed (Qwen3-MoE, Mixtral) is a
 // block too when that module holds exactly a seated bank of experts and the router that
 // picks its rows' experts, and the door measured the router to be the top-k of softmax(x W^T),
-// renormalised or not (RouterFacts, observe/routing.py). The block then runs the router itself
+// renormalised or not (RouterFacts, observe/routing.py; router_refusal() judges them, as it
+// does decode_loop's routers). The block then runs the router itself
 // (its weight copied, logits on the dense op, the choice in choose_experts(), as decode_loop
 // does) and the bank's seat with that choice, so the layer's whole decode step is two calls into
 // the core. Anything else in the module (Qwen2-MoE's shared expert and its sigmoid gate, a
@@ -318,10 +319,8 @@ bool routed_ffn(const HostGraph& g, const std::string& ffn, const Plan& p,
   std::string why;
   if (rm == nullptr) {
     why = "no router located beside its bank " + bank->site;
-  } else if (rm->router.form != RouterForm::softmax_topk &&
-             rm->router.form != RouterForm::softmax_topk_renormalised) {
-    why = "its router " + rm->path + " is not a softmax top-k" +
-          (rm->router.other.empty() ? std::string(" (not measured)") : ": " + rm->router.other);
+  } else if (why = router_refusal(*rm, bm->experts.experts, bm->experts.hidden); !why.empty()) {
+    why = "its router: " + why;
   } else if (rm->weight_dtype != DType::f32) {
     why = "its router " + rm->path + " holds " + name_of(rm->weight_dtype) +
           " weights; the block routes in fp32 as an fp32 host does";

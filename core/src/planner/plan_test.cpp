@@ -1335,5 +1335,36 @@ TEST(Plan, ALayerOfAnotherCompositionIsRefusedByFormAndItsPartsKeepTheirSeats) {
   for (const auto& [site, why] : p.refused) EXPECT_EQ(site, "model.layers.0") << why;
 }
 
+// The one judgment of a router both routed plans share: the form the core computes, over the
+// bank's experts and width, k within what a kernel routes.
+TEST(Plan, ARouterIsJudgedByItsMeasuredFormShapeAndTopK) {
+  HostModule m;
+  m.path = "model.layers.0.mlp.gate";
+  m.type_name = "Router";
+  m.router = {RouterForm::softmax_topk_renormalised, 8, 64, 2, ""};
+  EXPECT_EQ(router_refusal(m, 8, 64), "");
+  m.router.form = RouterForm::softmax_topk;
+  EXPECT_EQ(router_refusal(m, 8, 64), "");
+
+  EXPECT_EQ(router_refusal(m, 16, 64),
+            "model.layers.0.mlp.gate (Router) routes over [8x64]; the bank holds 16 experts of "
+            "width 64");
+  EXPECT_NE(router_refusal(m, 8, 32).find("routes over [8x64]"), std::string::npos);
+  m.router.top_k = 0;
+  EXPECT_EQ(router_refusal(m, 8, 64),
+            "model.layers.0.mlp.gate (Router) picks 0 of 8 experts; the core routes 1..8 of them "
+            "a row");
+  m.router.top_k = 9;
+  EXPECT_NE(router_refusal(m, 8, 64).find("picks 9 of 8"), std::string::npos);
+  m.router = {RouterForm::other, 8, 64, 2, "sigmoid scores"};
+  EXPECT_EQ(router_refusal(m, 8, 64),
+            "model.layers.0.mlp.gate (Router) does not route as the top-k of softmax(x W^T): "
+            "sigmoid scores");
+  m.router = {};
+  EXPECT_EQ(router_refusal(m, 8, 64),
+            "the door measured no routing at model.layers.0.mlp.gate "
+            "(Router)");
+}
+
 }  // namespace
 }  // namespace frt
