@@ -73,8 +73,6 @@ MoeSpace carve(const frt_moe_args* a) {
   return s;
 }
 
-bool gated_act(int32_t act) { return act == FRT_ACT_SILU || act == FRT_ACT_GELU_TANH; }
-
 // "int8 per-channel (f32 scales)", "int4 g32 (f16 scales)": a weight's form for messages.
 void form_name(const frt_packed_weight* w, char* out, size_t size) {
   if (w->format == FRT_W_INT8_CHANNEL)
@@ -130,15 +128,7 @@ int32_t check_expert(const frt_moe_args* a, int64_t e, frt_error* err) {
 }  // namespace
 
 int32_t moe_supports_form(const frt_op_desc* d, frt_error* err) {
-  if (d == nullptr) return fail(err, FRT_REASON_FORMAT, "no form");
-  if (!gated_act(d->act))
-    return fail(err, FRT_REASON_FORMAT, "moe: activation %d not in {silu, gelu_tanh}", d->act);
-  if (d->has_bias) return fail(err, FRT_REASON_FORMAT, "moe: takes no biases");
-  if (d->experts < 1)
-    return fail(err, FRT_REASON_SHAPE, "moe: a bank of %lld experts; needs at least 1",
-                static_cast<long long>(d->experts));
-  if (d->top_k < 1 || d->top_k > FRT_MAX_TOP_K)
-    return fail(err, FRT_REASON_SHAPE, "moe: top_k %d outside 1..%d", d->top_k, FRT_MAX_TOP_K);
+  if (int32_t r = check_moe_form(d, "moe", err); r != FRT_REASON_OK) return r;
   if (int32_t r = check_weight_form(d->wformat, d->group, d->scale_dtype, d->inner, d->k,
                                     "moe gate/up", err);
       r != FRT_REASON_OK)
@@ -151,20 +141,7 @@ int32_t moe_supports_form(const frt_op_desc* d, frt_error* err) {
 }
 
 int32_t moe_supports(const frt_moe_args* a, frt_error* err) {
-  if (a == nullptr) return fail(err, FRT_REASON_FORMAT, "no arguments");
-  if (!gated_act(a->act))
-    return fail(err, FRT_REASON_FORMAT, "moe: activation %d not in {silu, gelu_tanh}", a->act);
-  if (a->experts < 1)
-    return fail(err, FRT_REASON_SHAPE, "moe: a bank of %lld experts; needs at least 1",
-                static_cast<long long>(a->experts));
-  if (a->top_k < 1 || a->top_k > FRT_MAX_TOP_K)
-    return fail(err, FRT_REASON_SHAPE, "moe: top_k %d outside 1..%d", a->top_k, FRT_MAX_TOP_K);
-  if (int32_t r = check_rows(a->m, a->x_dtype, a->y_dtype, err); r != FRT_REASON_OK) return r;
-  if (a->gate == nullptr || a->up == nullptr || a->down == nullptr)
-    return fail(err, FRT_REASON_FORMAT, "moe: no %s bank (expert arrays gate, up, down)",
-                a->gate == nullptr ? "gate"
-                : a->up == nullptr ? "up"
-                                   : "down");
+  if (int32_t r = check_moe_bank(a, "moe", err); r != FRT_REASON_OK) return r;
   for (int64_t e = 0; e < a->experts; ++e)
     if (int32_t r = check_expert(a, e, err); r != FRT_REASON_OK) return r;
   const int64_t k = a->gate[0].k, n = a->down[0].n;

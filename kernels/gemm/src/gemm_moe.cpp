@@ -64,8 +64,6 @@ MoeSpace carve(const frt_moe_args* a) {
   return s;
 }
 
-bool gated_act(int32_t act) { return act == FRT_ACT_SILU || act == FRT_ACT_GELU_TANH; }
-
 // One weight's form at plan time: int8_gemm with activation blocks of 32, or a nibble form
 // (gemm_nibble_form: int4_gemm, int4_super_gemm, int6_super_gemm) in its groups.
 int32_t check_form(int32_t wformat, int32_t group, int64_t n, int64_t k, int32_t x_dtype,
@@ -152,14 +150,7 @@ void quantize_slot(const void* x, int32_t x_dtype, int64_t k, const BlockRows& q
 }  // namespace
 
 int32_t gemm_moe_supports_form(const frt_op_desc* d, frt_error* err) {
-  if (!gated_act(d->act))
-    return fail(err, FRT_REASON_FORMAT, "gemm moe: activation %d not in {silu, gelu_tanh}", d->act);
-  if (d->has_bias) return fail(err, FRT_REASON_FORMAT, "gemm moe: takes no biases");
-  if (d->experts < 1)
-    return fail(err, FRT_REASON_SHAPE, "gemm moe: a bank of %lld experts; needs at least 1",
-                static_cast<long long>(d->experts));
-  if (d->top_k < 1 || d->top_k > FRT_MAX_TOP_K)
-    return fail(err, FRT_REASON_SHAPE, "gemm moe: top_k %d outside 1..%d", d->top_k, FRT_MAX_TOP_K);
+  if (int32_t r = check_moe_form(d, "gemm moe", err); r != FRT_REASON_OK) return r;
   if (int32_t r =
           check_form(d->wformat, d->group, d->inner, d->k, d->x_dtype, d->y_dtype, "gate/up", err);
       r != FRT_REASON_OK)
@@ -172,20 +163,7 @@ int32_t gemm_moe_supports_form(const frt_op_desc* d, frt_error* err) {
 }
 
 int32_t gemm_moe_supports(const frt_moe_args* a, frt_error* err) {
-  if (a == nullptr) return fail(err, FRT_REASON_FORMAT, "gemm moe: no arguments");
-  if (!gated_act(a->act))
-    return fail(err, FRT_REASON_FORMAT, "gemm moe: activation %d not in {silu, gelu_tanh}", a->act);
-  if (a->experts < 1)
-    return fail(err, FRT_REASON_SHAPE, "gemm moe: a bank of %lld experts; needs at least 1",
-                static_cast<long long>(a->experts));
-  if (a->top_k < 1 || a->top_k > FRT_MAX_TOP_K)
-    return fail(err, FRT_REASON_SHAPE, "gemm moe: top_k %d outside 1..%d", a->top_k, FRT_MAX_TOP_K);
-  if (int32_t r = check_rows(a->m, a->x_dtype, a->y_dtype, err); r != FRT_REASON_OK) return r;
-  if (a->gate == nullptr || a->up == nullptr || a->down == nullptr)
-    return fail(err, FRT_REASON_FORMAT, "gemm moe: no %s bank (expert arrays gate, up, down)",
-                a->gate == nullptr ? "gate"
-                : a->up == nullptr ? "up"
-                                   : "down");
+  if (int32_t r = check_moe_bank(a, "gemm moe", err); r != FRT_REASON_OK) return r;
   const frt_packed_weight &g0 = a->gate[0], &d0 = a->down[0];
   if (int32_t r =
           check_form(g0.format, g0.group, g0.n, g0.k, a->x_dtype, a->y_dtype, "gate/up", err);

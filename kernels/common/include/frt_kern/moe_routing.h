@@ -6,6 +6,7 @@
 #pragma once
 
 #include <flashrt/abi/frt_kernel_abi.h>
+#include <frt_kern/rows.h>
 #include <frt_kern/util.h>
 
 #include <algorithm>
@@ -17,6 +18,43 @@ namespace frt::kern {
 constexpr int64_t kMaxSlots = int64_t{FRT_MAX_ROWS} * FRT_MAX_TOP_K;
 constexpr int kSlotBits = 9;  // a slot's place r * top_k + j fits the low bits of a sort key
 static_assert(kMaxSlots <= (int64_t{1} << kSlotBits));
+
+// The activations a bank's gated experts take: act(gate x) * up x.
+inline bool moe_gated_act(int32_t act) { return act == FRT_ACT_SILU || act == FRT_ACT_GELU_TANH; }
+
+// What both bank ops ask of a form before their weights' own checks: a gated activation, no
+// biases, a bank of one expert or more and k within 1..FRT_MAX_TOP_K. `op` names the op.
+inline int32_t check_moe_form(const frt_op_desc* d, const char* op, frt_error* err) {
+  if (d == nullptr) return fail(err, FRT_REASON_FORMAT, "%s: no form", op);
+  if (!moe_gated_act(d->act))
+    return fail(err, FRT_REASON_FORMAT, "%s: activation %d not in {silu, gelu_tanh}", op, d->act);
+  if (d->has_bias) return fail(err, FRT_REASON_FORMAT, "%s: takes no biases", op);
+  if (d->experts < 1)
+    return fail(err, FRT_REASON_SHAPE, "%s: a bank of %lld experts; needs at least 1", op,
+                static_cast<long long>(d->experts));
+  if (d->top_k < 1 || d->top_k > FRT_MAX_TOP_K)
+    return fail(err, FRT_REASON_SHAPE, "%s: top_k %d outside 1..%d", op, d->top_k, FRT_MAX_TOP_K);
+  return ok(err);
+}
+
+// The same of a call, and its rows and expert arrays, before the weights' checks.
+inline int32_t check_moe_bank(const frt_moe_args* a, const char* op, frt_error* err) {
+  if (a == nullptr) return fail(err, FRT_REASON_FORMAT, "%s: no arguments", op);
+  if (!moe_gated_act(a->act))
+    return fail(err, FRT_REASON_FORMAT, "%s: activation %d not in {silu, gelu_tanh}", op, a->act);
+  if (a->experts < 1)
+    return fail(err, FRT_REASON_SHAPE, "%s: a bank of %lld experts; needs at least 1", op,
+                static_cast<long long>(a->experts));
+  if (a->top_k < 1 || a->top_k > FRT_MAX_TOP_K)
+    return fail(err, FRT_REASON_SHAPE, "%s: top_k %d outside 1..%d", op, a->top_k, FRT_MAX_TOP_K);
+  if (int32_t r = check_rows(a->m, a->x_dtype, a->y_dtype, err); r != FRT_REASON_OK) return r;
+  if (a->gate == nullptr || a->up == nullptr || a->down == nullptr)
+    return fail(err, FRT_REASON_FORMAT, "%s: no %s bank (expert arrays gate, up, down)", op,
+                a->gate == nullptr ? "gate"
+                : a->up == nullptr ? "up"
+                                   : "down");
+  return ok(err);
+}
 
 // The call's operands for a bank of width k in and n out: x, y and the routing present, row
 // strides that hold the widths, every index inside the bank and every weight finite. `op` names
