@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 SMALL = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -40,3 +42,25 @@ def save(cls, cfg, path: Path, grid: bool) -> Path:
                     p.copy_(on_int8_grid(p.reshape(-1, p.shape[-1])).reshape(p.shape))
     model.save_pretrained(path)
     return path
+
+
+# The engine doors' checkpoints, one per session (each engine conftest imports these fixtures).
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory) -> Path:
+    """Qwen3, separate head, weights on the int8 grid."""
+    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
+                tmp_path_factory.mktemp("qwen3"), grid=True)
+
+
+@pytest.fixture(scope="session")
+def qwen3_gauss_dir(tmp_path_factory) -> Path:
+    """Qwen3, separate head, the config class's own random initialisation."""
+    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
+                tmp_path_factory.mktemp("qwen3_gauss"), grid=False)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    """Llama, head tied to the token embedding, weights on the int8 grid."""
+    return save(LlamaForCausalLM, LlamaConfig(**SMALL, tie_word_embeddings=True),
+                tmp_path_factory.mktemp("llama"), grid=True)

@@ -21,34 +21,19 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the machine is shar
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup_vllm.sh)")
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 # The engine doors' shared checkpoints live beside the main tests (appended: no shadowing).
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
 from flashrt_structures import vllm_engine  # noqa: E402
 
-from engine_checkpoints import SMALL, save  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def qwen3_dir(tmp_path_factory) -> Path:
-    """Qwen3, separate head, weights on the int8 grid."""
-    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
-                 tmp_path_factory.mktemp("qwen3"), grid=True)
-
-
-@pytest.fixture(scope="session")
-def qwen3_gauss_dir(tmp_path_factory) -> Path:
-    """Qwen3, separate head, the config class's own random initialisation."""
-    return save(Qwen3ForCausalLM, Qwen3Config(**SMALL, tie_word_embeddings=False),
-                 tmp_path_factory.mktemp("qwen3_gauss"), grid=False)
-
-
-@pytest.fixture(scope="session")
-def llama_dir(tmp_path_factory) -> Path:
-    """Llama, head tied to the token embedding, weights on the int8 grid."""
-    return save(LlamaForCausalLM, LlamaConfig(**SMALL, tie_word_embeddings=True),
-                 tmp_path_factory.mktemp("llama"), grid=True)
+# The checkpoint fixtures, and SMALL and save for the tests that write their own.
+from engine_checkpoints import (  # noqa: E402, F401
+    SMALL,
+    llama_dir,
+    qwen3_dir,
+    qwen3_gauss_dir,
+    save,
+)
 
 
 def prompts(n: int, seed: int = 1) -> list[dict[str, Any]]:
