@@ -260,6 +260,11 @@ TEST_P(GemmMoe, OneRowTopOneWeightOneMatchesThePackagesLinears) {
 TEST_P(GemmMoe, RefusesBadRoutingRowsTopKAndForms) {
   const frt_op* op = moe_op(*t);
   ASSERT_NE(op, nullptr);
+  {
+    frt_error none{};  // no arguments at all: refused by name, nothing read
+    EXPECT_EQ(op->supports(nullptr, &none), FRT_REASON_FORMAT);
+    EXPECT_STREQ(none.message, "gemm moe: no arguments");
+  }
   const Bank bank(BankForm::int8, 8, 64, 48, 40, rng);
   const Route rt{2, {1, 2, 3, 7}, {0.5f, 0.5f, 0.25f, 0.75f}};
   const Rows x(DType::f32, 2, 64, 64 + 5, rng);

@@ -214,6 +214,11 @@ TEST_P(MoeKernel, OneRowTopOneWeightOneIsTheGatedFfnBitwise) {
 TEST_P(MoeKernel, RefusesBadRoutingRowsTopKFormatsAndMissingBanks) {
   const frt_op* op = moe_op(*t);
   ASSERT_NE(op, nullptr);
+  {
+    frt_error none{};  // no arguments at all: refused by name, nothing read
+    EXPECT_EQ(op->supports(nullptr, &none), FRT_REASON_FORMAT);
+    EXPECT_STREQ(none.message, "moe: no arguments");
+  }
   const Bank bank(kMoeFormats[0], 8, Widths{64, 48, 40}, rng);
   const Bank int4_bank(kMoeFormats[2], 8, Widths{64, 64, 40}, rng);
   const Bank wide_bank(kMoeFormats[0], 8, Widths{64, 64, 40}, rng);
