@@ -48,8 +48,9 @@ def _collecting() -> bool:
 
 
 # The plan's nodes that are the host's modules, not seats: the layer itself, a routed layer's
-# feed-forward module (which a fallback runs) and its router (the block runs a copy).
-_HOST_ROLES = frozenset({"block", "moe", "router"})
+# feed-forward module (which a fallback runs), its router and its shared expert's gate (the
+# block runs copies of their weights).
+_HOST_ROLES = frozenset({"block", "moe", "router", "shared_gate"})
 
 # The layer call's keywords the block reads itself; every other one goes to the cache update and
 # the attention call, as the layer's attention module would pass it.
@@ -247,6 +248,12 @@ class BlockSeatModule(SeatModule):
         return f"{self._seat.form.describe()}, parts: {', '.join(sorted(self._rel))}"
 
 
+def _host_weight(model: nn.Module, path: str) -> torch.Tensor | None:
+    """The host's weight at `path` (a seat standing there holds the host's own parameters)."""
+    weight = model.get_submodule(path)._parameters.get("weight")
+    return weight.detach().contiguous() if isinstance(weight, torch.Tensor) else None
+
+
 def build_block_seat(model: nn.Module, plan: _core.SeatPlan,
                      swaps: dict[str, SeatModule]) -> BlockSeatModule:
     """The block seat for one planned layer, from the seat modules built for its parts."""
@@ -257,12 +264,13 @@ def build_block_seat(model: nn.Module, plan: _core.SeatPlan,
         if path not in swaps:
             raise _core.Refused(f"{plan.site}: its {role} ({path}) has no seat in this plan")
         parts[role] = swaps[path]
-    router: torch.Tensor | None = None
-    if "router" in plan.seam.nodes:  # a routed layer: the core copies the router (and checks it)
-        weight = model.get_submodule(plan.seam.nodes["router"])._parameters.get("weight")
-        router = weight.detach().contiguous() if isinstance(weight, torch.Tensor) else None
+    # A routed layer: the core copies the router's weight and the shared expert's gate's (and
+    # checks them).
+    nodes = plan.seam.nodes
+    router = _host_weight(model, nodes["router"]) if "router" in nodes else None
+    gate = _host_weight(model, nodes["shared_gate"]) if "shared_gate" in nodes else None
     seat = _core.build_block_seat(plan, {role: s.seat for role, s in parts.items()},
-                                  router=router)
+                                  router=router, shared_gate=gate)
     module = BlockSeatModule(plan.site, model.get_submodule(plan.site), seat, parts, plan)
     module.plan = plan
     return module

@@ -273,14 +273,17 @@ void bind_runtime(nb::module_& m) {
   m.def(
       "build_block_seat",
       [](const SeatPlan& plan, const std::map<std::string, Seat*>& parts, GuardMode mode,
-         nb::handle router) {
-        std::optional<TensorView> rv;
+         nb::handle router, nb::handle shared_gate) {
+        std::optional<TensorView> rv, gv;
         if (!router.is_none()) rv = view_of(router, "router");
-        return build_block_seat(plan, parts, mode, rv ? &*rv : nullptr);  // the router is copied
+        if (!shared_gate.is_none()) gv = view_of(shared_gate, "shared_gate");
+        // The router and the shared expert's gate are copied.
+        return build_block_seat(plan, parts, mode, rv ? &*rv : nullptr, gv ? &*gv : nullptr);
       },
       // The block holds its parts' seats by pointer: the dict of them lives as long as it does.
       nb::arg("plan"), nb::arg("parts"), nb::arg("mode") = GuardMode::fallback,
-      nb::arg("router").none() = nb::none(), nb::keep_alive<0, 2>());
+      nb::arg("router").none() = nb::none(), nb::arg("shared_gate").none() = nb::none(),
+      nb::keep_alive<0, 2>());
 
   // Bind-time: the one constructor. The door hands the plan and the host tensor of each operand
   // (plan.slots resolved on its tree); the core packs them (read in place, never kept).

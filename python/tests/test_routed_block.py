@@ -1,6 +1,7 @@
 """Routed decoder layers as blocks (Note [Routed decoder block] in planner/plan.cpp): a layer
-whose feed-forward is a router and a seated bank of experts runs its decode step as one block,
-the router in the core; anything else in that feed-forward keeps the layer with the host."""
+whose feed-forward is a router and a seated bank of experts, with or without a seated shared
+expert and its sigmoid gate, runs its decode step as one block, the router in the core;
+anything else in that feed-forward keeps the layer with the host."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from flashrt_structures.block_seats import BlockSeatModule
 import hosts
 import moe_hosts
 
-# The families whose feed-forward is exactly a softmax top-k router and a bank.
+# The families whose feed-forward is a softmax top-k router and a bank (Qwen2-MoE: and a shared
+# expert with its sigmoid gate).
 ROUTED = {"qwen3_moe": moe_hosts.qwen3_moe, "mixtral": moe_hosts.mixtral,
-          "qwen3_moe_plain_topk": lambda: moe_hosts.qwen3_moe(norm_topk_prob=False)}
+          "qwen3_moe_plain_topk": lambda: moe_hosts.qwen3_moe(norm_topk_prob=False),
+          "qwen2_moe": moe_hosts.qwen2_moe}
 EVERY = list(S.list_structures())
 WITHOUT_BLOCKS = [s for s in EVERY if s != "decoder_block"]
 
@@ -32,12 +35,35 @@ def blocks(plan) -> dict[str, BlockSeatModule]:
     return {p: s for p, s in plan.swaps.items() if isinstance(s, BlockSeatModule)}
 
 
+def kept_layer(model, layer: str = "model.layers.0"):
+    """The plan of a host none of whose layers is a block, and why `layer` stays the host's."""
+    plan = plan_of(model)
+    assert not blocks(plan)
+    return plan, plan.notes["scheme"]["keep_host"][layer]
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(),
                                                  dim=0).item()
 
 
 generate = hosts.generate_attached
+
+
+def assert_step_reads_a_copy_of(model, weight: torch.Tensor) -> None:
+    """The attached model's decode step is the same with the host's `weight` negated: the
+    blocks read their own copy of it."""
+    x = hosts.ids(1)
+    with torch.no_grad():
+        past = model(hosts.ids(5), use_cache=True).past_key_values
+        model(x, past_key_values=past, use_cache=True)  # the self-check's call (the host's layer)
+        again = copy.deepcopy(past)
+        first = model(x, past_key_values=past, use_cache=True).logits
+        saved = weight.detach().clone()
+        weight.data.mul_(-1)
+        second = model(x, past_key_values=again, use_cache=True).logits
+        weight.data.copy_(saved)
+    assert torch.equal(first, second)
 
 
 @pytest.mark.parametrize("family", sorted(ROUTED))
@@ -70,24 +96,96 @@ def test_a_routed_layer_is_one_block_and_decodes_as_its_seated_sublayers(family)
     assert hosts.same_weights(model, snap)
 
 
-def test_a_shared_expert_keeps_the_layer_with_the_host_naming_it():
+def test_a_shared_expert_is_in_the_block_mixed_by_its_copied_gate():
     model = moe_hosts.qwen2_moe()
+    snap = hosts.snapshot(model)
     plan = plan_of(model)
-    assert not blocks(plan)
-    kept = plan.notes["scheme"]["keep_host"]["model.layers.0"]
-    assert "ffn model.layers.0.mlp: it holds model.layers.0.mlp.shared_expert" in kept, kept
-    assert "a shared expert is not in the block's routed form" in kept
+    sp = next(s for s in plan.seams if s.site == "model.layers.0")
+    nodes = dict(sp.seam.nodes)
+    assert nodes["shared"] == "model.layers.0.mlp.shared_expert"
+    assert nodes["shared_gate"] == "model.layers.0.mlp.shared_expert_gate"
+    assert ("model.layers.0.mlp.shared_expert: added as sigmoid(model.layers.0.mlp."
+            "shared_expert_gate x) * shared(x) to the routed experts' sum") in "\n".join(
+                plan.notes["assumed"])
+    # The block's gate is a copy of the host's fp32 weight: the seat standing for the gate (w8
+    # here) serves the host's forward, the block reads its own copy.
+    handle = plan.attach(model)
+    try:
+        block = model.model.layers[0]
+        assert isinstance(block, BlockSeatModule)
+        assert_step_reads_a_copy_of(model, block.mlp.shared_expert_gate.weight)
+    finally:
+        handle.detach()
+    assert hosts.same_weights(model, snap)
+
+
+def test_a_shared_expert_gate_with_a_bias_keeps_the_layer_naming_it():
+    model = moe_hosts.qwen2_moe()
+    for layer in model.model.layers:
+        biased = torch.nn.Linear(model.config.hidden_size, 1, bias=True)
+        biased.weight.data.copy_(layer.mlp.shared_expert_gate.weight)
+        layer.mlp.shared_expert_gate = biased
+    plan, kept = kept_layer(model)
+    assert ("ffn model.layers.0.mlp: its shared expert's gate model.layers.0.mlp."
+            "shared_expert_gate [1, 256] has a bias") in kept, kept
     # The bank and the shared expert keep their own seats.
-    assert "model.layers.0.mlp.experts" in plan.swaps
-    assert "model.layers.0.mlp.shared_expert" in plan.swaps
+    assert {"model.layers.0.mlp.experts", "model.layers.0.mlp.shared_expert"} <= set(plan.swaps)
+
+
+def remix_shared_expert(model, mix) -> None:
+    """Every Qwen2-MoE feed-forward's forward made bank(x) + mix(mlp, x), where the family's own
+    adds sigmoid(x g) * shared(x)."""
+    for layer in model.model.layers:
+
+        def forward(hidden, mlp=layer.mlp):
+            rows = hidden.reshape(-1, hidden.shape[-1])
+            _, weights, chosen = mlp.gate(rows)
+            return (mlp.experts(rows, chosen, weights) + mix(mlp, rows)).reshape(hidden.shape)
+
+        layer.mlp.forward = forward
+
+
+def test_a_shared_expert_without_a_gate_keeps_the_layer_naming_it():
+    """A shared expert added as it is, with no sigmoid gate (a form the block does not mix)."""
+    model = moe_hosts.qwen2_moe()
+    for layer in model.model.layers:
+        del layer.mlp.shared_expert_gate
+    remix_shared_expert(model, lambda mlp, rows: mlp.shared_expert(rows))
+    plan, kept = kept_layer(model)
+    assert ("ffn model.layers.0.mlp: its shared expert model.layers.0.mlp.shared_expert has no "
+            "[1, 256] gate beside it") in kept, kept
+    assert {"model.layers.0.mlp.experts", "model.layers.0.mlp.shared_expert"} <= set(plan.swaps)
+
+
+def test_a_shared_expert_mixed_otherwise_fails_the_block_s_self_check():
+    """The plan assumes the feed-forward adds sigmoid(x g) * shared(x); a module that subtracts
+    it instead has the same parts, so only the first decode call's check can tell."""
+    model = moe_hosts.qwen2_moe()
+    remix_shared_expert(model, lambda mlp, rows: -torch.sigmoid(mlp.shared_expert_gate(rows))
+                        * mlp.shared_expert(rows))
+    plan = plan_of(model)
+    assert sorted(blocks(plan)) == ["model.layers.0", "model.layers.1"]
+    handle = plan.attach(model)
+    try:
+        with pytest.warns(RuntimeWarning, match="self-check against the host's layer"):
+            with torch.no_grad():
+                past = model(hosts.ids(5), use_cache=True).past_key_values
+                got = model(hosts.ids(1), past_key_values=past, use_cache=True).logits
+        report = {x["site"]: x for x in handle.report()}
+        assert report["model.layers.0"]["restored"], report["model.layers.0"]
+        assert not isinstance(model.model.layers[0], BlockSeatModule)
+    finally:
+        handle.detach()
+    with torch.no_grad():
+        past = model(hosts.ids(5), use_cache=True).past_key_values
+        want = model(hosts.ids(1), past_key_values=past, use_cache=True).logits
+    assert cosine(got, want) >= 0.999  # the call returned the host's layer's output
 
 
 def test_q_and_k_norms_over_the_whole_projection_keep_the_layer_naming_them():
     """OLMoE norms q and k over all heads at once: its layers stay the host's, parts seated."""
     model = moe_hosts.olmoe()
-    plan = plan_of(model)
-    assert not blocks(plan)
-    kept = plan.notes["scheme"]["keep_host"]["model.layers.1"]
+    plan, kept = kept_layer(model, "model.layers.1")
     assert ("its q_norm model.layers.1.self_attn.q_norm norms 256 values at once, the whole "
             "projection; the block norms each head of 64") in kept, kept
     assert {"model.layers.1.mlp.experts", "model.layers.1.self_attn.q_norm"} <= set(plan.swaps)
@@ -106,9 +204,7 @@ def test_a_router_outside_the_softmax_top_k_form_keeps_the_layer_naming_it():
             return logits, top.values.to(x.dtype), top.indices
 
         gate.forward = sigmoid_router
-    plan = plan_of(model)
-    assert not blocks(plan)
-    kept = plan.notes["scheme"]["keep_host"]["model.layers.0"]
+    plan, kept = kept_layer(model)
     assert ("its router: model.layers.0.mlp.gate (Qwen3MoeTopKRouter) does not route as the "
             "top-k of softmax(x W^T)") in kept, kept
     assert "model.layers.0.mlp.experts" in plan.swaps  # the bank keeps its seat
@@ -125,17 +221,7 @@ def test_the_block_s_router_is_a_copy_and_detach_gives_everything_back():
     handle = plan_of(model).attach(model)
     assert isinstance(model.model.layers[0], BlockSeatModule)
     # Writing the host's router weight while attached changes nothing the block computes.
-    router = model.model.layers[0].mlp.gate.weight
-    with torch.no_grad():
-        past = model(hosts.ids(5), use_cache=True).past_key_values
-        model(x, past_key_values=past, use_cache=True)  # the self-check's call (the host's layer)
-        again = copy.deepcopy(past)
-        first = model(x, past_key_values=past, use_cache=True).logits
-        saved = router.detach().clone()
-        router.data.mul_(-1)
-        second = model(x, past_key_values=again, use_cache=True).logits
-        router.data.copy_(saved)
-    assert torch.equal(first, second)
+    assert_step_reads_a_copy_of(model, model.model.layers[0].mlp.gate.weight)
     handle.detach()
     assert model.model.layers[0] is layer
     with torch.no_grad():
@@ -161,9 +247,7 @@ def test_a_bf16_router_keeps_the_layer_naming_it():
     """The block routes on an fp32 copy, as an fp32 host does; a bf16 host's layers stay its own
     (its bank keeps its own seat where a form takes it)."""
     model = moe_hosts.qwen3_moe().to(torch.bfloat16)
-    plan = plan_of(model)
-    assert not blocks(plan)
-    kept = plan.notes["scheme"]["keep_host"]["model.layers.0"]
+    plan, kept = kept_layer(model)
     assert "its router model.layers.0.mlp.gate holds bf16 weights" in kept, kept
 
 

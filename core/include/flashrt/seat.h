@@ -363,7 +363,9 @@ struct BlockRouter {
 // pack whose splits are q, k and v, or three seats), o projection and per-head q/k norms
 // (nullptr where the layer has none), the model's rotary and the module's attention. The
 // feed-forward is a dense one (ffn) or a routed one: a bank of experts and the router that
-// picks its rows' experts (bank and router; Note [Routed decoder block] in planner/plan.cpp).
+// picks its rows' experts (bank and router; Note [Routed decoder block] in planner/plan.cpp),
+// with a shared expert beside them where the layer has one (shared: its feed-forward seat;
+// shared_gate: a copy of its gate's [1, hidden] weight, mixed in as sigmoid(x g) * shared(x)).
 struct BlockParts {
   NormSeat* input_norm = nullptr;
   NormSeat* post_norm = nullptr;
@@ -375,7 +377,9 @@ struct BlockParts {
   LinearSeat* o = nullptr;
   FfnSeat* ffn = nullptr;
   MoeSeat* bank = nullptr;
-  BlockRouter router;  // with bank only
+  BlockRouter router;              // with bank only
+  FfnSeat* shared = nullptr;       // with bank only
+  std::vector<float> shared_gate;  // with shared only: [hidden]
 };
 
 // The layer's widths and the attention call's scalars, as the plan's facts give them.
@@ -411,9 +415,11 @@ class BlockSeat : public Seat {
   // the host's layer with that reason, through miss()).
   static std::string judge(const std::vector<std::pair<std::string, double>>& cosines, double pass);
   // Its parts' seats stream their bytes, each counted where it stands (as a pack's members
-  // are); a routed block streams its router's copy (experts x hidden fp32) itself.
+  // are); a routed block streams its router's copy (experts x hidden fp32) and its shared
+  // expert's gate's (hidden fp32) itself.
   int64_t nbytes() const override {
-    return static_cast<int64_t>(parts_.router.weight.size() * sizeof(float));
+    return static_cast<int64_t>((parts_.router.weight.size() + parts_.shared_gate.size()) *
+                                sizeof(float));
   }
 
  private:
@@ -426,14 +432,15 @@ class BlockSeat : public Seat {
   // Either half's own checks of a call: training mode, the owner's thread, x f32 rows of the
   // hidden width, contiguous, in the band. "" when it takes x.
   std::string entry_refusal(const TensorView& x, bool training) const;
-  // A routed layer's feed-forward: the router's choice for the rows, then the bank's call.
+  // A routed layer's feed-forward: the router's choice for the rows, then the bank's call, then
+  // the shared expert's output mixed in where the layer has one.
   void routed_ffn(const TensorView& x, const TensorView& y);
   BlockParts parts_;
   BlockGeometry geo_;
   const frt_op* router_op_ = nullptr;  // the dense op the router's logits run on (routed only)
   // Scratch for one call, grown to the largest rows seen.
   std::vector<float> normed_, qkv_, q_normed_, k_normed_, attended_, projected_, residual_,
-      post_normed_, ffn_out_, logits_, route_weight_;
+      post_normed_, ffn_out_, logits_, route_weight_, shared_out_;
   std::vector<int64_t> route_index_;
 };
 
@@ -465,11 +472,14 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
 // keyed by the role its plan's seam.nodes gives each site ("input_norm", "post_norm", "ffn" or
 // "bank", "attention", "o", "rotary", "qkv" or "q"/"k"/"v", "q_norm"/"k_norm" where the layer has
 // them). A routed layer's plan (a "bank" part) also takes `router`, the host's routing weight
-// [experts, hidden] in fp32 (copied; its form is plan.seam.router's). The seats must outlive the
+// [experts, hidden] in fp32 (copied; its form is plan.seam.router's), and where it has a shared
+// expert (a "shared" part), `shared_gate`, its gate's weight [1, hidden] in fp32 (copied). The
+// seats must outlive the
 // block (the door holds them). Throws Refused naming a part that is missing or of another kind,
 // or whose widths do not chain, or a router weight the plan does not describe.
 std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
                                             const std::map<std::string, Seat*>& parts,
-                                            GuardMode mode, const TensorView* router = nullptr);
+                                            GuardMode mode, const TensorView* router = nullptr,
+                                            const TensorView* shared_gate = nullptr);
 
 }  // namespace frt

@@ -295,18 +295,79 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
 // does decode_loop's routers). The block then runs the router itself
 // (its weight copied, logits on the dense op, the choice in choose_experts(), as decode_loop
 // does) and the bank's seat with that choice, so the layer's whole decode step is two calls into
-// the core. Anything else in the module (Qwen2-MoE's shared expert and its sigmoid gate, a
-// router with a bias or sigmoid scores) keeps the layer with the host's forward, the reason
-// naming it; the bank keeps its own seat there. The block's first decode call is checked against
-// the host's layer like any block's (block_seats.py), which catches a composition the
-// measurement did not show (a router whose choice its module uses some other way).
-bool routed_ffn(const HostGraph& g, const std::string& ffn, const Plan& p,
-                std::vector<std::pair<std::string, const SeatPlan*>>& parts, RouterFacts& router,
-                std::string& router_path, std::string& missing) {
-  const std::string prefix = ffn + ".";
+// the core. A shared expert beside the bank (Qwen2-MoE's `shared_expert` and its sigmoid
+// `shared_expert_gate`) is part of the block when the expert has a feed-forward seat of this
+// plan and its gate is a [1, hidden] fp32 projection without bias: the block copies the gate's
+// weight as it copies the router's and adds sigmoid(x g) * shared(x) to the bank's sum, the
+// composition decode_loop assumes too (Note [Routed layers] in decode/plan_decode.cpp). Any
+// other weight in the module (a second shared expert, a gate with a bias, a router with a
+// bias) keeps the layer with the host's forward, the reason naming it; the bank keeps its own
+// seat there. The block's first decode call is checked against the host's layer like any
+// block's (block_seats.py), which catches a composition the measurement did not show (a
+// router whose choice its module uses some other way, a shared expert mixed in otherwise).
+struct RoutedParts {
+  RouterFacts router;
+  std::string router_path;
+  std::string shared_gate;  // the shared expert's gate, "" without a shared expert
+};
+
+// Why the weights of `ffn` outside its bank and router are not a shared expert the block adds
+// as sigmoid(x g) * shared(x); "" when the module holds no other weight, or exactly such an
+// expert. On "" with a shared expert, `shared` is its seat and `gate` its gate's path.
+std::string shared_expert_refusal(const HostGraph& g, const std::string& ffn,
+                                  const std::string& bank, const std::string& router,
+                                  int64_t hidden, const Plan& p, const SeatPlan*& shared,
+                                  std::string& gate) {
   const auto below = [](const std::string& path, const std::string& root) {
     return path == root || path.rfind(root + ".", 0) == 0;
   };
+  // The direct child of ffn that `path` lies in ("" for ffn itself).
+  const auto child_of_ffn = [&](const std::string& path) -> std::string {
+    if (path.size() <= ffn.size()) return "";
+    const size_t dot = path.find('.', ffn.size() + 1);
+    return dot == std::string::npos ? path : path.substr(0, dot);
+  };
+  for (const HostParam& w : g.params) {
+    if (!below(w.module, ffn) || below(w.module, bank) || below(w.module, router)) continue;
+    const std::string child = child_of_ffn(w.module);
+    const HostModule* m = g.find(w.module);
+    const bool gate_like = m != nullptr && w.module == child && m->kind == ModuleKind::linear &&
+                           w.name == "weight" && m->out_features == 1 && m->in_features == hidden;
+    if (gate_like && gate.empty()) {
+      if (m->has_bias || m->weight_dtype != DType::f32)
+        return "its shared expert's gate " + w.module + " [1, " + std::to_string(hidden) + "] " +
+               (m->has_bias ? "has a bias" : "holds " + std::string(name_of(m->weight_dtype))) +
+               "; the block mixes a shared expert by sigmoid(x g), g fp32 without bias";
+      gate = w.module;
+      continue;
+    }
+    if (gate_like || child.empty())
+      return "it holds " + w.module + "." + w.name + " beside its router, bank and shared expert";
+    if (shared != nullptr && shared->site == child) continue;
+    const auto seat = std::find_if(p.seats.begin(), p.seats.end(), [&](const SeatPlan& s) {
+      return s.site == child && s.replaces.size() == 1 &&
+             (s.op == OpKind::gated_ffn || s.op == OpKind::ffn);
+    });
+    if (shared != nullptr || seat == p.seats.end())
+      return "it holds " + w.module + "." + w.name + " beside its router and bank" +
+             (shared != nullptr ? " and its shared expert " + shared->site
+                                : ", in no feed-forward seat of this plan (a shared expert is "
+                                  "in the block as a seated feed-forward)");
+    shared = &*seat;
+  }
+  if ((shared == nullptr) != gate.empty())
+    return shared != nullptr
+               ? "its shared expert " + shared->site + " has no [1, " + std::to_string(hidden) +
+                     "] gate beside it (the block mixes it by sigmoid(x g))"
+               : "it holds the [1, " + std::to_string(hidden) + "] projection " + gate +
+                     " but no shared expert for it to gate";
+  return "";
+}
+
+bool routed_ffn(const HostGraph& g, const std::string& ffn, const Plan& p,
+                std::vector<std::pair<std::string, const SeatPlan*>>& parts, RoutedParts& out,
+                std::string& missing) {
+  const std::string prefix = ffn + ".";
   const SeatPlan* bank = nullptr;
   for (const SeatPlan& s : p.seats)
     if (s.op == OpKind::moe_ffn && s.replaces.size() == 1 && s.site.rfind(prefix, 0) == 0 &&
@@ -317,6 +378,8 @@ bool routed_ffn(const HostGraph& g, const std::string& ffn, const Plan& p,
   const HostModule* rm =
       bm != nullptr && !bm->experts.router.empty() ? g.find(bm->experts.router) : nullptr;
   std::string why;
+  const SeatPlan* shared = nullptr;
+  std::string gate;
   if (rm == nullptr) {
     why = "no router located beside its bank " + bank->site;
   } else if (why = router_refusal(*rm, bm->experts.experts, bm->experts.hidden); !why.empty()) {
@@ -325,21 +388,17 @@ bool routed_ffn(const HostGraph& g, const std::string& ffn, const Plan& p,
     why = "its router " + rm->path + " holds " + name_of(rm->weight_dtype) +
           " weights; the block routes in fp32 as an fp32 host does";
   } else {
-    for (const HostParam& w : g.params)
-      if (below(w.module, ffn) && !below(w.module, bank->site) && !below(w.module, rm->path)) {
-        why = "it holds " + w.module + "." + w.name +
-              " beside its router and bank (a shared "
-              "expert is not in the block's routed form)";
-        break;
-      }
+    why = shared_expert_refusal(g, ffn, bank->site, rm->path, bm->experts.hidden, p, shared, gate);
   }
   if (!why.empty()) {
     missing += (missing.empty() ? "" : ", ") + std::string("ffn ") + ffn + ": " + why;
     return true;
   }
   parts.emplace_back("bank", bank);
-  router = rm->router;
-  router_path = rm->path;
+  if (shared != nullptr) parts.emplace_back("shared", shared);
+  out.router = rm->router;
+  out.router_path = rm->path;
+  out.shared_gate = gate;
   return true;
 }
 
@@ -365,10 +424,9 @@ void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& 
   };
   need("input_norm", f.input_norm, {OpKind::rmsnorm});
   need("post_norm", f.post_norm, {OpKind::rmsnorm});
-  RouterFacts router;
-  std::string router_path;
+  RoutedParts routed;
   if (const SeatPlan* dense = seat_at(f.ffn);
-      dense != nullptr || !routed_ffn(g, f.ffn, p, parts, router, router_path, missing))
+      dense != nullptr || !routed_ffn(g, f.ffn, p, parts, routed, missing))
     need("ffn", f.ffn, {OpKind::gated_ffn, OpKind::ffn});
   need("attention", f.attention, {OpKind::attention});
   need("o", f.o, {OpKind::linear});
@@ -411,12 +469,14 @@ void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& 
   b.seam = seam;
   b.site = seam.site;
   b.replaces = {seam.site};
-  if (!router_path.empty()) {
+  if (!routed.router_path.empty()) {
     b.seam.nodes["moe"] = f.ffn;  // the host's routed module, which a fallback runs
-    b.seam.nodes["router"] = router_path;
-    b.seam.router = router;
-    b.seam.top_k = router.top_k;
+    b.seam.nodes["router"] = routed.router_path;
+    b.seam.router = routed.router;
+    b.seam.top_k = routed.router.top_k;
   }
+  if (!routed.shared_gate.empty())
+    b.seam.nodes["shared_gate"] = routed.shared_gate;  // copied by the block, as the router is
   b.impl = "block_f32";
   b.op = OpKind::block;
   b.form.name = "host";
@@ -441,6 +501,10 @@ void plan_block_seam(const Catalog& catalog, const Seam& seam, const HostGraph& 
     p.keep_host.emplace_back(seam.site, where + ": its parts' row bands do not overlap");
     return;
   }
+  if (!routed.shared_gate.empty())
+    p.assumed.push_back(b.seam.nodes.at("shared") + ": added as sigmoid(" + routed.shared_gate +
+                        " x) * shared(x) to the routed experts' sum, as the layer's feed-forward "
+                        "does (the block's self-check holds it)");
   p.seats.push_back(std::move(b));
 }
 

@@ -95,7 +95,11 @@ BlockSeat::BlockSeat(SeatForm form, const frt_kernel_table& table, GuardMode mod
         std::to_string(p.o->form().width) + " -> " + std::to_string(p.o->form().out) + "], " +
         (p.ffn != nullptr ? "ffn [" : "bank [") + std::to_string(ffn.form().width) + " -> " +
         std::to_string(ffn.form().out) + "], hidden " + std::to_string(geo_.hidden));
-  if (p.bank == nullptr) return;
+  if (p.bank == nullptr) {
+    if (p.shared != nullptr || !p.shared_gate.empty())
+      throw InvalidArgument("a decoder block's shared expert stands beside a bank of experts");
+    return;
+  }
   const BlockRouter& r = p.router;
   const int64_t experts = p.bank->bank().experts();
   if (r.experts != experts || r.top_k < 1 || r.top_k > experts ||
@@ -105,6 +109,13 @@ BlockSeat::BlockSeat(SeatForm form, const frt_kernel_table& table, GuardMode mod
                           std::to_string(r.top_k) + ", where its bank holds " +
                           std::to_string(experts) + " experts of hidden " +
                           std::to_string(geo_.hidden));
+  if (p.shared != nullptr &&
+      (p.shared->form().width != geo_.hidden || p.shared->form().out != geo_.hidden ||
+       static_cast<int64_t>(p.shared_gate.size()) != geo_.hidden))
+    throw InvalidArgument(
+        "a decoder block's shared expert: [" + std::to_string(p.shared->form().width) + " -> " +
+        std::to_string(p.shared->form().out) + "] with a gate of " +
+        std::to_string(p.shared_gate.size()) + " weights, hidden " + std::to_string(geo_.hidden));
   router_op_ = find_op(p.attention->table(), OpKind::dense);
   if (router_op_ == nullptr)
     throw InvalidArgument("a decoder block's router: the attention seat's package (" +
@@ -276,6 +287,26 @@ void BlockSeat::routed_ffn(const TensorView& x, const TensorView& y) {
   if (Verdict v = parts_.bank->run(x, y, false, &routing); v != Verdict::ran)
     throw InvalidArgument("decoder block " + form().site + ": " +
                           part_miss("bank", *parts_.bank, v));
+  if (parts_.shared == nullptr) return;
+  // y += sigmoid(x g) * shared(x), row by row, as the layer's feed-forward mixes it: the gate's
+  // dot in double (one [hidden] row; fp32 rounding of its sum is the only difference from the
+  // host's linear), its sigmoid in fp32 as torch's.
+  shared_out_.resize(static_cast<size_t>(rows * hidden));
+  const TensorView shared =
+      TensorView::matrix(shared_out_.data(), DType::f32, rows, hidden, hidden);
+  if (Verdict v = parts_.shared->run(x, shared, false); v != Verdict::ran)
+    throw InvalidArgument("decoder block " + form().site + ": " +
+                          part_miss("shared", *parts_.shared, v));
+  const float* xs = static_cast<const float*>(x.data);
+  float* ys = static_cast<float*>(y.data);
+  for (int64_t row = 0; row < rows; ++row) {
+    double dot = 0;
+    for (int64_t i = 0; i < hidden; ++i)
+      dot += static_cast<double>(xs[row * hidden + i]) * parts_.shared_gate[i];
+    const float gate = 1.0f / (1.0f + std::exp(-static_cast<float>(dot)));
+    for (int64_t i = 0; i < hidden; ++i)
+      ys[row * hidden + i] += gate * shared_out_[row * hidden + i];
+  }
 }
 
 std::string BlockSeat::judge(const std::vector<std::pair<std::string, double>>& cosines,
@@ -291,7 +322,8 @@ std::string BlockSeat::judge(const std::vector<std::pair<std::string, double>>& 
 
 std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
                                             const std::map<std::string, Seat*>& parts,
-                                            GuardMode mode, const TensorView* router) {
+                                            GuardMode mode, const TensorView* router,
+                                            const TensorView* shared_gate) {
   if (plan.op != OpKind::block)
     throw InvalidArgument(plan.site + ": op " + name_of(plan.op) + " is not a decoder block");
   const auto part = [&]<typename T>(const char* role, bool required) -> T* {
@@ -330,6 +362,20 @@ std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
     b.router.experts = experts;
     b.router.top_k = f.top_k;
     b.router.renormalise = f.form == RouterForm::softmax_topk_renormalised;
+    b.shared = part.operator()<FfnSeat>("shared", false);
+    if (b.shared != nullptr) {
+      if (shared_gate == nullptr || shared_gate->data == nullptr ||
+          shared_gate->dtype != DType::f32 || shared_gate->rank != 2 ||
+          shared_gate->shape[0] != 1 || shared_gate->shape[1] != hidden ||
+          shared_gate->strides[1] != 1)
+        throw Refused(plan.site + ": its shared expert's gate weight " +
+                      (shared_gate != nullptr && shared_gate->data != nullptr
+                           ? shared_gate->describe()
+                           : std::string("missing")) +
+                      ": expected f32 [1, " + std::to_string(hidden) + "] contiguous");
+      const float* g = static_cast<const float*>(shared_gate->data);
+      b.shared_gate.assign(g, g + hidden);
+    }
   }
   b.attention = part.operator()<AttentionSeat>("attention", true);
   b.o = part.operator()<LinearSeat>("o", true);

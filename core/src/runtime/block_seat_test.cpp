@@ -1,6 +1,7 @@
 // The decoder block seat: head() and tail() compute what its parts' seats compute one after the
 // other (bit for bit: the same seats, the same kernels), with q/k/v as one pack or three seats,
-// and a routed layer's router and bank (by value: the router's own summation order);
+// and a routed layer's router and bank (by value: the router's own summation order), with a
+// shared expert mixed in by its sigmoid gate or without;
 // a missing part is refused at build; a call outside the band, or an attention call the op does
 // not take, misses before anything is written; the self-check's judge names what failed.
 #include <flashrt/errors.h>
@@ -70,6 +71,8 @@ struct Layer {
                      bank_up = ramp(kExperts * kInter * kHidden, 0.05f, 0.8f),
                      bank_down = ramp(kExperts * kHidden * kInter, 0.05f, 1.1f),
                      router = ramp(kExperts * kHidden, 0.2f, 1.7f);
+  // A shared expert's gate ([1, hidden]); the shared expert itself takes the dense weights.
+  std::vector<float> shared_gate = ramp(kHidden, 0.1f, 0.4f);
   std::map<std::string, std::unique_ptr<Seat>> seats;
 
   static SeatPlan plan(OpKind op, const char* package, const char* site) {
@@ -105,7 +108,7 @@ struct Layer {
   static TensorView bank_view(std::vector<float>& v, int64_t e, int64_t n, int64_t k) {
     return view(v, {e, n, k, 0}, 3);
   }
-  explicit Layer(bool packed, bool routed = false) {
+  explicit Layer(bool packed, bool routed = false, bool shared = false) {
     norm("input_norm", n1);
     norm("post_norm", n2);
     norm("q_norm", qn);
@@ -141,14 +144,15 @@ struct Layer {
                                   {"up", bank_view(bank_up, kExperts, kInter, kHidden)},
                                   {"down", bank_view(bank_down, kExperts, kHidden, kInter)}},
                                  GuardMode::fallback, hub());
-    } else {
-      SeatPlan f = plan(OpKind::gated_ffn, "flashrt/ffn", "ffn");
+    }
+    if (!routed || shared) {
+      SeatPlan f = plan(OpKind::gated_ffn, "flashrt/ffn", routed ? "shared" : "ffn");
       f.activation = Activation::silu;
-      seats["ffn"] = build_seat(f,
-                                {{"gate", rows(gate, kInter, kHidden)},
-                                 {"up", rows(up, kInter, kHidden)},
-                                 {"down", rows(down, kHidden, kInter)}},
-                                GuardMode::fallback, hub());
+      seats[routed ? "shared" : "ffn"] = build_seat(f,
+                                                    {{"gate", rows(gate, kInter, kHidden)},
+                                                     {"up", rows(up, kInter, kHidden)},
+                                                     {"down", rows(down, kHidden, kInter)}},
+                                                    GuardMode::fallback, hub());
     }
     seats["rotary"] = build_seat(plan(OpKind::rotary, "flashrt/decode", "rotary"), {},
                                  GuardMode::fallback, hub());
@@ -178,9 +182,10 @@ struct Layer {
     return p;
   }
   std::unique_ptr<BlockSeat> block() {
-    TensorView r = rows(router, kExperts, kHidden);
+    TensorView r = rows(router, kExperts, kHidden), g = rows(shared_gate, 1, kHidden);
     return build_block_seat(block_plan(), parts(), GuardMode::fallback,
-                            seats.count("bank") ? &r : nullptr);
+                            seats.count("bank") ? &r : nullptr,
+                            seats.count("shared") ? &g : nullptr);
   }
 };
 
@@ -284,6 +289,18 @@ std::vector<float> by_parts(Layer& l, std::vector<float>& x, int64_t b, std::vec
     run(*l.seats["ffn"], rows(n2, b, kHidden), rows(f, b, kHidden));
   else
     f = routed_reference(l, n2, b);
+  if (l.seats.count("shared")) {  // + sigmoid(n2 g) * shared(n2), the gate in double
+    std::vector<float> sh(b * kHidden);
+    run(*l.seats["shared"], rows(n2, b, kHidden), rows(sh, b, kHidden));
+    for (int64_t r = 0; r < b; ++r) {
+      double z = 0;
+      for (int64_t i = 0; i < kHidden; ++i)
+        z += static_cast<double>(n2[r * kHidden + i]) * l.shared_gate[i];
+      const double gate = 1 / (1 + std::exp(-z));
+      for (int64_t i = 0; i < kHidden; ++i)
+        f[r * kHidden + i] = static_cast<float>(f[r * kHidden + i] + gate * sh[r * kHidden + i]);
+    }
+  }
   std::vector<float> y(b * kHidden);
   for (int64_t i = 0; i < b * kHidden; ++i) y[i] = h[i] + f[i];
   return y;
@@ -293,11 +310,15 @@ std::vector<float> by_parts(Layer& l, std::vector<float>& x, int64_t b, std::vec
 // router's fp32 logits against the reference's double ones pick the same experts here (the
 // ramps' probabilities are far from ties), the weights within float rounding.
 TEST(BlockSeat, HeadAndTailComputeWhatItsPartsSeatsComputeOneAfterTheOther) {
-  for (auto [packed, routed] : {std::pair{false, false}, {true, false}, {true, true}}) {
+  for (auto [packed, routed, shared] : {std::tuple{false, false, false},
+                                        {true, false, false},
+                                        {true, true, false},
+                                        {false, true, true}}) {
     for (int64_t b : {int64_t{1}, int64_t{3}}) {
       SCOPED_TRACE(std::string(packed ? "one pack" : "three projections") +
-                   (routed ? ", routed" : "") + ", rows " + std::to_string(b));
-      Layer layer(packed, routed);
+                   (routed ? ", routed" : "") + (shared ? " with a shared expert" : "") +
+                   ", rows " + std::to_string(b));
+      Layer layer(packed, routed, shared);
       std::unique_ptr<BlockSeat> block = layer.block();
       std::vector<float> x = ramp(b * kHidden, 1.0f, 0.3f), cos, sin;
       tables(cos, sin, kPos - 1);
@@ -332,13 +353,17 @@ TEST(BlockSeat, HeadAndTailComputeWhatItsPartsSeatsComputeOneAfterTheOther) {
           worst = std::max(worst, static_cast<double>(std::fabs(y[i] - want[i])));
         EXPECT_LT(worst, 1e-4);
         EXPECT_EQ(layer.seats["bank"]->ledger().calls, 1 + 2 * b);  // the block's, the reference's
+        if (shared) {
+          EXPECT_EQ(layer.seats["shared"]->ledger().calls, 2);
+        }
       } else {
         EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
       }
       EXPECT_EQ(block->ledger().calls, 1);
       EXPECT_EQ(block->ledger().fallbacks, 0);
-      // Its parts' seats stream their bytes; a routed block its router's copy.
-      EXPECT_EQ(block->nbytes(), routed ? kExperts * kHidden * 4 : 0);
+      // Its parts' seats stream their bytes; a routed block its router's (and gate's) copy.
+      EXPECT_EQ(block->nbytes(),
+                (routed ? kExperts * kHidden * 4 : 0) + (shared ? kHidden * 4 : 0));
     }
   }
 }
@@ -429,6 +454,36 @@ TEST(BlockSeat, ARoutedLayersRouterMustBeTheBanksAndItsForm) {
   EXPECT_THROW(build_block_seat(p, parts, GuardMode::fallback, &r), Refused);
   // In form, it builds.
   EXPECT_NE(build_block_seat(p, layer.parts(), GuardMode::fallback, &r), nullptr);
+}
+
+TEST(BlockSeat, ASharedExpertNeedsItsGatesWeightAndAFeedForwardSeat) {
+  Layer layer(false, true, true);
+  SeatPlan p = Layer::block_plan();
+  TensorView r = rows(layer.router, kExperts, kHidden);
+  try {
+    build_block_seat(p, layer.parts(), GuardMode::fallback, &r);
+    ADD_FAILURE() << "built without the shared expert's gate";
+  } catch (const Refused& e) {
+    EXPECT_NE(std::string(e.what()).find("its shared expert's gate weight missing: expected f32 "
+                                         "[1, 64] contiguous"),
+              std::string::npos)
+        << e.what();
+  }
+  TensorView wide = rows(layer.router, 2, kHidden);  // [2, hidden]: not a gate of one output
+  EXPECT_THROW(build_block_seat(p, layer.parts(), GuardMode::fallback, &r, &wide), Refused);
+  // A shared part that is not a feed-forward seat is named by what it runs.
+  std::map<std::string, Seat*> parts = layer.parts();
+  parts["shared"] = layer.seats["k"].get();
+  TensorView g = rows(layer.shared_gate, 1, kHidden);
+  try {
+    build_block_seat(p, parts, GuardMode::fallback, &r, &g);
+    ADD_FAILURE() << "built with a projection as its shared expert";
+  } catch (const Refused& e) {
+    EXPECT_NE(std::string(e.what()).find("the block's shared seat (k) runs linear"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NE(build_block_seat(p, layer.parts(), GuardMode::fallback, &r, &g), nullptr);
 }
 
 }  // namespace
