@@ -108,6 +108,13 @@ void run_moe(const frt_kernel_table& table, Parallel& pool, const ExpertBank& ba
 void choose_experts(float* logits, int64_t rows, int64_t experts, int64_t k, bool renormalise,
                     int64_t* index, float* weight);
 
+// A shared expert joined to the routed experts' sum y [rows, hidden] as Qwen2-MoE's block does:
+// y += sigmoid(gate_logit) * shared, row by row, gate_logits [rows] (x g, the gate's one output)
+// and shared [rows, hidden] the expert's output. The decode program and a routed decoder block
+// both mix with it.
+void mix_shared_expert(const float* gate_logits, const float* shared, int64_t rows, int64_t hidden,
+                       float* y);
+
 // Streams `bytes` of memory on `threads` threads of the process team (at most its size) `repeats`
 // times and returns the best read rate in GB/s (1e9 bytes/s): the floor every decode kernel is
 // measured against (core/src/runtime/read_probe.cpp, Note [Read probe]).

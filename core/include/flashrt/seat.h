@@ -440,7 +440,7 @@ class BlockSeat : public Seat {
   const frt_op* router_op_ = nullptr;  // the dense op the router's logits run on (routed only)
   // Scratch for one call, grown to the largest rows seen.
   std::vector<float> normed_, qkv_, q_normed_, k_normed_, attended_, projected_, residual_,
-      post_normed_, ffn_out_, logits_, route_weight_, shared_out_;
+      post_normed_, ffn_out_, logits_, route_weight_, shared_out_, shared_logits_;
   std::vector<int64_t> route_index_;
 };
 
@@ -474,9 +474,8 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
 // them). A routed layer's plan (a "bank" part) also takes `router`, the host's routing weight
 // [experts, hidden] in fp32 (copied; its form is plan.seam.router's), and where it has a shared
 // expert (a "shared" part), `shared_gate`, its gate's weight [1, hidden] in fp32 (copied). The
-// seats must outlive the
-// block (the door holds them). Throws Refused naming a part that is missing or of another kind,
-// or whose widths do not chain, or a router weight the plan does not describe.
+// seats must outlive the block (the door holds them). Throws Refused naming a part that is missing
+// or of another kind, or whose widths do not chain, or a router weight the plan does not describe.
 std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
                                             const std::map<std::string, Seat*>& parts,
                                             GuardMode mode, const TensorView* router = nullptr,

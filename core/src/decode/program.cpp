@@ -487,10 +487,7 @@ void DecodeProgram::moe(const MoeWeights& w, const float* x, float* y, int64_t m
   if (!w.shared) return;
   ffn(w.shared_expert, x, shared_out_.data(), m);
   project(w.shared_gate, x, shared_g_.data(), m);
-  for (int64_t r = 0; r < m; ++r) {
-    const float s = 1.0f / (1.0f + std::exp(-shared_g_[r]));
-    for (int64_t c = 0; c < H; ++c) y[r * H + c] += s * shared_out_[r * H + c];
-  }
+  mix_shared_expert(shared_g_.data(), shared_out_.data(), m, H, y);
 }
 
 void DecodeProgram::norm_rows(const float* w, float* x, int64_t rows, int64_t width) {

@@ -288,25 +288,25 @@ void BlockSeat::routed_ffn(const TensorView& x, const TensorView& y) {
     throw InvalidArgument("decoder block " + form().site + ": " +
                           part_miss("bank", *parts_.bank, v));
   if (parts_.shared == nullptr) return;
-  // y += sigmoid(x g) * shared(x), row by row, as the layer's feed-forward mixes it: the gate's
-  // dot in double (one [hidden] row; fp32 rounding of its sum is the only difference from the
-  // host's linear), its sigmoid in fp32 as torch's.
+  // y += sigmoid(x g) * shared(x), as the layer's feed-forward mixes it: the gate's dot in
+  // double (one [hidden] row; fp32 rounding of its sum is the only difference from the host's
+  // linear), the mix as the decode program's.
   shared_out_.resize(static_cast<size_t>(rows * hidden));
+  shared_logits_.resize(static_cast<size_t>(rows));
   const TensorView shared =
       TensorView::matrix(shared_out_.data(), DType::f32, rows, hidden, hidden);
   if (Verdict v = parts_.shared->run(x, shared, false); v != Verdict::ran)
     throw InvalidArgument("decoder block " + form().site + ": " +
                           part_miss("shared", *parts_.shared, v));
   const float* xs = static_cast<const float*>(x.data);
-  float* ys = static_cast<float*>(y.data);
   for (int64_t row = 0; row < rows; ++row) {
     double dot = 0;
     for (int64_t i = 0; i < hidden; ++i)
       dot += static_cast<double>(xs[row * hidden + i]) * parts_.shared_gate[i];
-    const float gate = 1.0f / (1.0f + std::exp(-static_cast<float>(dot)));
-    for (int64_t i = 0; i < hidden; ++i)
-      ys[row * hidden + i] += gate * shared_out_[row * hidden + i];
+    shared_logits_[row] = static_cast<float>(dot);
   }
+  mix_shared_expert(shared_logits_.data(), shared_out_.data(), rows, hidden,
+                    static_cast<float*>(y.data));
 }
 
 std::string BlockSeat::judge(const std::vector<std::pair<std::string, double>>& cosines,
@@ -349,33 +349,25 @@ std::unique_ptr<BlockSeat> build_block_seat(const SeatPlan& plan,
     const int64_t experts = b.bank->bank().experts(), hidden = b.bank->bank().hidden();
     if (f.form != RouterForm::softmax_topk && f.form != RouterForm::softmax_topk_renormalised)
       throw Refused(plan.site + ": the plan holds no softmax top-k router for its bank");
-    if (router == nullptr || router->data == nullptr || router->dtype != DType::f32 ||
-        router->rank != 2 || router->shape[0] != experts || router->shape[1] != hidden ||
-        router->strides[1] != 1 || router->strides[0] != hidden)
-      throw Refused(plan.site + ": its router weight " +
-                    (router != nullptr && router->data != nullptr ? router->describe()
-                                                                  : std::string("missing")) +
-                    ": expected f32 [" + std::to_string(experts) + ", " + std::to_string(hidden) +
-                    "] contiguous");
-    const float* w = static_cast<const float*>(router->data);
-    b.router.weight.assign(w, w + experts * hidden);
+    // A copy of the host weight `w` the block reads itself, f32 [rows, hidden] contiguous.
+    const auto copied = [&](const char* what, const TensorView* w, int64_t rows) {
+      if (w == nullptr || w->data == nullptr || w->dtype != DType::f32 || w->rank != 2 ||
+          w->shape[0] != rows || w->shape[1] != hidden || w->strides[1] != 1 ||
+          (rows > 1 && w->strides[0] != hidden))
+        throw Refused(
+            plan.site + ": its " + what + " weight " +
+            (w != nullptr && w->data != nullptr ? w->describe() : std::string("missing")) +
+            ": expected f32 [" + std::to_string(rows) + ", " + std::to_string(hidden) +
+            "] contiguous");
+      const float* data = static_cast<const float*>(w->data);
+      return std::vector<float>(data, data + rows * hidden);
+    };
+    b.router.weight = copied("router", router, experts);
     b.router.experts = experts;
     b.router.top_k = f.top_k;
     b.router.renormalise = f.form == RouterForm::softmax_topk_renormalised;
     b.shared = part.operator()<FfnSeat>("shared", false);
-    if (b.shared != nullptr) {
-      if (shared_gate == nullptr || shared_gate->data == nullptr ||
-          shared_gate->dtype != DType::f32 || shared_gate->rank != 2 ||
-          shared_gate->shape[0] != 1 || shared_gate->shape[1] != hidden ||
-          shared_gate->strides[1] != 1)
-        throw Refused(plan.site + ": its shared expert's gate weight " +
-                      (shared_gate != nullptr && shared_gate->data != nullptr
-                           ? shared_gate->describe()
-                           : std::string("missing")) +
-                      ": expected f32 [1, " + std::to_string(hidden) + "] contiguous");
-      const float* g = static_cast<const float*>(shared_gate->data);
-      b.shared_gate.assign(g, g + hidden);
-    }
+    if (b.shared != nullptr) b.shared_gate = copied("shared expert's gate", shared_gate, 1);
   }
   b.attention = part.operator()<AttentionSeat>("attention", true);
   b.o = part.operator()<LinearSeat>("o", true);

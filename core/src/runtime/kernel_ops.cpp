@@ -379,4 +379,12 @@ void choose_experts(float* logits, int64_t rows, int64_t experts, int64_t k, boo
   }
 }
 
+void mix_shared_expert(const float* gate_logits, const float* shared, int64_t rows, int64_t hidden,
+                       float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = 1.0f / (1.0f + std::exp(-gate_logits[r]));
+    for (int64_t c = 0; c < hidden; ++c) y[r * hidden + c] += s * shared[r * hidden + c];
+  }
+}
+
 }  // namespace frt
