@@ -157,6 +157,19 @@ def test_a_shared_expert_without_a_gate_keeps_the_layer_naming_it():
     assert {"model.layers.0.mlp.experts", "model.layers.0.mlp.shared_expert"} <= set(plan.swaps)
 
 
+def test_a_shared_expert_without_a_seat_keeps_the_layer_naming_it():
+    """Planned without decoder_ffn, the shared expert stays with the host: the block would not
+    compute it, so the layer stays with the host's forward, its bank still seated."""
+    model = moe_hosts.qwen2_moe()
+    plan = plan_of(model, [s for s in EVERY if s != "decoder_ffn"])
+    assert not blocks(plan)
+    kept = plan.notes["scheme"]["keep_host"]["model.layers.0"]
+    assert ("ffn model.layers.0.mlp: it holds model.layers.0.mlp.shared_expert.") in kept, kept
+    assert "in no feed-forward seat of this plan" in kept, kept
+    assert "model.layers.0.mlp.experts" in plan.swaps
+    assert "model.layers.0.mlp.shared_expert" not in plan.swaps
+
+
 def test_a_shared_expert_mixed_otherwise_fails_the_block_s_self_check():
     """The plan assumes the feed-forward adds sigmoid(x g) * shared(x); a module that subtracts
     it instead has the same parts, so only the first decode call's check can tell."""
