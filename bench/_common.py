@@ -122,6 +122,24 @@ def cpu_flags_tier() -> str:
     return "avx2" if {"avx2", "fma", "f16c"} <= flags else "generic"
 
 
+def last_level_cache_bytes() -> int:
+    """The largest data or unified cache cpu0 reports (sysfs), 0 where it reports none. A guest
+    may report its host's: an Intel Xeon guest here says 480 MiB of L3."""
+    largest = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        number = size.rstrip("KMG")
+        if number.isdigit():
+            largest = max(largest, int(number) * units.get(size[-1], 1))
+    return largest
+
+
 def transparent_huge_pages() -> str:
     """The system's THP mode ("always", "madvise" or "never"): packed weights are advised into
     huge pages, which only "madvise" and "always" grant (Note [Weights in huge pages])."""

@@ -115,6 +115,11 @@ void bind_quant(nb::module_& m) {
           [](const PackedLinear& p, nb::handle w) { return p.compare(view_of(w, "weight")); },
           nb::arg("weight"))
       .def_prop_ro("stats", &PackedLinear::stats)
+      .def("copy",
+           [](const PackedLinear& p) {
+             nb::gil_scoped_release release;
+             return p.copy();
+           })
       .def("dequantize", [](const PackedLinear& p) {
         auto* data = new std::vector<float>(p.dequantize());
         nb::capsule owner(data,

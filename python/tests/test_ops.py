@@ -52,6 +52,24 @@ def test_pack_reports_round_trip_error_and_leaves_the_host_weight_alone():
     assert p8.nbytes == 96 * 256 + 96 * 4
 
 
+@pytest.mark.parametrize("name,pack", FORMATS + [
+    ("w8a8", lambda w: ops.pack_int8_gemm(w, 32)),
+    ("w4a8_asym", lambda w: ops.pack_int4_gemm(w, False)),
+    ("int4_super", lambda w: ops.pack_int4_super(w)),
+])
+def test_a_copy_computes_the_same_bits_after_its_original_is_gone(name, pack):
+    w = torch.randn(48, 256) * 0.05
+    original = pack(w)
+    copy = original.copy()
+    x = torch.randn(3, 256)
+    want = ops.linear(x, original)
+    values = original.dequantize()
+    assert (copy.form, copy.nbytes) == (original.form, original.nbytes)
+    del original
+    assert torch.equal(ops.linear(x, copy), want)
+    assert (copy.dequantize() == values).all()
+
+
 def test_bf16_weight_packs_like_its_float_values():
     w = (torch.randn(64, 128) * 0.05).to(torch.bfloat16)
     a, b = ops.pack_int8(w), ops.pack_int8(w.float())

@@ -126,6 +126,10 @@ class PackedLinear {
   // caller keeps alive as long as this pack) and frees its own: packs that are streamed
   // together then lie in one huge-page region (Note [A bank in one region], kernel_ops.cpp).
   void relocate(void* region);
+  // A second pack of the same bytes in buffers of its own (the allocator's, huge pages where
+  // granted): what a benchmark cycles through to read its weights from DRAM, at a memcpy's cost
+  // instead of a packing's (bench/kernels.py's floor).
+  PackedLinear copy() const;
   // The weight the kernels compute with, [n][k] in fp32 (for tests and error reports).
   std::vector<float> dequantize() const;
   void dequantize_row(int64_t row, std::vector<float>& out) const;  // one output channel

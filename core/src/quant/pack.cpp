@@ -251,6 +251,31 @@ void PackedLinear::relocate(void* region) {
   view_.mins = mins_.get();
 }
 
+PackedLinear PackedLinear::copy() const {
+  PackedLinear c;
+  c.qbytes_ = qbytes_;
+  c.scale_count_ = scale_count_;
+  c.symmetric_ = symmetric_;
+  c.view_ = view_;
+  c.stats_ = stats_;
+  // The same 64 zeroed bytes past each buffer that relocate() leaves (region_piece()).
+  const auto duplicate = [](const std::unique_ptr<void, Buffer>& from, int64_t bytes) {
+    std::unique_ptr<void, Buffer> to;
+    if (from) {
+      to.reset(alloc_weight_memory(region_piece(bytes)));
+      std::memcpy(to.get(), from.get(), static_cast<size_t>(bytes));
+    }
+    return to;
+  };
+  c.qdata_ = duplicate(qdata_, qbytes_);
+  c.scales_ = duplicate(scales_, scale_buffer_bytes());
+  c.mins_ = duplicate(mins_, scale_buffer_bytes());
+  c.view_.qdata = c.qdata_.get();
+  c.view_.scales = c.scales_.get();
+  c.view_.mins = c.mins_.get();
+  return c;
+}
+
 std::string PackedLinear::form() const {
   const std::string scales = view_.scale_dtype == FRT_F16 ? " f16 scales" : "";
   if (view_.format == FRT_W_INT8_CHANNEL) return "int8 per-channel";

@@ -399,12 +399,11 @@ TEST(Pack, GroupsOf16AreInt8OnlyAndOtherSizesAreRefusedByName) {
           "int8 group 8 not in {16, 32, 64, 128}");
 }
 
-// relocate() moves every buffer of every form into the caller's region and changes nothing the
-// kernels read: the dequantised weight, the byte count and the form stay, the views point into
-// the region, and destroying the pack leaves the region to its owner (ASan sees a stray free).
-TEST(Pack, RelocatedPacksHoldTheSameValuesInTheCallersRegion) {
-  const int64_t n = 40, k = 128;  // 3 panels, the last partial
-  std::vector<float> w(n * k);
+// One pack of every form over random weights: 40 x 128 (3 panels, the last partial), the
+// super-block forms over the same values as 20 rows of 256 (one super-block, 2 panels).
+std::vector<PackedLinear> packs_of_every_form(std::vector<float>& w) {
+  const int64_t n = 40, k = 128;
+  w.resize(n * k);
   std::mt19937 rng(11);
   std::normal_distribution<float> dist(0.0f, 0.05f);
   for (float& v : w) v = dist(rng);
@@ -417,12 +416,20 @@ TEST(Pack, RelocatedPacksHoldTheSameValuesInTheCallersRegion) {
   packs.push_back(PackedLinear::int8_gemm(view, 32));
   packs.push_back(PackedLinear::int4_gemm(view, false));
   packs.push_back(PackedLinear::int4_gemm(view, true));
-  // The super-block forms over the same values as 20 rows of 256 (one super-block, 2 panels).
   const TensorView wide = TensorView::matrix(w.data(), DType::f32, 20, 256, 256);
   packs.push_back(PackedLinear::int4_super(wide));
   packs.push_back(PackedLinear::int8_super(wide));
   packs.push_back(PackedLinear::int4_super_gemm(wide));
   packs.push_back(PackedLinear::int6_super_gemm(wide));
+  return packs;
+}
+
+// relocate() moves every buffer of every form into the caller's region and changes nothing the
+// kernels read: the dequantised weight, the byte count and the form stay, the views point into
+// the region, and destroying the pack leaves the region to its owner (ASan sees a stray free).
+TEST(Pack, RelocatedPacksHoldTheSameValuesInTheCallersRegion) {
+  std::vector<float> w;
+  std::vector<PackedLinear> packs = packs_of_every_form(w);
   for (PackedLinear& p : packs) {
     const std::vector<float> before = p.dequantize();
     const int64_t nbytes = p.nbytes(), size = p.region_bytes();
@@ -446,6 +453,41 @@ TEST(Pack, RelocatedPacksHoldTheSameValuesInTheCallersRegion) {
       EXPECT_EQ(moved.form(), form);
     }
     std::free(region);  // the pack is gone and did not free it
+  }
+}
+
+// copy() gives every form a second pack of the same bytes in buffers of its own: the same values,
+// byte count and form, no buffer shared, and the copy outlives its original (ASan sees a read of
+// freed memory or a double free); a copy of a relocated pack owns its buffers too.
+TEST(Pack, CopiesHoldTheSameBytesInBuffersOfTheirOwn) {
+  std::vector<float> w;
+  std::vector<PackedLinear> packs = packs_of_every_form(w);
+  for (PackedLinear& p : packs) {
+    const std::string form = p.form();
+    const std::vector<float> values = p.dequantize();
+    const int64_t nbytes = p.nbytes();
+    std::vector<PackedLinear> copies;
+    {
+      PackedLinear original = std::move(p);
+      copies.push_back(original.copy());
+      std::vector<char> region(static_cast<size_t>(original.region_bytes()) + 64);
+      void* at = region.data() + (64 - reinterpret_cast<uintptr_t>(region.data()) % 64) % 64;
+      original.relocate(at);
+      copies.push_back(original.copy());
+      const frt_packed_weight& o = original.view();
+      for (const PackedLinear& c : copies) {
+        for (const void* b : {c.view().qdata, c.view().scales, c.view().mins}) {
+          if (b == nullptr) continue;
+          for (const void* ob : {o.qdata, o.scales, o.mins}) EXPECT_NE(b, ob) << form;
+        }
+        EXPECT_EQ(c.view().mins == nullptr, o.mins == nullptr) << form;
+      }
+    }  // the original and its region are gone
+    for (const PackedLinear& c : copies) {
+      EXPECT_EQ(c.dequantize(), values) << form;
+      EXPECT_EQ(c.nbytes(), nbytes) << form;
+      EXPECT_EQ(c.form(), form);
+    }
   }
 }
 
