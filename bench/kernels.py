@@ -50,7 +50,8 @@ CACHE_BYTES = 3 * 32 * 2**20  # three times the 32 MiB L3 of the machine these s
 # The floor's copies: past the largest cache the machine reports, so a floor figure is DRAM's.
 # An Intel Xeon guest here reports 480 MiB of L3, and its figures over 96 MiB of copies read
 # 100-114% of the probe (Note [Floor from DRAM] in bench_floor).
-FLOOR_BYTES = max(CACHE_BYTES, 2 * last_level_cache_bytes())
+LAST_LEVEL_CACHE_BYTES = last_level_cache_bytes()
+FLOOR_BYTES = max(CACHE_BYTES, 2 * LAST_LEVEL_CACHE_BYTES)
 INT4_GROUP = 32
 
 
@@ -104,8 +105,9 @@ PACKERS: dict[str, Callable[[torch.Tensor], object]] = {
 }
 
 
-def copies_for(nbytes: int) -> int:
-    return max(1, -(-CACHE_BYTES // nbytes))
+def copies_for(nbytes: int, total: int = CACHE_BYTES) -> int:
+    """How many copies of nbytes reach `total` bytes between them."""
+    return max(1, -(-total // nbytes))
 
 
 def time_arm(calls: list[Callable[[], object]], iters: int) -> float:
@@ -201,7 +203,7 @@ def bench_floor(rounds: int, forms: list[str] | None = None) -> list[dict]:
         for _ in range(rounds):
             for name, pack in packers.items():
                 first = pack(w)
-                count = max(1, -(-FLOOR_BYTES // first.nbytes))
+                count = copies_for(first.nbytes, FLOOR_BYTES)
                 copies = [first] + [first.copy() for _ in range(count - 1)]
                 nbytes[name] = first.nbytes
                 for t in (2, 1):
@@ -524,7 +526,7 @@ def main() -> int:
             parser.error(f"unknown forms {bad}; known: {sorted(PACKERS)}")
         result["floor"] = bench_floor(args.floor_rounds, forms)
         result["floor_copies_bytes"] = FLOOR_BYTES
-        result["last_level_cache_bytes"] = last_level_cache_bytes()
+        result["last_level_cache_bytes"] = LAST_LEVEL_CACHE_BYTES
         print_floor(result["floor"])
         write_result(path, result)
         return 0
@@ -569,7 +571,7 @@ def main() -> int:
         row["frac_of_bandwidth"] = row["gbps"] / bandwidth
     result["floor"] = bench_floor(args.floor_rounds)
     result["floor_copies_bytes"] = FLOOR_BYTES
-    result["last_level_cache_bytes"] = last_level_cache_bytes()
+    result["last_level_cache_bytes"] = LAST_LEVEL_CACHE_BYTES
     result["threading"] = bench_threading(bandwidth)
     result["in_cache"] = bench_in_cache()
     result["huge_pages"] = huge_page_pairs()
