@@ -329,12 +329,12 @@ def bench_in_cache() -> list[dict]:
     return out
 
 
-def bench_huge_pages(working_set: int) -> dict:
-    """int8 M=1 on 4096x12288, cycling through copies that fill `working_set` bytes, its weights
-    packed in 2 MiB pages (the default) and in 4 KiB pages (FRT_HUGE_PAGES=0, read at each
-    allocation), arms alternated round by round; and the read probe on each kind of memory
-    (Note [Weights in huge pages])."""
-    k, n = 4096, 12288
+def bench_huge_pages(working_set: int, k: int = 4096, n: int = 12288,
+                     form: str = "int8") -> dict:
+    """`form` M=1 on k x n, cycling through copies that fill `working_set` bytes, its weights
+    packed in the huge-page arena (the default) and in the C library's blocks (FRT_HUGE_PAGES=0,
+    read at each allocation: 4 KiB pages under THP "madvise"), arms alternated round by round;
+    and the read probe on each kind of memory (Note [Weights in huge pages])."""
     w = torch.randn(n, k) * 0.05
     packed: dict[str, list] = {}
     probe: dict[str, list[float]] = {"huge": [], "small": []}
@@ -342,9 +342,9 @@ def bench_huge_pages(working_set: int) -> dict:
     try:
         for kind, flag in (("huge", "1"), ("small", "0")):
             os.environ["FRT_HUGE_PAGES"] = flag
-            first = ops.pack_int8(w)
-            copies = max(1, -(-working_set // first.nbytes))
-            packed[kind] = [first] + [ops.pack_int8(w) for _ in range(copies - 1)]
+            first = PACKERS[form](w)
+            packed[kind] = [first] + [first.copy()
+                                      for _ in range(copies_for(first.nbytes, working_set) - 1)]
         x, y = torch.randn(1, k), torch.empty(1, n)
         samples: dict[str, list[float]] = {"huge": [], "small": []}
         for _ in range(9):
@@ -365,8 +365,9 @@ def bench_huge_pages(working_set: int) -> dict:
             os.environ["FRT_HUGE_PAGES"] = previous
     nbytes = packed["huge"][0].nbytes
     med = {kind: statistics.median(v) for kind, v in samples.items()}
-    return {"format": "int8", "M": 1, "K": k, "N": n,
+    return {"format": form, "M": 1, "K": k, "N": n, "bytes": nbytes,
             "working_set_bytes": nbytes * len(packed["huge"]),
+            "seconds_huge_pages": med["huge"], "seconds_small_pages": med["small"],
             "gbps_huge_pages": nbytes / med["huge"] / 1e9,
             "gbps_small_pages": nbytes / med["small"] / 1e9,
             "speedup_huge_over_small": med["small"] / med["huge"],
@@ -374,14 +375,20 @@ def bench_huge_pages(working_set: int) -> dict:
 
 
 def huge_page_pairs() -> list[dict]:
-    # Three times the L3 (as the shapes), and a Qwen3-0.6B int8 decode step's weights.
-    return [bench_huge_pages(CACHE_BYTES), bench_huge_pages(600 * 2**20)]
+    # A wide projection (50 MB a call) over the floor's copies (past every cache) and over a
+    # Qwen3-0.6B int8 decode step's weights; then that model's own projections (1024 x 3072 up,
+    # 3072 x 1024 down: 1.6-3.1 MB a call, the size a decode step calls) in its decode forms.
+    step = 600 * 2**20
+    return [bench_huge_pages(FLOOR_BYTES), bench_huge_pages(step),
+            *(bench_huge_pages(step, k, n, form)
+              for k, n in ((1024, 3072), (3072, 1024))
+              for form in ("int8_g64_f16", "int4_super", "w4a8_super"))]
 
 
 def print_huge_pages(pairs: list[dict]) -> None:
     for h in pairs:
-        print(f"int8 M=1 4096x12288 over {h['working_set_bytes'] / 2**20:.0f} MiB of copies: "
-              f"2 MiB pages {h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages "
+        print(f"{h['format']} M=1 {h['K']}x{h['N']} over {h['working_set_bytes'] / 2**20:.0f} MiB "
+              f"of copies: huge pages {h['gbps_huge_pages']:.1f} GB/s, 4 KiB pages "
               f"{h['gbps_small_pages']:.1f} ({h['speedup_huge_over_small']:.2f}x); read probe "
               f"{max(h['probe_gbps_huge_pages']):.1f} vs "
               f"{max(h['probe_gbps_small_pages']):.1f} GB/s")

@@ -251,7 +251,7 @@ void DecodeProgram::residual(float* h, const float* y, int64_t n) const {
 // both changes one thread reads the cache of 28 layers at position 192 at 28 GB/s, where it read
 // 9 (a decode step's attention on Qwen3-0.6B's shapes: 3.3 ms, now 1.6). One buffer from the
 // weights' allocator (huge pages when it spans them).
-void DecodeProgram::FreeCache::operator()(float* p) const { std::free(p); }
+void DecodeProgram::FreeCache::operator()(float* p) const { free_weight_memory(p); }
 
 float* DecodeProgram::cache_at(int64_t seq, int64_t layer, int64_t kv, int64_t head) const {
   const DecodeConfig& c = cfg_;

@@ -122,7 +122,7 @@ void check_scale_dtype(DType dt) {
 }  // namespace
 
 void PackedLinear::Buffer::operator()(void* p) const {
-  if (owned) std::free(p);
+  if (owned) free_weight_memory(p);
 }
 
 PackedLinear::PackedLinear(PackedLinear&& o) noexcept { *this = std::move(o); }

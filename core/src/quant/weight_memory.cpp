@@ -5,42 +5,166 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 
 namespace frt {
 
 // Note [Weights in huge pages]
 // A decode step streams every weight once, hundreds of MiB of it. In 4 KiB pages that is a TLB
-// miss per 4 KiB, and under a hypervisor each miss walks two page tables; the hardware
-// prefetchers also stop at every 4 KiB boundary. Buffers of 2 MiB or more are therefore 2 MiB
-// aligned and advised MADV_HUGEPAGE before they are first touched, so the kernel backs them with
-// transparent huge pages where the system allows it (THP "madvise" or "always"); elsewhere the
-// advice fails and the buffer stays in small pages, which is still correct. FRT_HUGE_PAGES=0
-// turns the advice off (read at every allocation, so bench/kernels.py can pair the two).
+// miss per 4 KiB, and under a hypervisor each miss walks two page tables. Measured on the AMX
+// Xeon guest, one M = 1 call of a 3.2 MB int8 pack read from DRAM took 338 us in small pages and
+// 291 us with its first 2 MiB in a huge page (one thread); on two threads the half in huge pages
+// finished in 121 us, the half in small ones in 156.
+//
+// So weight memory comes from an arena of chunks that are 2 MiB aligned and advised
+// MADV_HUGEPAGE before anything touches them: the kernel backs them with transparent huge pages
+// where the system allows it (THP "madvise" or "always"; elsewhere the advice fails and they stay
+// in small pages, still correct). Buffers are carved from a chunk one after another, so a 1 MiB
+// projection, a pack's tail past its last whole 2 MiB and the scales beside it lie in huge pages
+// too. The arena is needed, not only the advice: the C library serves a buffer below its mmap
+// threshold from its heap, which that threshold rises to 32 MiB once a process frees a large
+// block (torch does at once), and a heap block reused after being touched in small pages stays
+// in them whatever is advised. In a PyTorch process 4 MiB of 1.1 GB of packs got huge pages that
+// way.
+//
+// Pieces are never reused: fresh mapped memory is zero, so a piece needs no clearing. A freed
+// piece's whole 2 MiB pages go back to the system (MADV_DONTNEED) at once, its partial pages when
+// the chunk's last piece is freed and the chunk unmapped. FRT_HUGE_PAGES=0 (read at every
+// allocation, so bench/kernels.py can pair the two) and AddressSanitizer builds (which must see
+// every buffer's bounds) take the C library's zeroed 64-byte aligned blocks instead.
+namespace {
+
 constexpr int64_t kHugePage = int64_t{1} << 21;
+constexpr int64_t kChunkBytes = int64_t{32} << 20;  // a new chunk's least size
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 bool huge_pages_wanted() {
   const char* env = std::getenv("FRT_HUGE_PAGES");
   return env == nullptr || std::strcmp(env, "0") != 0;
 }
 
-int64_t weight_memory_alignment(int64_t bytes) {
-  return bytes >= kHugePage && huge_pages_wanted() ? kHugePage : 64;
+struct Chunk {
+  int64_t length = 0;
+  int64_t used = 0;  // the next piece starts here
+  int64_t live = 0;  // pieces not yet freed
+};
+
+class Arena {
+ public:
+  void* take(int64_t size) {
+    std::lock_guard lock(mu_);
+    uintptr_t base = current_;
+    if (base == 0 || chunks_.at(base).used + size > chunks_.at(base).length) base = map(size);
+    Chunk& c = chunks_.at(base);
+    const uintptr_t piece = base + static_cast<uintptr_t>(c.used);
+    c.used += size;
+    ++c.live;
+    pieces_.emplace(piece, size);
+    // The chunk with more room left serves the next piece (a large buffer's own chunk may have
+    // less than the one it did not fit in).
+    if (current_ == 0 || room(base) > room(current_)) current_ = base;
+    return reinterpret_cast<void*>(piece);
+  }
+
+  // False when p is not the arena's.
+  bool give(void* p) {
+    std::lock_guard lock(mu_);
+    const auto at = pieces_.find(reinterpret_cast<uintptr_t>(p));
+    if (at == pieces_.end()) return false;
+    const uintptr_t piece = at->first;
+    const int64_t size = at->second;
+    pieces_.erase(at);
+    auto c = std::prev(chunks_.upper_bound(piece));
+    if (--c->second.live == 0) {
+      munmap(reinterpret_cast<void*>(c->first), static_cast<size_t>(c->second.length));
+      if (current_ == c->first) current_ = 0;
+      chunks_.erase(c);
+      return true;
+    }
+    const auto first = static_cast<uintptr_t>(round_up(static_cast<int64_t>(piece), kHugePage));
+    const uintptr_t end = (piece + static_cast<uintptr_t>(size)) / kHugePage * kHugePage;
+    if (end > first) (void)madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
+    return true;
+  }
+
+  WeightMemoryStats stats() {
+    std::lock_guard lock(mu_);
+    WeightMemoryStats s;
+    s.chunks = static_cast<int64_t>(chunks_.size());
+    for (const auto& [base, c] : chunks_) s.mapped_bytes += c.length;
+    s.pieces = static_cast<int64_t>(pieces_.size());
+    for (const auto& [piece, size] : pieces_) s.piece_bytes += size;
+    return s;
+  }
+
+ private:
+  int64_t room(uintptr_t base) const {
+    const Chunk& c = chunks_.at(base);
+    return c.length - c.used;
+  }
+
+  // A new chunk that holds at least `size`, 2 MiB aligned (the mapping is cut down to it).
+  uintptr_t map(int64_t size) {
+    const int64_t length = std::max(kChunkBytes, round_up(size, kHugePage));
+    const auto span = static_cast<size_t>(length + kHugePage);
+    void* m = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    const auto start = reinterpret_cast<uintptr_t>(m);
+    const auto base = static_cast<uintptr_t>(round_up(static_cast<int64_t>(start), kHugePage));
+    if (base > start) munmap(m, base - start);
+    const uintptr_t end = base + static_cast<uintptr_t>(length);
+    if (start + span > end) munmap(reinterpret_cast<void*>(end), start + span - end);
+    (void)madvise(reinterpret_cast<void*>(base), static_cast<size_t>(length), MADV_HUGEPAGE);
+    chunks_.emplace(base, Chunk{length, 0, 0});
+    return base;
+  }
+
+  std::mutex mu_;
+  std::map<uintptr_t, Chunk> chunks_;  // by base address
+  std::unordered_map<uintptr_t, int64_t> pieces_;
+  uintptr_t current_ = 0;  // the chunk the next piece is tried in
+};
+
+// Never destroyed: a static pack elsewhere may be freed after this file's statics are gone.
+Arena& arena() {
+  static Arena& a = *new Arena;
+  return a;
 }
 
+}  // namespace
+
+bool weight_memory_in_arena() { return !kSanitized && huge_pages_wanted(); }
+
 void* alloc_weight_memory(int64_t bytes) {
-  // Only the alignment grows for huge pages, not the size: rounding every buffer up to whole
-  // 2 MiB pages would cost a 2 MiB projection (plus a GEMM pack's slack) 4 MiB resident. The
-  // kernel puts a huge page wherever a whole aligned 2 MiB lies in the advised range; the tail
-  // stays in small pages.
-  const int64_t size = (std::max<int64_t>(bytes, 1) + 63) / 64 * 64;
-  const int64_t align = weight_memory_alignment(size);
+  const int64_t size = round_up(std::max<int64_t>(bytes, 1), 64);
+  if (weight_memory_in_arena()) return arena().take(size);
   void* p = nullptr;
-  if (posix_memalign(&p, static_cast<size_t>(align), static_cast<size_t>(size)) != 0)
-    throw std::bad_alloc();
-  if (align == kHugePage) (void)madvise(p, static_cast<size_t>(size), MADV_HUGEPAGE);
+  if (posix_memalign(&p, 64, static_cast<size_t>(size)) != 0) throw std::bad_alloc();
   std::memset(p, 0, static_cast<size_t>(size));
   return p;
 }
+
+void free_weight_memory(void* p) noexcept {
+  if (p == nullptr) return;
+  if (!arena().give(p)) std::free(p);
+}
+
+WeightMemoryStats weight_memory_stats() { return arena().stats(); }
 
 }  // namespace frt

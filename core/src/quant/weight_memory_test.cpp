@@ -5,10 +5,38 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace frt {
 namespace {
+
+// The value of `field` in /proc/self/smaps for the mapping that holds p ("" when absent).
+std::string smaps_field(const void* p, const std::string& field) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  std::string line;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) {
+      inside = lo <= at && at < hi;
+      continue;
+    }
+    if (inside && line.rfind(field, 0) == 0) {
+      std::istringstream value(line.substr(field.size()));
+      std::string v;
+      value >> v;
+      return v;
+    }
+  }
+  return "";
+}
 
 bool all_zero(const void* p, int64_t bytes) {
   const auto* b = static_cast<const unsigned char*>(p);
@@ -38,53 +66,97 @@ class HugePagesEnv {
   bool had_ = false;
 };
 
-TEST(WeightMemory, SmallBuffersAreZeroedAnd64ByteAligned) {
-  for (int64_t bytes : {int64_t{1}, int64_t{63}, int64_t{4096}, (int64_t{1} << 21) - 1}) {
+TEST(WeightMemory, BuffersAreZeroedAnd64ByteAligned) {
+  for (int64_t bytes : {int64_t{1}, int64_t{63}, int64_t{4096}, (int64_t{1} << 21) - 1,
+                        (int64_t{1} << 21) * 3 + 100, int64_t{40} << 20}) {
     void* p = alloc_weight_memory(bytes);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes;
     EXPECT_TRUE(all_zero(p, bytes)) << bytes;
-    std::free(p);
+    free_weight_memory(p);
   }
   void* p = alloc_weight_memory(0);  // an empty form still gets a valid pointer
   EXPECT_NE(p, nullptr);
-  std::free(p);
+  free_weight_memory(p);
+  free_weight_memory(nullptr);
 }
 
-// A recycled block comes back zeroed: dirty one, free it, and take the same size again (the
-// allocator usually hands the block back; under ASan fresh blocks are filled with garbage).
-TEST(WeightMemory, RecycledBuffersComeBackZeroed) {
-  for (int round = 0; round < 4; ++round) {
-    auto* dirty = static_cast<unsigned char*>(alloc_weight_memory(4096));
-    std::memset(dirty, 0xab, 4096);
-    std::free(dirty);
-    void* p = alloc_weight_memory(4096);
-    EXPECT_TRUE(all_zero(p, 4096));
-    std::free(p);
+// A buffer freed after being written is never handed out again dirty: dirty one, free it, and
+// take the same size again, with the arena and without it.
+TEST(WeightMemory, BuffersAfterAFreedDirtyOneComeZeroed) {
+  for (const char* huge : {"1", "0"}) {
+    HugePagesEnv env(huge);
+    for (int64_t bytes : {int64_t{4096}, int64_t{3} << 20}) {
+      for (int round = 0; round < 4; ++round) {
+        void* keep = alloc_weight_memory(64);  // the chunk stays mapped across the rounds
+        auto* dirty = static_cast<unsigned char*>(alloc_weight_memory(bytes));
+        std::memset(dirty, 0xab, static_cast<size_t>(bytes));
+        free_weight_memory(dirty);
+        void* p = alloc_weight_memory(bytes);
+        EXPECT_TRUE(all_zero(p, bytes)) << huge << " " << bytes;
+        free_weight_memory(p);
+        free_weight_memory(keep);
+      }
+    }
   }
 }
 
-TEST(WeightMemory, LargeBuffersStartOnAHugePageAndAreZeroed) {
-  HugePagesEnv env("1");
-  const int64_t bytes = (int64_t{1} << 21) * 3 + 100;
-  void* p = alloc_weight_memory(bytes);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (uintptr_t{1} << 21), 0u);
-  EXPECT_TRUE(all_zero(p, bytes));
-  std::free(p);
+// Buffers taken one after another do not overlap: each keeps what was written to it.
+TEST(WeightMemory, BuffersDoNotOverlap) {
+  std::vector<std::pair<unsigned char*, int64_t>> taken;
+  for (int i = 0; i < 64; ++i) {
+    const int64_t bytes = 1 + (i * 7919) % (int64_t{3} << 20);
+    auto* p = static_cast<unsigned char*>(alloc_weight_memory(bytes));
+    std::memset(p, i + 1, static_cast<size_t>(bytes));
+    taken.emplace_back(p, bytes);
+  }
+  for (size_t i = 0; i < taken.size(); ++i) {
+    const auto [p, bytes] = taken[i];
+    bool kept = true;
+    for (int64_t j = 0; j < bytes; ++j) kept = kept && p[j] == static_cast<unsigned char>(i + 1);
+    EXPECT_TRUE(kept) << "buffer " << i << " of " << bytes << " bytes";
+  }
+  for (const auto& [p, bytes] : taken) free_weight_memory(p);
 }
 
-TEST(WeightMemory, HugePagesFromTwoMiBUnlessTurnedOff) {
+// The arena hands every chunk back once its last buffer is freed: taking and freeing buffers of
+// every size leaves it as it was.
+TEST(WeightMemory, FreedBuffersLeaveNothingMapped) {
   HugePagesEnv env("1");
-  const int64_t huge = int64_t{1} << 21;
-  EXPECT_EQ(weight_memory_alignment(huge - 1), 64);
-  EXPECT_EQ(weight_memory_alignment(huge), huge);
-  env.set("0");
-  EXPECT_EQ(weight_memory_alignment(huge * 4), 64);
-  void* p = alloc_weight_memory(huge * 2);  // still zeroed and aligned for the kernels
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
-  EXPECT_TRUE(all_zero(p, huge * 2));
-  std::free(p);
-  env.set("1");
-  EXPECT_EQ(weight_memory_alignment(huge * 4), huge);
+  if (!weight_memory_in_arena()) GTEST_SKIP() << "no arena in an AddressSanitizer build";
+  const WeightMemoryStats before = weight_memory_stats();
+  std::vector<void*> taken;
+  for (int64_t bytes : {int64_t{100}, int64_t{1} << 20, int64_t{40} << 20, int64_t{5000}})
+    taken.push_back(alloc_weight_memory(bytes));
+  const WeightMemoryStats during = weight_memory_stats();
+  EXPECT_EQ(during.pieces, before.pieces + 4);
+  EXPECT_GE(during.piece_bytes, before.piece_bytes + (int64_t{41} << 20) + 5100);
+  EXPECT_GE(during.mapped_bytes, before.mapped_bytes + (int64_t{40} << 20));
+  for (void* p : taken) free_weight_memory(p);
+  const WeightMemoryStats after = weight_memory_stats();
+  EXPECT_EQ(after.pieces, before.pieces);
+  EXPECT_EQ(after.piece_bytes, before.piece_bytes);
+  EXPECT_LE(after.chunks, before.chunks);
+}
+
+// The property the arena exists for (Note [Weights in huge pages]): a buffer of any size lies in
+// memory advised into huge pages, even in a process whose C library heap has grown and been
+// reused (where a heap block stays in small pages). The kernel's THPeligible line for the mapping
+// says so, whether or not this machine grants THP.
+TEST(WeightMemory, EveryBufferLiesInMemoryAdvisedIntoHugePages) {
+  HugePagesEnv env("1");
+  if (!weight_memory_in_arena()) GTEST_SKIP() << "no arena in an AddressSanitizer build";
+  // Raise the C library's mmap threshold as torch does: a large block freed.
+  std::free(std::malloc(size_t{24} << 20));
+  for (int64_t bytes : {int64_t{96} << 10, int64_t{1} << 20, (int64_t{3} << 20) + 100}) {
+    void* p = alloc_weight_memory(bytes);
+    const std::string eligible = smaps_field(p, "THPeligible:");
+    if (eligible.empty()) {
+      free_weight_memory(p);
+      GTEST_SKIP() << "this kernel's smaps has no THPeligible line";
+    }
+    EXPECT_EQ(eligible, "1") << bytes << " bytes";
+    free_weight_memory(p);
+  }
 }
 
 }  // namespace

@@ -186,13 +186,14 @@ ExpertBank::ExpertBank(std::vector<PackedLinear> gate, std::vector<PackedLinear>
                             "'s shapes differ from expert 0's");
   }
   // Note [A bank in one region]
-  // An expert's matrix is ~1-2 MiB packed, below the 2 MiB from which a pack gets huge pages of
-  // its own (Note [Weights in huge pages]), and a call streams the top-k experts' matrices in
-  // whichever order routing picks: each in 4 KiB pages, a TLB miss (two page-table walks under a
-  // hypervisor) and a prefetcher restart every 4 KiB. So the bank moves every pack into one
-  // region, expert after expert (gate, up, down), which is in huge pages wherever the system
-  // gives them; the packs' values and views are otherwise unchanged. On Zen 4 (THP "madvise") a
-  // Qwen3-30B-A3B bank's call at one row runs 4-5% faster so (w8 and w4, paired).
+  // An expert's matrix is ~1-2 MiB packed, and a call streams the top-k experts' matrices in
+  // whichever order routing picks. When packs below 2 MiB lay in 4 KiB pages, each was a TLB miss
+  // (two page-table walks under a hypervisor) every 4 KiB, so the bank moves every pack into one
+  // region, expert after expert (gate, up, down), in huge pages wherever the system gives them;
+  // the packs' values and views are otherwise unchanged. On Zen 4 (THP "madvise") a
+  // Qwen3-30B-A3B bank's call at one row ran 4-5% faster so (w8 and w4, paired). Every pack now
+  // lies in huge pages (Note [Weights in huge pages]); the region still keeps a bank's bytes
+  // together and its experts in the order they are packed.
   int64_t total = 0;
   for (size_t e = 0; e < gate_.size(); ++e)
     total += gate_[e].region_bytes() + up_[e].region_bytes() + down_[e].region_bytes();
@@ -210,7 +211,7 @@ ExpertBank::ExpertBank(std::vector<PackedLinear> gate, std::vector<PackedLinear>
   }
 }
 
-void ExpertBank::FreeRegion::operator()(void* p) const { std::free(p); }
+void ExpertBank::FreeRegion::operator()(void* p) const { free_weight_memory(p); }
 
 int64_t ExpertBank::expert_nbytes() const {
   return gate_.front().nbytes() + up_.front().nbytes() + down_.front().nbytes();

@@ -62,7 +62,7 @@ double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {
   const int64_t words = bytes / 8;
   // The memory packed weights get (Note [Weights in huge pages]): the probe reads what they read.
   struct Free {
-    void operator()(uint64_t* p) const { std::free(p); }
+    void operator()(uint64_t* p) const { free_weight_memory(p); }
   };
   std::unique_ptr<uint64_t[], Free> buf(static_cast<uint64_t*>(alloc_weight_memory(words * 8)));
   for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);

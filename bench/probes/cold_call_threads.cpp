@@ -1,0 +1,132 @@
+// One M = 1 linear call at a time over copies of an int8 g64 f16 pack that total 960 MiB (so each
+// call reads its weights from DRAM, as a decode step does), timed per call and per thread of the
+// team: when each thread starts its share and how long it takes. Beside it, the same call
+// repeated on one copy (in cache). With no Python between the calls, what is left is the
+// kernel's and the memory's; the pages the copies lie in are printed (AnonHugePages), since they
+// decide it (Note [Weights in huge pages]). A probe, not a benchmark: no JSON.
+//
+//   cmake --build build/cxx
+//   g++ -std=c++20 -O2 -Icore/include bench/probes/cold_call_threads.cpp
+//       build/cxx/core/libflashrt_core.a -lyaml-cpp -lpthread -ldl -o /tmp/cold_call_threads
+//   (one command line)
+//   /tmp/cold_call_threads 768 2     # outputs (k = 4096), threads; FRT_HUGE_PAGES=0 to compare
+#include <flashrt/hub.h>
+#include <flashrt/kernel_ops.h>
+#include <flashrt/pack.h>
+#include <flashrt/thread_pool.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+using frt::DType;
+using frt::PackedLinear;
+using frt::TensorView;
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The core's pool, recording when each thread starts and ends each parallel region of a call.
+class TimedTeam : public frt::Parallel {
+ public:
+  static constexpr int kMaxRegions = 4, kMaxThreads = 16;
+  explicit TimedTeam(frt::ThreadPool& pool) : pool_(pool) {}
+  int size() const override { return pool_.size(); }
+  void run(int nth, const std::function<void(int, int)>& fn) override {
+    const int region = std::min(regions++, kMaxRegions - 1);
+    pool_.run(nth, [&](int ith, int team) {
+      start[region][ith] = now_us();
+      fn(ith, team);
+      end[region][ith] = now_us();
+    });
+  }
+  std::string describe() const override { return "timed " + pool_.describe(); }
+
+  int regions = 0;
+  double start[kMaxRegions][kMaxThreads] = {}, end[kMaxRegions][kMaxThreads] = {};
+
+ private:
+  frt::ThreadPool& pool_;
+};
+
+void print_huge_pages() {
+  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (f == nullptr) return;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strstr(line, "AnonHugePages") != nullptr || std::strstr(line, "Anonymous") != nullptr)
+      std::fputs(line, stdout);
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t n = argc > 1 ? std::atoll(argv[1]) : 768, k = 4096;
+  const int threads = std::clamp(argc > 2 ? std::atoi(argv[2]) : 2, 1, TimedTeam::kMaxThreads);
+  frt::KernelPathConfig config;
+  config.bundled_root = std::getenv("KROOT") ? std::getenv("KROOT") : "build/cxx/kernel_root";
+  frt::KernelHub hub(config);
+  const frt_kernel_table& table = hub.table("flashrt/linear");
+
+  std::vector<float> w(static_cast<size_t>(n * k));
+  std::mt19937 gen(1);
+  std::normal_distribution<float> normal(0, 0.05f);
+  for (float& v : w) v = normal(gen);
+  const PackedLinear first =
+      PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, n, k, k), 64, DType::f16);
+  const int64_t copies =
+      std::max<int64_t>(2, ((int64_t{960} << 20) + first.nbytes() - 1) / first.nbytes());
+  std::vector<PackedLinear> packs;
+  for (int64_t i = 0; i < copies; ++i) packs.push_back(first.copy());
+  print_huge_pages();
+
+  std::vector<float> x(static_cast<size_t>(k), 0.1f), y(static_cast<size_t>(n));
+  const TensorView xv = TensorView::matrix(x.data(), DType::f32, 1, k, k);
+  const TensorView yv = TensorView::matrix(y.data(), DType::f32, 1, n, n);
+  frt::ThreadPool pool(threads);
+  TimedTeam team(pool);
+  std::vector<double> call, hot;
+  std::vector<std::vector<double>> late(threads), took(threads);
+  for (int64_t i = 0; i < std::max<int64_t>(3 * copies, 300); ++i) {
+    team.regions = 0;
+    const double t0 = now_us();
+    frt::run_linear(table, team, packs[i % copies], nullptr, xv, yv, threads);
+    call.push_back(now_us() - t0);
+    const int last = team.regions - 1;  // the panels' phase
+    for (int t = 0; t < threads; ++t) {
+      late[t].push_back(team.start[last][t] - t0);
+      took[t].push_back(team.end[last][t] - team.start[last][t]);
+    }
+  }
+  for (int i = 0; i < 300; ++i) {
+    const double t0 = now_us();
+    frt::run_linear(table, team, first, nullptr, xv, yv, threads);
+    hot.push_back(now_us() - t0);
+  }
+  std::printf(
+      "%lld x %lld int8 g64 f16, %.1f MB, %lld copies, %d threads: from DRAM %.1f us a call "
+      "(%.1f GB/s), in cache %.1f us\n",
+      static_cast<long long>(k), static_cast<long long>(n), first.nbytes() / 1e6,
+      static_cast<long long>(copies), threads, median(call), first.nbytes() / median(call) / 1e3,
+      median(hot));
+  for (int t = 0; t < threads; ++t)
+    std::printf("  thread %d: starts its panels at %.1f us, takes %.1f us\n", t, median(late[t]),
+                median(took[t]));
+  return 0;
+}
