@@ -2,12 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -116,6 +118,37 @@ TEST(WeightMemory, BuffersDoNotOverlap) {
     EXPECT_TRUE(kept) << "buffer " << i << " of " << bytes << " bytes";
   }
   for (const auto& [p, bytes] : taken) free_weight_memory(p);
+}
+
+// The door packs from whichever thread calls it: buffers taken and freed on several threads at
+// once are each their own, and zeroed.
+TEST(WeightMemory, ThreadsTakeAndFreeBuffersAtOnce) {
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([t, &wrong] {
+      std::vector<std::pair<unsigned char*, int64_t>> held;
+      for (int i = 0; i < 200; ++i) {
+        const int64_t bytes = 64 + (i * 104729 + t * 7) % (int64_t{3} << 20);
+        auto* p = static_cast<unsigned char*>(alloc_weight_memory(bytes));
+        if (!all_zero(p, bytes)) ++wrong;
+        std::memset(p, t + 1, static_cast<size_t>(bytes));
+        held.emplace_back(p, bytes);
+        if (i % 3 == 2) {  // free the oldest, keep the rest a while
+          const auto [q, n] = held.front();
+          for (int64_t j = 0; j < n; ++j)
+            if (q[j] != static_cast<unsigned char>(t + 1)) {
+              ++wrong;
+              break;
+            }
+          free_weight_memory(q);
+          held.erase(held.begin());
+        }
+      }
+      for (const auto& [q, n] : held) free_weight_memory(q);
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 // The arena hands every chunk back once its last buffer is freed: taking and freeing buffers of
