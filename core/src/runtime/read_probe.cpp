@@ -61,10 +61,8 @@ double measure_read_bandwidth(int64_t bytes, int threads, int repeats) {
     throw InvalidArgument("measure_read_bandwidth: need >= 1 MiB, >= 1 thread, >= 1 repeat");
   const int64_t words = bytes / 8;
   // The memory packed weights get (Note [Weights in huge pages]): the probe reads what they read.
-  struct Free {
-    void operator()(uint64_t* p) const { free_weight_memory(p); }
-  };
-  std::unique_ptr<uint64_t[], Free> buf(static_cast<uint64_t*>(alloc_weight_memory(words * 8)));
+  std::unique_ptr<uint64_t[], WeightMemoryFree> buf(
+      static_cast<uint64_t*>(alloc_weight_memory(words * 8)));
   for (int64_t i = 0; i < words; ++i) buf[i] = static_cast<uint64_t>(i);
   Parallel& pool = process_parallel();
   threads = std::min(threads, pool.size());
