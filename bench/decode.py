@@ -48,7 +48,17 @@ import torch
 
 import flashrt_structures as S
 
-from _common import bracket, llama_logits, machine, probe, result_path, summarize, write_result
+from _common import (
+    anon_huge_pages,
+    bracket,
+    llama_logits,
+    machine,
+    probe,
+    result_path,
+    summarize,
+    thp_fallbacks,
+    write_result,
+)
 
 PROMPT, NEW = 128, 128
 
@@ -452,23 +462,31 @@ def family_run(name: str, args) -> dict:
     and decode apart, each loop's decode held against the bracketing bandwidth probes."""
     from families import FAMILIES
 
-    build, released = FAMILIES[name]
-    model = build(args.layers)
+    build, released, depth = FAMILIES[name]
+    layers = depth if args.released_depth else args.layers
+    model = build(layers)
     cfg = model.config
     prompt_len, new = args.prompt, args.new
     prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len),
                            generator=torch.Generator().manual_seed(1))
-    # llama.cpp on the same weights where bench/gguf_export.py writes the family.
-    folder = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
-    llms, peer = llama_family(name, model, prompt_len + new, folder, args)
     batches = [b for b in args.batch if b > 1]
     loops, batch_loops = {}, {}
+    fallbacks = thp_fallbacks()
+    # The loops pack first, before llama.cpp's files are written and loaded: packed after them,
+    # a 26-layer Gemma 3's w4a8 loop read 25.2 tok/s in one run, packed first 30.5 (its pages
+    # were not recorded then). Where the packs lie is recorded now: OLMo 2 packed after Granite
+    # in one process had 1175 huge-page faults fall back and read 70% of its floor, not 81%.
     for arm, scheme in FAMILY_SCHEMES.items():
         handle = S.auto_swaps(model, lambda: model(prompt[:, :1]), scheme=scheme).attach(model)
         loops[arm] = S.decode_loop(model, prompt_len + new)
         if batches:
             batch_loops[arm] = S.decode_loop(model, prompt_len + new, batch=max(batches))
         handle.detach()
+    pages = {"anon_huge_pages_bytes_after_packing": anon_huge_pages(),
+             "thp_fault_fallbacks_while_packing": thp_fallbacks() - fallbacks}
+    # llama.cpp on the same weights where bench/gguf_export.py writes the family.
+    folder = Path(tempfile.mkdtemp(prefix="frt-gguf-"))
+    llms, peer = llama_family(name, model, prompt_len + new, folder, args)
     # A batch's prompts: the benchmark prompt first (its tokens are the batch-1 arm's), then
     # others of the same length.
     extra = torch.randint(0, cfg.vocab_size, (max(batches, default=1), prompt_len),
@@ -495,7 +513,7 @@ def family_run(name: str, args) -> dict:
     host_prefill = statistics.median(s[0] for s in samples["host"])
     binding = loops["loop_w8"].plan.binding
     ceiling = args.ceiling if batches else None
-    print(f"\n{name}: {released} widths, {args.layers} layers, fp32 random weights, batch 1, "
+    print(f"\n{name}: {released} widths, {layers} layers, fp32 random weights, batch 1, "
           f"prompt {prompt_len}, new {new}; binding {binding}")
     print(f"{'arm':<15}{'prefill tok/s':>14}{'vs host':>9}{'decode tok/s':>14}{'vs host':>9}"
           f"{'of floor':>10}{'tokens = host':>15}  (a batch arm: aggregate over its rows)")
@@ -575,7 +593,8 @@ def family_run(name: str, args) -> dict:
             print(f"{loop_arm_name}: decode {mine[f'decode_vs_{peer_arm}']:.2f}x {peer_arm}, "
                   f"prefill {mine[f'prefill_vs_{peer_arm}']:.2f}x")
     shutil.rmtree(folder, ignore_errors=True)
-    return {"released": released, "layers": args.layers, "binding": binding, "rows": rows,
+    return {"released": released, "layers": layers, "binding": binding, "pages": pages,
+            "rows": rows,
             "llama_cpp": peer}
 
 
@@ -642,6 +661,9 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=PROMPT,
                         help="prompt tokens (the Qwen3-shaped host and --family)")
     parser.add_argument("--new", type=int, default=NEW, help="--family: new tokens")
+    parser.add_argument("--released-depth", action="store_true",
+                        help="--family: each family at its released model's layer count (the "
+                             "head's share of the bytes as users have it), not --layers")
     parser.add_argument("--batch", type=lambda s: [int(b) for b in s.split(",")], default=[1],
                         help="--family: batch sizes, e.g. 1,4,16 (aggregate tok/s per batch)")
     args = parser.parse_args()

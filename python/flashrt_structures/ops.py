@@ -17,6 +17,16 @@ PackedLinear: TypeAlias = _core.PackedLinear
 Activation = Literal["silu", "gelu_tanh"]
 
 
+def weight_pages(settle: bool = False) -> dict[str, int | bool]:
+    """Where this process's packed weights lie: the huge-page arena's mapped bytes, its resident
+    bytes and how many of them the kernel backs with huge pages (/proc/self/smaps; `known` False
+    where it cannot be read or the arena is off). settle=True first asks the kernel to collapse
+    the resident small pages into huge ones (Note [Weights in huge pages])."""
+    p = _core.settle_weight_memory() if settle else _core.weight_memory_pages()
+    return {"known": p.known, "arena_bytes": p.arena_bytes, "resident_bytes": p.resident_bytes,
+            "huge_bytes": p.huge_bytes}
+
+
 def pack_int8(weight: torch.Tensor, group: int = 0, scales: str = "f32") -> PackedLinear:
     """Weight-only int8: one scale per output channel (group 0) or per group of 32/64/128 of k,
     group scales in f32 or f16. weight: [n, k] f32/bf16 (any strides)."""

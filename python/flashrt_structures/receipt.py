@@ -124,6 +124,7 @@ def plan_of_handle(handle: AttachHandle | None, notes: dict[str, Any]) -> dict[s
         "assumed": plain(notes.get("assumed", [])),
         "kernel_unavailable": plain(notes.get("kernel_unavailable", [])),
         "accuracy": plain(notes.get("accuracy", {})),
+        "weight_pages": plain(notes.get("weight_pages", {})),
     }
 
 

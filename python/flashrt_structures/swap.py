@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from torch import nn
 
-from . import _core
+from . import _core, ops
 from . import receipt as receipts
 from .function_seats import FunctionSeat
 from .seats import SeatModule, refusing
@@ -191,6 +191,13 @@ def attach(root: nn.Module, swaps: dict[str, SeatModule], *, on_guard_fail: str 
         handle.detach()
         raise
     _ACTIVE[root] = weakref.ref(handle)
+    # The seats' packs were taken from the huge-page arena; where the kernel gave them small pages
+    # (a process whose memory had fragmented), it is asked to collapse them, and where they lie is
+    # noted (Note [Weights in huge pages]): a decode step streams them all. Reading smaps walks
+    # the process's page tables (0.07-0.3 s in a GB-sized process), so the gated door's quiet
+    # trial attaches skip it; its final attach settles.
+    if every and log_line:
+        handle.notes["weight_pages"] = ops.weight_pages(settle=True)
     refused = handle.notes.setdefault("refused", [])
     if log_line:  # the gated door's trial attaches stay quiet; its final one logs
         log.warning("[flashrt] %d seats, %d refused", len(records), len(refused))

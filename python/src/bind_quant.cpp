@@ -1,5 +1,6 @@
 #include <flashrt/errors.h>
 #include <flashrt/pack.h>
+#include <flashrt/weight_memory.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -101,6 +102,15 @@ void bind_quant(nb::module_& m) {
       .def_prop_ro("span", &InputMoments::span)
       .def_prop_ro("rows", &InputMoments::rows)
       .def("mean_square", &InputMoments::mean_square);
+
+  // Where the packs lie: the arena's bytes and how many the kernel backs with huge pages.
+  nb::class_<WeightMemoryPages>(m, "WeightMemoryPages")
+      .def_ro("known", &WeightMemoryPages::known)
+      .def_ro("arena_bytes", &WeightMemoryPages::arena_bytes)
+      .def_ro("resident_bytes", &WeightMemoryPages::resident_bytes)
+      .def_ro("huge_bytes", &WeightMemoryPages::huge_bytes);
+  m.def("weight_memory_pages", &weight_memory_pages, nb::call_guard<nb::gil_scoped_release>());
+  m.def("settle_weight_memory", &settle_weight_memory, nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<PackedLinear>(m, "PackedLinear")
       .def_prop_ro("n", &PackedLinear::n)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import flashrt_structures as S
+from flashrt_structures import ops
 from flashrt_structures import receipt as receipts
 
 import gguf_files
@@ -43,11 +44,39 @@ def assert_handle_receipt(r, handle):
     assert r["plan"]["keep_host"] == reasons(handle.notes["scheme"]["keep_host"].items())
     assert r["ledger"]["summary"] == roundtrip(handle.summary())
     assert len(r["plan"]["refused"]) == handle.summary()["refused"]
+    assert r["plan"]["weight_pages"] == roundtrip(handle.notes.get("weight_pages", {}))
     by_site = {e["site"]: e for e in handle.report()}
     for entry in r["ledger"]["seats"]:
         want = by_site[entry["site"]]
         assert (entry["calls"], entry["fallbacks"], entry["band_dispatches"]) == (
             want["calls"], want["fallbacks"], want["band_dispatches"])
+
+
+def test_attach_says_where_the_packs_lie():
+    """Attach settles the packs (asks the kernel to collapse small pages into huge ones) and
+    notes where they lie; the figures are bounded by each other and cover the packs' bytes, and
+    settling leaves every output as it was."""
+    model = hosts.qwen3(1)
+    x = hosts.ids(1)
+    plan = S.auto_swaps(model, lambda: model(x), scheme="w8a16_decode")
+    handle = plan.attach(model)
+    try:
+        pages = handle.notes["weight_pages"]
+        with torch.no_grad():
+            before = model(x).logits
+        if not pages["known"]:
+            pytest.skip("the arena is off or /proc/self/smaps cannot be read here: "
+                        f"{pages}")
+        packed = sum(r.seat.seat.nbytes for r in handle.records)
+        assert pages["arena_bytes"] >= pages["resident_bytes"] >= packed > 0, (pages, packed)
+        assert 0 <= pages["huge_bytes"] <= pages["resident_bytes"], pages
+        again = ops.weight_pages(settle=True)
+        assert again["known"] and again["huge_bytes"] <= again["resident_bytes"], again
+        with torch.no_grad():
+            assert torch.equal(model(x).logits, before)
+        assert handle.receipt()["plan"]["weight_pages"] == roundtrip(pages)
+    finally:
+        handle.detach()
 
 
 def test_auto_swaps_receipt_holds_the_plan_the_ledger_and_the_environment(tmp_path):

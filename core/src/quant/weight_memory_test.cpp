@@ -1,5 +1,6 @@
 #include "quant/weight_memory.h"
 
+#include <flashrt/weight_memory.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -196,6 +197,35 @@ TEST(WeightMemory, EveryBufferLiesInMemoryAdvisedIntoHugePages) {
     EXPECT_EQ(eligible, "1") << bytes << " bytes";
     free_weight_memory(p);
   }
+}
+
+// weight_memory_pages() counts the arena's resident bytes from smaps, and settling (asking the
+// kernel to collapse small pages into huge ones, which copies them) keeps every byte of a live
+// buffer. Whether the kernel grants the huge pages depends on the machine's free memory, so only
+// the bounds are asserted on them.
+TEST(WeightMemory, PagesCountTheArenaAndSettlingKeepsEveryByte) {
+  HugePagesEnv env("1");
+  if (!weight_memory_in_arena()) GTEST_SKIP() << "no arena in an AddressSanitizer build";
+  const int64_t bytes = int64_t{6} << 20;
+  auto* p = static_cast<unsigned char*>(alloc_weight_memory(bytes));
+  for (int64_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 7 + 1);
+  const WeightMemoryPages pages = weight_memory_pages();
+  if (!pages.known) {
+    free_weight_memory(p);
+    GTEST_SKIP() << "/proc/self/smaps cannot be read here";
+  }
+  EXPECT_GE(pages.arena_bytes, bytes);
+  EXPECT_GE(pages.resident_bytes, bytes);
+  EXPECT_LE(pages.resident_bytes, pages.arena_bytes);
+  EXPECT_LE(pages.huge_bytes, pages.resident_bytes);
+  const WeightMemoryPages settled = settle_weight_memory();
+  EXPECT_TRUE(settled.known);
+  EXPECT_GE(settled.resident_bytes, bytes);
+  EXPECT_LE(settled.huge_bytes, settled.resident_bytes);
+  bool same = true;
+  for (int64_t i = 0; i < bytes; ++i) same = same && p[i] == static_cast<unsigned char>(i * 7 + 1);
+  EXPECT_TRUE(same);
+  free_weight_memory(p);
 }
 
 }  // namespace
