@@ -107,7 +107,9 @@ def select_set(model: nn.Module, record: dict[str, Any], scheme: str | None,
     for seat in [*swaps.values(), *(s for s, _, _ in placed.values())]:
         if (isinstance(seat, EngineSeat) or type(seat) is SeatModule) and seat.served_band is None:
             seat.served_band = accuracy.ServedBand()
-    record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed, log_line=log_line)
+    # The load settles the packs' pages; a switch mid-serving does not stall on it.
+    record["handle"] = swap.attach(model, swaps, notes=notes, placed=placed, log_line=log_line,
+                                   settle_pages=log_line)
     record["seats"] = len(record["handle"].records)
 
 

@@ -141,7 +141,8 @@ def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: For
     measured, e.g. a seat that gave its region back mid-rounds: then "decision" says why)."""
     handle = None
     try:
-        handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
+        handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False,
+                             settle_pages=False)
         with torch.no_grad():
             got, _ = output_tensor(score())
         metrics = parity(got, want, kind)
@@ -150,7 +151,8 @@ def _measure_unit(model: nn.Module, swaps: dict[str, Any], unit: str, score: For
         for _ in range(rounds):
             handle.detach()
             host_t.append(_time(score, iters))
-            handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False)
+            handle = swap.attach(model, swaps, on_guard_fail="fallback", notes={}, log_line=False,
+                                 settle_pages=False)
             arm_t.append(_time(score, iters))
     except ValueError as e:  # a seat returned its region for good: not a candidate
         return {"seats": len(swaps), "parity": {"band": "unmeasured"}, "speedup": 0.0,

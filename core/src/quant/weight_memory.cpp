@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -135,6 +137,17 @@ class Arena {
     return out;
   }
 
+  // Asks the kernel to collapse the carved part of chunk `base` (whole 2 MiB pages up to the end
+  // of its last piece: the tail past it stays untouched) into huge pages. Under the lock, so a
+  // chunk freed meanwhile is not collapsed after its address went to someone else.
+  void collapse(uintptr_t base, int advice) {
+    std::lock_guard lock(mu_);
+    const auto at = chunks_.find(base);
+    if (at == chunks_.end() || at->second.live == 0) return;
+    const int64_t span = std::min(round_up(at->second.used, kHugePage), at->second.length);
+    (void)madvise(reinterpret_cast<void*>(base), static_cast<size_t>(span), advice);
+  }
+
  private:
   int64_t room(uintptr_t base) const {
     const Chunk& c = chunks_.at(base);
@@ -204,45 +217,61 @@ struct Mapping {
   int64_t rss = 0, huge = 0;
 };
 
-// The mappings that overlap `chunks`, from /proc/self/smaps; false where it cannot be read.
-bool arena_mappings(const std::vector<Range>& chunks, std::vector<Mapping>* out) {
-  std::ifstream smaps("/proc/self/smaps");
-  if (!smaps) return false;
-  std::string line;
-  Mapping m;
-  bool relevant = false;
-  const auto flush = [&] {
-    if (relevant) out->push_back(m);
-  };
-  while (std::getline(smaps, line)) {
-    const size_t dash = line.find('-');
-    const size_t space = line.find(' ');
-    // A mapping's header: "begin-end perms offset dev inode [path]", addresses in hex.
-    if (dash != std::string::npos && space != std::string::npos && dash < space &&
-        line.find(':') > space) {
-      flush();
-      m = Mapping{};
-      m.range = {std::stoull(line.substr(0, dash), nullptr, 16),
-                 std::stoull(line.substr(dash + 1, space - dash - 1), nullptr, 16)};
-      relevant = std::any_of(chunks.begin(), chunks.end(),
-                             [&](const Range& c) { return overlap(c, m.range) > 0; });
-      continue;
-    }
-    if (!relevant) continue;
-    const auto kib = [&](const char* field, int64_t* to) {
-      const size_t n = std::strlen(field);
-      if (line.compare(0, n, field) == 0) *to = std::stoll(line.substr(n)) * 1024;
-    };
-    kib("Rss:", &m.rss);
-    kib("AnonHugePages:", &m.huge);
-  }
-  flush();
-  return true;
+// The hex or decimal number at the start of `text`; false where there is none.
+template <class T>
+bool number(std::string_view text, int base, T* out) {
+  const size_t at = text.find_first_not_of(' ');
+  if (at == std::string_view::npos) return false;
+  const auto [end, ec] = std::from_chars(text.data() + at, text.data() + text.size(), *out, base);
+  return ec == std::errc() && end != text.data() + at;
 }
 
-// The pages of `chunks` among `maps`. A mapping that reaches past the chunks (the kernel merges
-// neighbouring mappings with the same flags) counts in proportion to its overlap with them.
-WeightMemoryPages pages_in(const std::vector<Range>& chunks, const std::vector<Mapping>& maps) {
+// The mappings of /proc/self/smaps that overlap `chunks`; false where it cannot be read or
+// parsed. Never throws: an attach that notes where its packs lie must not fail for it.
+bool arena_mappings(const std::vector<Range>& chunks, std::vector<Mapping>* out) noexcept {
+  try {
+    std::ifstream smaps("/proc/self/smaps");
+    if (!smaps) return false;
+    std::string line;
+    Mapping m;
+    bool relevant = false;
+    while (std::getline(smaps, line)) {
+      const std::string_view v(line);
+      const size_t dash = v.find('-'), space = v.find(' ');
+      // A mapping's header: "begin-end perms offset dev inode [path]", addresses in hex; its
+      // first ':' is the device's, after the first space (a field line's comes before it).
+      if (dash != std::string_view::npos && space != std::string_view::npos && dash < space &&
+          v.find(':') > space) {
+        if (relevant) out->push_back(m);
+        m = Mapping{};
+        uintptr_t begin = 0, end = 0;
+        if (!number(v.substr(0, dash), 16, &begin) ||
+            !number(v.substr(dash + 1, space - dash - 1), 16, &end))
+          return false;
+        m.range = {begin, end};
+        relevant = std::any_of(chunks.begin(), chunks.end(),
+                               [&](const Range& c) { return overlap(c, m.range) > 0; });
+        continue;
+      }
+      if (!relevant) continue;
+      for (const auto& [field, to] : {std::pair{std::string_view("Rss:"), &m.rss},
+                                      std::pair{std::string_view("AnonHugePages:"), &m.huge}}) {
+        int64_t kib = 0;
+        if (v.substr(0, field.size()) == field && number(v.substr(field.size()), 10, &kib))
+          *to = kib * 1024;
+      }
+    }
+    if (relevant) out->push_back(m);
+    return true;
+  } catch (...) {  // std::bad_alloc from the lines or the list
+    return false;
+  }
+}
+
+// The pages of `chunks` among smaps' `maps`. A mapping that reaches past the chunks (the kernel
+// merges neighbouring mappings with the same flags) counts in proportion to its overlap.
+WeightMemoryPages pages_from_maps(const std::vector<Range>& chunks,
+                                  const std::vector<Mapping>& maps) {
   WeightMemoryPages p;
   p.known = true;
   for (const Range& c : chunks) p.arena_bytes += static_cast<int64_t>(c.second - c.first);
@@ -258,38 +287,50 @@ WeightMemoryPages pages_in(const std::vector<Range>& chunks, const std::vector<M
   return p;
 }
 
-WeightMemoryPages pages_of(const std::vector<Range>& chunks) {
-  std::vector<Mapping> maps;
-  if (!weight_memory_in_arena() || !arena_mappings(chunks, &maps)) {
-    WeightMemoryPages p;
-    for (const Range& c : chunks) p.arena_bytes += static_cast<int64_t>(c.second - c.first);
+// The pages of the arena's chunks now; `known` false in a sanitizer build (no arena) or where
+// smaps cannot be read.
+WeightMemoryPages read_pages() noexcept {
+  WeightMemoryPages p;
+  try {
+    const std::vector<Range> chunks = arena().ranges();
+    std::vector<Mapping> maps;
+    if (kSanitized || !arena_mappings(chunks, &maps)) {
+      for (const Range& c : chunks) p.arena_bytes += static_cast<int64_t>(c.second - c.first);
+      return p;
+    }
+    return pages_from_maps(chunks, maps);
+  } catch (...) {  // std::bad_alloc
     return p;
   }
-  return pages_in(chunks, maps);
+}
+
+// Whether the system's THP setting is "never": the kernel's collapse would override it, and a
+// machine set so has asked for no huge pages.
+bool huge_pages_off_here() {
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  return !std::getline(thp, modes) || modes.find("[never]") != std::string::npos;
 }
 
 // glibc's headers may predate it; a kernel before 6.1 refuses it (EINVAL), which is harmless.
-#if defined(__linux__) && !defined(MADV_COLLAPSE)
-constexpr int MADV_COLLAPSE = 25;
+#if defined(MADV_COLLAPSE)
+constexpr int kCollapse = MADV_COLLAPSE;
+#else
+constexpr int kCollapse = 25;
 #endif
 
 }  // namespace
 
-WeightMemoryPages weight_memory_pages() { return pages_of(arena().ranges()); }
+WeightMemoryPages weight_memory_pages() { return read_pages(); }
 
+// Collapsing a range already in huge pages returns at once, so every chunk is asked and smaps
+// is read once, after.
 WeightMemoryPages settle_weight_memory() {
-  const std::vector<Range> chunks = arena().ranges();
 #if defined(__linux__)
-  std::vector<Mapping> maps;
-  if (weight_memory_in_arena() && arena_mappings(chunks, &maps)) {
-    for (const Range& c : chunks) {
-      const WeightMemoryPages one = pages_in({c}, maps);
-      if (one.resident_bytes > one.huge_bytes)
-        (void)madvise(reinterpret_cast<void*>(c.first), c.second - c.first, MADV_COLLAPSE);
-    }
-  }
+  if (weight_memory_in_arena() && !huge_pages_off_here())
+    for (const Range& c : arena().ranges()) arena().collapse(c.first, kCollapse);
 #endif
-  return pages_of(chunks);
+  return read_pages();
 }
 
 }  // namespace frt

@@ -2,9 +2,12 @@
 
 #include <flashrt/weight_memory.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/utsname.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -224,6 +227,46 @@ TEST(WeightMemory, PagesCountTheArenaAndSettlingKeepsEveryByte) {
   EXPECT_LE(settled.huge_bytes, settled.resident_bytes);
   bool same = true;
   for (int64_t i = 0; i < bytes; ++i) same = same && p[i] == static_cast<unsigned char>(i * 7 + 1);
+  EXPECT_TRUE(same);
+  free_weight_memory(p);
+}
+
+// What settling is for: a huge page split into small ones (here by returning one 4 KiB page of it
+// and touching it again, as a fragmented kernel leaves a fault it could not serve whole) is
+// collapsed back, its bytes kept. Where the machine grants no huge page to begin with or the
+// kernel predates MADV_COLLAPSE (Linux 6.1), there is nothing to show and the test says so.
+TEST(WeightMemory, SettlingCollapsesASplitHugePageBack) {
+  HugePagesEnv env("1");
+  if (!weight_memory_in_arena()) GTEST_SKIP() << "no arena in an AddressSanitizer build";
+  utsname u{};
+  int major = 0, minor = 0;
+  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &major, &minor) != 2 ||
+      major * 100 + minor < 601)
+    GTEST_SKIP() << "MADV_COLLAPSE needs Linux 6.1; this kernel is " << u.release;
+  const int64_t bytes = int64_t{6} << 20, huge = int64_t{2} << 20;
+  auto* p = static_cast<unsigned char*>(alloc_weight_memory(bytes));
+  for (int64_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 13 + 5);
+  const WeightMemoryPages before = weight_memory_pages();
+  if (!before.known || before.huge_bytes < 2 * huge) {
+    free_weight_memory(p);
+    GTEST_SKIP() << "no huge pages granted here (" << before.huge_bytes << " bytes)";
+  }
+  // The first whole 2 MiB page inside the buffer: return one 4 KiB of it, touch it again.
+  const auto page = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(huge) - 1) /
+      static_cast<uintptr_t>(huge) * static_cast<uintptr_t>(huge));
+  ASSERT_EQ(madvise(page + 4096, 4096, MADV_DONTNEED), 0);
+  for (int64_t i = 4096; i < 8192; ++i)
+    page[i] = static_cast<unsigned char>((page - p + i) * 13 + 5);
+  const WeightMemoryPages split = weight_memory_pages();
+  if (split.huge_bytes > before.huge_bytes - huge) {
+    free_weight_memory(p);
+    GTEST_SKIP() << "the kernel kept the page whole";
+  }
+  const WeightMemoryPages settled = settle_weight_memory();
+  EXPECT_GE(settled.huge_bytes, split.huge_bytes + huge);
+  bool same = true;
+  for (int64_t i = 0; i < bytes; ++i) same = same && p[i] == static_cast<unsigned char>(i * 13 + 5);
   EXPECT_TRUE(same);
   free_weight_memory(p);
 }
