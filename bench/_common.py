@@ -150,18 +150,6 @@ def transparent_huge_pages() -> str:
     return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else text.strip()
 
 
-def anon_huge_pages() -> int | None:
-    """Bytes of this process's anonymous memory in huge pages (smaps_rollup), None where the
-    kernel does not say: where the packs lie decides how fast they stream."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def thp_fallbacks() -> int:
     """The system's count of huge-page faults that fell back to small pages (thp_fault_fallback
     in /proc/vmstat; 0 where absent): its growth while packing says some packs lie in 4 KiB

@@ -49,7 +49,6 @@ import torch
 import flashrt_structures as S
 
 from _common import (
-    anon_huge_pages,
     bracket,
     llama_logits,
     machine,
@@ -482,7 +481,7 @@ def family_run(name: str, args) -> dict:
         if batches:
             batch_loops[arm] = S.decode_loop(model, prompt_len + new, batch=max(batches))
         handle.detach()
-    pages = {"anon_huge_pages_bytes_after_packing": anon_huge_pages(),
+    pages = {"weight_pages_after_packing": S.ops.weight_pages(),
              "thp_fault_fallbacks_while_packing": thp_fallbacks() - fallbacks}
     # llama.cpp on the same weights where bench/gguf_export.py writes the family.
     folder = Path(tempfile.mkdtemp(prefix="frt-gguf-"))

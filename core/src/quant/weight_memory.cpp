@@ -268,23 +268,20 @@ bool arena_mappings(const std::vector<Range>& chunks, std::vector<Mapping>* out)
   }
 }
 
-// The pages of `chunks` among smaps' `maps`. A mapping that reaches past the chunks (the kernel
-// merges neighbouring mappings with the same flags) counts in proportion to its overlap.
-WeightMemoryPages pages_from_maps(const std::vector<Range>& chunks,
-                                  const std::vector<Mapping>& maps) {
-  WeightMemoryPages p;
-  p.known = true;
-  for (const Range& c : chunks) p.arena_bytes += static_cast<int64_t>(c.second - c.first);
+// Adds the resident and huge bytes of `chunks` among smaps' `maps` to `p`. A mapping that reaches
+// past the chunks (the kernel merges neighbouring mappings with the same flags) counts in
+// proportion to its overlap.
+void count_pages(const std::vector<Range>& chunks, const std::vector<Mapping>& maps,
+                 WeightMemoryPages* p) {
   for (const Mapping& m : maps) {
     int64_t inside = 0;
     for (const Range& c : chunks) inside += overlap(c, m.range);
     if (inside == 0) continue;
     const double share =
         static_cast<double>(inside) / static_cast<double>(m.range.second - m.range.first);
-    p.resident_bytes += static_cast<int64_t>(static_cast<double>(m.rss) * share);
-    p.huge_bytes += static_cast<int64_t>(static_cast<double>(m.huge) * share);
+    p->resident_bytes += static_cast<int64_t>(static_cast<double>(m.rss) * share);
+    p->huge_bytes += static_cast<int64_t>(static_cast<double>(m.huge) * share);
   }
-  return p;
 }
 
 // The pages of the arena's chunks now; `known` false in a sanitizer build (no arena) or where
@@ -293,15 +290,15 @@ WeightMemoryPages read_pages() noexcept {
   WeightMemoryPages p;
   try {
     const std::vector<Range> chunks = arena().ranges();
+    for (const Range& c : chunks) p.arena_bytes += static_cast<int64_t>(c.second - c.first);
     std::vector<Mapping> maps;
-    if (kSanitized || !arena_mappings(chunks, &maps)) {
-      for (const Range& c : chunks) p.arena_bytes += static_cast<int64_t>(c.second - c.first);
-      return p;
-    }
-    return pages_from_maps(chunks, maps);
+    if (kSanitized || !arena_mappings(chunks, &maps)) return p;
+    count_pages(chunks, maps, &p);
+    p.known = true;
   } catch (...) {  // std::bad_alloc
-    return p;
+    p.known = false;
   }
+  return p;
 }
 
 // Whether the system's THP setting is "never": the kernel's collapse would override it, and a
