@@ -1,15 +1,19 @@
-// One M = 1 linear call at a time over copies of an int8 g64 f16 pack that total 960 MiB (so each
-// call reads its weights from DRAM, as a decode step does), timed per call and per thread of the
-// team: when each thread starts its share and how long it takes. Beside it, the same call
-// repeated on one copy (in cache). With no Python between the calls, what is left is the
-// kernel's and the memory's; the pages the copies lie in are printed (AnonHugePages), since they
-// decide it (Note [Weights in huge pages]). A probe, not a benchmark: no JSON.
+// One M = 1 linear call at a time over copies of one pack that total 960 MiB (so each call reads
+// its weights from DRAM, as a decode step does), timed per call and per thread of the team: when
+// each thread starts its share and how long it takes. Beside it, the same call repeated on one
+// copy (in cache). With no Python between the calls, what is left is the kernel's and the
+// memory's; the pages the copies lie in are printed (AnonHugePages), since they decide it (Note
+// [Weights in huge pages]). A probe, not a benchmark: no JSON.
 //
 //   cmake --build build/cxx
 //   g++ -std=c++20 -O2 -Icore/include bench/probes/cold_call_threads.cpp
 //       build/cxx/core/libflashrt_core.a -lyaml-cpp -lpthread -ldl -o /tmp/cold_call_threads
 //   (one command line)
-//   /tmp/cold_call_threads 768 2     # outputs (k = 4096), threads; FRT_HUGE_PAGES=0 to compare
+//   /tmp/cold_call_threads 768 2             # outputs, threads: int8 g64 f16 at k = 4096
+//   /tmp/cold_call_threads 1024 2 w4a8_super 2048   # ... form, k (Qwen3-0.6B's o projection)
+//   forms: int8_g64_f16 (flashrt/linear, the host's activations), w4a8_super (Q4_K's
+//   int4_super_gemm), w6a8_super (Q6_K's int6_super_gemm), w8a8_g32 (int8_gemm blocks of 32):
+//   the last three on flashrt/gemm. FRT_HUGE_PAGES=0 to compare small pages.
 #include <flashrt/hub.h>
 #include <flashrt/kernel_ops.h>
 #include <flashrt/pack.h>
@@ -20,7 +24,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -74,22 +80,41 @@ void print_huge_pages() {
   std::fclose(f);
 }
 
+// The pack of `form` (the names above), or none for another name.
+std::optional<PackedLinear> pack_form(const std::string& form, const TensorView& w) {
+  if (form == "int8_g64_f16") return PackedLinear::int8(w, 64, DType::f16);
+  if (form == "w4a8_super") return PackedLinear::int4_super_gemm(w);
+  if (form == "w6a8_super") return PackedLinear::int6_super_gemm(w);
+  if (form == "w8a8_g32") return PackedLinear::int8_gemm(w, 32);
+  return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : 768, k = 4096;
+  const int64_t n = argc > 1 ? std::atoll(argv[1]) : 768;
+  const std::string form = argc > 3 ? argv[3] : "int8_g64_f16";
+  const int64_t k = argc > 4 ? std::atoll(argv[4]) : 4096;
   const int threads = std::clamp(argc > 2 ? std::atoi(argv[2]) : 2, 1, TimedTeam::kMaxThreads);
   frt::KernelPathConfig config;
   config.bundled_root = std::getenv("KROOT") ? std::getenv("KROOT") : "build/cxx/kernel_root";
   frt::KernelHub hub(config);
-  const frt_kernel_table& table = hub.table("flashrt/linear");
 
   std::vector<float> w(static_cast<size_t>(n * k));
   std::mt19937 gen(1);
   std::normal_distribution<float> normal(0, 0.05f);
   for (float& v : w) v = normal(gen);
-  const PackedLinear first =
-      PackedLinear::int8(TensorView::matrix(w.data(), DType::f32, n, k, k), 64, DType::f16);
+  const std::optional<PackedLinear> packed =
+      pack_form(form, TensorView::matrix(w.data(), DType::f32, n, k, k));
+  if (!packed) {
+    std::fprintf(stderr, "unknown form %s (int8_g64_f16, w4a8_super, w6a8_super, w8a8_g32)\n",
+                 form.c_str());
+    return 2;
+  }
+  const PackedLinear& first = *packed;
+  // The host's-activation form runs on flashrt/linear, the integer forms on flashrt/gemm.
+  const frt_kernel_table& table =
+      hub.table(form == "int8_g64_f16" ? "flashrt/linear" : "flashrt/gemm");
   const int64_t copies =
       std::max<int64_t>(2, ((int64_t{960} << 20) + first.nbytes() - 1) / first.nbytes());
   std::vector<PackedLinear> packs;
@@ -120,9 +145,9 @@ int main(int argc, char** argv) {
     hot.push_back(now_us() - t0);
   }
   std::printf(
-      "%lld x %lld int8 g64 f16, %.1f MB, %lld copies, %d threads: from DRAM %.1f us a call "
+      "%lld x %lld %s, %.1f MB, %lld copies, %d threads: from DRAM %.1f us a call "
       "(%.1f GB/s), in cache %.1f us\n",
-      static_cast<long long>(k), static_cast<long long>(n), first.nbytes() / 1e6,
+      static_cast<long long>(k), static_cast<long long>(n), form.c_str(), first.nbytes() / 1e6,
       static_cast<long long>(copies), threads, median(call), first.nbytes() / median(call) / 1e3,
       median(hot));
   for (int t = 0; t < threads; ++t)
