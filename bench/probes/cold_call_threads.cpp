@@ -12,7 +12,7 @@
 //   /tmp/cold_call_threads 768 2             # outputs, threads: int8 g64 f16 at k = 4096
 //   /tmp/cold_call_threads 1024 2 w4a8_super 2048   # ... form, k (Qwen3-0.6B's o projection)
 //   forms: int8_g64_f16 (flashrt/linear, the host's activations), w4a8_super (Q4_K's
-//   int4_super_gemm), w6a8_super (Q6_K's int6_super_gemm), w8a8_g32 (int8_gemm blocks of 32):
+//   int4_super_gemm), w6a8_super (Q6_K's int6_super_gemm), w8a8 (int8_gemm blocks of 32):
 //   the last three on flashrt/gemm. FRT_HUGE_PAGES=0 to compare small pages.
 #include <flashrt/hub.h>
 #include <flashrt/kernel_ops.h>
@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <random>
 #include <string>
@@ -80,12 +81,18 @@ void print_huge_pages() {
   std::fclose(f);
 }
 
-// The pack of `form` (the names above), or none for another name.
-std::optional<PackedLinear> pack_form(const std::string& form, const TensorView& w) {
+// The pack of `form` (the names above), or none for another name or a shape the form refuses
+// (the super forms need k a multiple of 256), the reason printed.
+std::optional<PackedLinear> pack_form(const std::string& form, const TensorView& w) try {
   if (form == "int8_g64_f16") return PackedLinear::int8(w, 64, DType::f16);
   if (form == "w4a8_super") return PackedLinear::int4_super_gemm(w);
   if (form == "w6a8_super") return PackedLinear::int6_super_gemm(w);
-  if (form == "w8a8_g32") return PackedLinear::int8_gemm(w, 32);
+  if (form == "w8a8") return PackedLinear::int8_gemm(w, 32);
+  std::fprintf(stderr, "unknown form %s (int8_g64_f16, w4a8_super, w6a8_super, w8a8)\n",
+               form.c_str());
+  return std::nullopt;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s: %s\n", form.c_str(), e.what());
   return std::nullopt;
 }
 
@@ -106,11 +113,7 @@ int main(int argc, char** argv) {
   for (float& v : w) v = normal(gen);
   const std::optional<PackedLinear> packed =
       pack_form(form, TensorView::matrix(w.data(), DType::f32, n, k, k));
-  if (!packed) {
-    std::fprintf(stderr, "unknown form %s (int8_g64_f16, w4a8_super, w6a8_super, w8a8_g32)\n",
-                 form.c_str());
-    return 2;
-  }
+  if (!packed) return 2;
   const PackedLinear& first = *packed;
   // The host's-activation form runs on flashrt/linear, the integer forms on flashrt/gemm.
   const frt_kernel_table& table =
