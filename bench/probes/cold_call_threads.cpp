@@ -2,8 +2,8 @@
 // its weights from DRAM, as a decode step does), timed per call and per thread of the team: when
 // each thread starts its share and how long it takes. Beside it, the same call repeated on one
 // copy (in cache). With no Python between the calls, what is left is the kernel's and the
-// memory's; the pages the copies lie in are printed (AnonHugePages), since they decide it (Note
-// [Weights in huge pages]). A probe, not a benchmark: no JSON.
+// memory's; the pages the copies lie in are printed (weight_memory_pages()), since they decide
+// it (Note [Weights in huge pages]). A probe, not a benchmark: no JSON.
 //
 //   cmake --build build/cxx
 //   g++ -std=c++20 -O2 -Icore/include bench/probes/cold_call_threads.cpp
@@ -18,12 +18,12 @@
 #include <flashrt/kernel_ops.h>
 #include <flashrt/pack.h>
 #include <flashrt/thread_pool.h>
+#include <flashrt/weight_memory.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <optional>
 #include <random>
@@ -71,14 +71,16 @@ class TimedTeam : public frt::Parallel {
   frt::ThreadPool& pool_;
 };
 
+// Where the copies lie: the arena's resident bytes and how many are in huge pages
+// (weight_memory_pages(), the figures attach notes).
 void print_huge_pages() {
-  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
-  if (f == nullptr) return;
-  char line[256];
-  while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::strstr(line, "AnonHugePages") != nullptr || std::strstr(line, "Anonymous") != nullptr)
-      std::fputs(line, stdout);
-  std::fclose(f);
+  const frt::WeightMemoryPages p = frt::weight_memory_pages();
+  if (!p.known) {
+    std::printf("weight pages unknown (no arena, or smaps unreadable)\n");
+    return;
+  }
+  std::printf("arena: %.1f MB resident, %.1f MB in huge pages\n", p.resident_bytes / 1e6,
+              p.huge_bytes / 1e6);
 }
 
 // The pack of `form` (the names above), or none for another name or a shape the form refuses
