@@ -6,6 +6,7 @@
 #include <flashrt/kernel_ops.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -168,6 +169,133 @@ TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64InBothCacheLayouts) {
       }
 }
 
+// bf16's top half of an f32: the value a bf16 pool holds for x (rounded to nearest even).
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+TEST_P(DecodeKernels, PagedAttentionMatchesFloat64OverScatteredSlots) {
+  // A pool of slots shared by the rows, each row's positions at shuffled slots named by its table
+  // line (lines in another order than the rows), f32 and bf16 pools, heads in groups, head_dim
+  // 128 / 64 (vector paths), 72 / 80 / 96 (16- and 8-wide passes) and 20 (tails), a slot stride
+  // wider than the heads (a padded pool), softcapped scores; 3 threads against 1 give the same bits
+  // (Note [Paged attention]).
+  struct Shape {
+    int64_t batch, heads, kv, d;
+  };
+  for (const Shape& sh :
+       {Shape{16, 16, 8, 128}, Shape{3, 9, 3, 64}, Shape{1, 4, 1, 20}, Shape{5, 8, 8, 128},
+        Shape{2, 6, 2, 72}, Shape{2, 4, 2, 96}, Shape{2, 4, 4, 80}})
+    for (int32_t dtype : {FRT_F32, FRT_BF16})
+      for (float softcap : {0.0f, 1.5f}) {
+        const int64_t b = sh.batch, heads = sh.heads, kv = sh.kv, d = sh.d;
+        const int64_t slots = 1200, width = 64, lines = b + 2, ld_slot = kv * d + 8, ld_head = d;
+        std::vector<int64_t> rows(b), lengths(b);
+        std::vector<int32_t> table(lines * width, -1);
+        std::vector<int32_t> perm(slots);
+        for (int32_t s = 0; s < slots; ++s) perm[s] = s;
+        std::shuffle(perm.begin(), perm.end(), rng_);
+        int64_t used = 0;
+        for (int64_t r = 0; r < b; ++r) {
+          rows[r] = (r * 7 + 1) % lines;
+          lengths[r] = 1 + static_cast<int64_t>(rng_() % (width - 1));  // at most 16 * 63 slots
+          for (int64_t t = 0; t < lengths[r]; ++t) table[rows[r] * width + t] = perm[used++];
+        }
+        std::vector<float> k = randn(slots * ld_slot, rng_), v = randn(slots * ld_slot, rng_);
+        std::vector<uint16_t> k16(k.size()), v16(v.size());
+        for (size_t i = 0; i < k.size(); ++i) {
+          k16[i] = to_bf16(k[i]);
+          v16[i] = to_bf16(v[i]);
+          if (dtype == FRT_BF16) k[i] = from_bf16(k16[i]), v[i] = from_bf16(v16[i]);
+        }
+        const int64_t ld_q = heads * d + 16;
+        std::vector<float> q = randn(b * ld_q, rng_);
+        std::vector<float> out(b * heads * d, std::nanf("")), scores(b * heads * width);
+        const float scale = 1.0f / std::sqrt(float(d));
+        frt_paged_attention_args a{};
+        a.batch = b;
+        a.heads = heads;
+        a.kv_heads = kv;
+        a.head_dim = d;
+        a.cache_dtype = dtype;
+        a.q = q.data();
+        a.ld_q = ld_q;
+        a.k_pool = dtype == FRT_F32 ? static_cast<const void*>(k.data()) : k16.data();
+        a.v_pool = dtype == FRT_F32 ? static_cast<const void*>(v.data()) : v16.data();
+        a.slots = slots;
+        a.ld_slot = ld_slot;
+        a.ld_head = ld_head;
+        a.table = table.data();
+        a.table_lines = lines;
+        a.table_width = width;
+        a.ld_table = width;
+        a.rows = rows.data();
+        a.lengths = lengths.data();
+        a.scale = scale;
+        a.softcap = softcap;
+        a.out = out.data();
+        a.ld_out = heads * d;
+        a.scores = scores.data();
+        a.scores_stride = width;
+        run3(*t_, OpKind::paged_attention, a);
+        std::vector<float> alone(out.size(), std::nanf(""));
+        frt_paged_attention_args one = a;
+        one.out = alone.data();
+        frt_error err{};
+        ASSERT_EQ(run_op(*t_, OpKind::paged_attention, &one, 0, 1, &err), FRT_OK) << err.message;
+        EXPECT_EQ(std::memcmp(alone.data(), out.data(), out.size() * sizeof(float)), 0);
+        for (int64_t r = 0; r < b; ++r)
+          for (int64_t h = 0; h < heads; ++h) {
+            const int64_t g = h / (heads / kv), n = lengths[r];
+            const float* qh = q.data() + r * ld_q + h * d;
+            const auto at = [&](const std::vector<float>& pool, int64_t t, int64_t i) {
+              return double(pool[table[rows[r] * width + t] * ld_slot + g * ld_head + i]);
+            };
+            std::vector<double> p(n);
+            double mx = -1e300, total = 0;
+            for (int64_t t = 0; t < n; ++t) {
+              double dot = 0;
+              for (int64_t i = 0; i < d; ++i) dot += double(qh[i]) * at(k, t, i);
+              p[t] = dot * scale;
+              if (softcap > 0) p[t] = softcap * std::tanh(p[t] / softcap);
+              mx = std::max(mx, p[t]);
+            }
+            for (double& x : p) total += (x = std::exp(x - mx));
+            for (int64_t i = 0; i < d; ++i) {
+              double want = 0;
+              for (int64_t t = 0; t < n; ++t) want += p[t] / total * at(v, t, i);
+              ASSERT_NEAR(out[(r * heads + h) * d + i], want, 2e-5)
+                  << heads << "/" << kv << " d=" << d << " row " << r << " of length " << n
+                  << (dtype == FRT_BF16 ? " bf16" : " f32") << " softcap " << softcap << " head "
+                  << h << " " << i;
+            }
+          }
+        // A slot outside the pool is an error before anything is read or written.
+        table[rows[0] * width] = static_cast<int32_t>(slots);
+        std::vector<float> untouched(out.size(), 7.0f);
+        one.out = untouched.data();
+        EXPECT_NE(run_op(*t_, OpKind::paged_attention, &one, 0, 1, &err), FRT_OK);
+        EXPECT_NE(std::string(err.message).find("a slot outside the pool"), std::string::npos)
+            << err.message;
+        EXPECT_EQ(untouched, std::vector<float>(out.size(), 7.0f));
+        table[rows[0] * width] = perm[0];
+        one.table_lines = rows[0];  // row 0's line past the table's end
+        EXPECT_NE(run_op(*t_, OpKind::paged_attention, &one, 0, 1, &err), FRT_OK);
+        EXPECT_NE(std::string(err.message).find("table line or length is out of range"),
+                  std::string::npos)
+            << err.message;
+        EXPECT_EQ(untouched, std::vector<float>(out.size(), 7.0f));
+      }
+}
+
 TEST_P(DecodeKernels, DenseMatchesFloat64ForF32AndBf16Weights) {
   for (int64_t k : {1, 9, 128, 1003})
     for (int32_t wdt : {FRT_F32, FRT_BF16}) {
@@ -264,9 +392,9 @@ TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
 }
 
 TEST_P(DecodeKernels, ListsItsPrimitivesAndAnswersPlanTimeQuestions) {
-  EXPECT_EQ(t_->n_ops, 6);
+  EXPECT_EQ(t_->n_ops, 7);
   for (OpKind kind : {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense,
-                      OpKind::capped_attention, OpKind::gated_act}) {
+                      OpKind::capped_attention, OpKind::gated_act, OpKind::paged_attention}) {
     const frt_op* op = find_op(*t_, kind);
     ASSERT_NE(op, nullptr) << name_of(kind);
     EXPECT_EQ(op->phases, 1) << name_of(kind);

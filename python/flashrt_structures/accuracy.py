@@ -118,7 +118,8 @@ def served_bands(records: list[Any]) -> dict[str, dict[str, Any]]:
         watch = r.seat.served_band
         band = (watch.report() if watch is not None
                 else {"band": None, "why": "its call is not one tensor (a bank of experts "
-                                           "with its router's choice)"})
+                                           "with its router's choice, an attention layer over "
+                                           "the engine's cache)"})
         out[r.site] = {**band, "source": "served calls"}
     return out
 

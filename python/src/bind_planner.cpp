@@ -135,7 +135,8 @@ void bind_planner(nb::module_& m) {
       .def_rw("softcap", &AttentionFacts::softcap)
       .def_rw("sliding_window", &AttentionFacts::sliding_window)
       .def_rw("implementation", &AttentionFacts::implementation)
-      .def_rw("other", &AttentionFacts::other);
+      .def_rw("other", &AttentionFacts::other)
+      .def_rw("paged", &AttentionFacts::paged);
 
   nb::class_<HostParam>(m, "HostParam")
       .def(nb::init<>())

@@ -91,6 +91,7 @@ void bind_runtime(nb::module_& m) {
   // so the door's forward pays no exception or enum conversion on a hit.
   nb::class_<Seat>(m, "Seat")
       .def("admit_rows", [](Seat& s, int64_t rows) { return static_cast<int>(s.admit_rows(rows)); })
+      .def("count_band", &Seat::count_band)
       // x and y of any rank whose leading dims are one run of rows ([batch, tokens, width]
       // contiguous) are read as rows: the door hands its tensors without viewing them first.
       .def("run",
@@ -203,7 +204,32 @@ void bind_runtime(nb::module_& m) {
             return static_cast<int>(s.call(c, training));
           },
           nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask").none(), nb::arg("out"),
-          nb::arg("scale"), nb::arg("softcap"), nb::arg("training"));
+          nb::arg("scale"), nb::arg("softcap"), nb::arg("training"))
+      .def(
+          "call_paged",
+          [](AttentionSeat& s, nb::handle q, nb::handle k_pool, nb::handle v_pool, nb::handle table,
+             nb::handle rows, nb::handle lengths, nb::handle out, float scale, float softcap,
+             bool training) {
+            PagedAttentionCall c;
+            try {
+              c.q = view_of(q, "q");
+              c.k_pool = view_of(k_pool, "k_pool");
+              c.v_pool = view_of(v_pool, "v_pool");
+              c.table = index_view_of(table, "table");
+              c.rows = index_view_of(rows, "rows");
+              c.lengths = index_view_of(lengths, "lengths");
+              c.out = view_of(out, "out");
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            c.scale = scale;
+            c.softcap = softcap;
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.call_paged(c, training));
+          },
+          nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("table"), nb::arg("rows"),
+          nb::arg("lengths"), nb::arg("out"), nb::arg("scale"), nb::arg("softcap"),
+          nb::arg("training"));
 
   nb::class_<RotarySeat, Seat>(m, "RotarySeat")
       .def(

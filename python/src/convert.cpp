@@ -41,8 +41,9 @@ DType dtype_of(uint8_t code, uint8_t bits, uint16_t lanes, const char* what, Hol
   }
   if (holds == Holds::indices) {
     if (lanes == 1 && bits == 64 && code == dl::kInt) return DType::i64;
+    if (lanes == 1 && bits == 32 && code == dl::kInt) return DType::i32;
     throw Refused(std::string(what) + ": dtype " + dtype_text(code, bits, lanes) +
-                  "; supported: int64");
+                  "; supported: int64, int32");
   }
   if (lanes == 1 && bits == 32 && code == dl::kFloat) return DType::f32;
   if (lanes == 1 && bits == 16 && code == dl::kBfloat) return DType::bf16;

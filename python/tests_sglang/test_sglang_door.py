@@ -16,6 +16,7 @@ from conftest import assert_every_weight_accounted, cosine, engine, generate, pr
 pytestmark = pytest.mark.usefixtures("door_off")
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+ATTENTION = {f"model.layers.{i}.self_attn.attn" for i in range(2)}  # SGLang's RadixAttention
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_w8_seats_give_sglangs_tokens_at_1_and_8(name, request, plain):
         (rep,) = sglang_engine.report(eng)
     assert rep["hooked"] and rep["active"] and not rep["error"], rep
     layers = {f"model.layers.{i}.{p}" for i in range(2) for p in PROJECTIONS}
-    assert _seated_sites(rep) == layers | {"lm_head"}  # the tied Llama head too
+    assert _seated_sites(rep) == layers | ATTENTION | {"lm_head"}  # the tied Llama head too
     assert rep["refused"] == []
     assert_every_weight_accounted(rep, path)
     assert one == plain[name][0] and eight == plain[name][2]
@@ -69,8 +70,11 @@ def test_w8_seats_give_sglangs_tokens_at_1_and_8(name, request, plain):
     assert summary["guarded_calls"] > 0  # decode steps ran on the seats
     assert summary["band_dispatches"] > 0  # prefill chunks (18..40 rows) went to SGLang's path
     assert rep["pid"] != __import__("os").getpid()  # in the scheduler process
-    # Each seat's band, measured on the first rows it served against SGLang's own layer.
+    # Each weight seat's band, measured on the first rows it served against SGLang's own layer;
+    # an attention seat's call is not one tensor.
     assert set(rep["accuracy"]) == _seated_sites(rep)
+    for site in ATTENTION:
+        assert rep["accuracy"].pop(site)["band"] is None
     for site, band in rep["accuracy"].items():
         assert band["source"] == "served calls", (site, band)
         assert band["band"] == "pass" and band["rows"] >= 16, (site, band)
@@ -81,7 +85,7 @@ def test_w8_off_grid_logits_cosine(qwen3_gauss_dir, plain):
     with engine(qwen3_gauss_dir) as eng:
         tokens, logits = generate(eng, prompts(1), logits=True)
         (rep,) = sglang_engine.report(eng)
-    assert rep["seats"] == 9
+    assert rep["seats"] == 11
     assert cosine(logits[0], plain["gauss"][1][0]) >= 0.999
     assert tokens[0][:1] == plain["gauss"][0][0][:1]
 
@@ -94,7 +98,7 @@ def test_bfloat16_engine_seats(qwen3_gauss_dir):
     with engine(qwen3_gauss_dir, dtype="bfloat16") as eng:
         _, seated = generate(eng, prompts(1), steps=2, logits=True)
         (rep,) = sglang_engine.report(eng)
-    assert rep["seats"] == 9 and rep["summary"]["fallbacks"] == 0
+    assert rep["seats"] == 11 and rep["summary"]["fallbacks"] == 0
     assert cosine(seated[0], base[0]) >= 0.99
 
 
@@ -108,7 +112,7 @@ def test_alternates_switch_in_one_engine(qwen3_dir, plain):
         tokens, _ = generate(eng, prompts(1))
         assert tokens == plain["qwen3"][0]  # the host alone is SGLang, bit for bit
         (w4,) = sglang_engine.select(eng, "w4a8_all")
-        assert w4["seats"] == 9 and w4["scheme"] == "w4a8_all"
+        assert w4["seats"] == 11 and w4["scheme"] == "w4a8_all"
         generate(eng, prompts(1), steps=2)
         with pytest.raises(RuntimeError, match="no seat set 'w8a8_all' was built"):
             sglang_engine.select(eng, "w8a8_all")
@@ -123,7 +127,7 @@ def test_second_engine_in_one_process_is_hooked_on_its_own(qwen3_dir, llama_dir,
         (rb,) = sglang_engine.report(second)
         assert sglang_engine.attached(first) and sglang_engine.attached(second)
     assert a == plain["qwen3"][0] and b == plain["llama"][0]
-    assert ra["pid"] != rb["pid"] and ra["seats"] == rb["seats"] == 9
+    assert ra["pid"] != rb["pid"] and ra["seats"] == rb["seats"] == 11
 
 
 def test_receipt_is_saved(qwen3_dir, tmp_path):
@@ -165,3 +169,60 @@ def test_weight_update_detaches_the_seats(qwen3_dir, qwen3_gauss_dir, plain):
     assert result[0], result  # SGLang's own answer: the update succeeded
     assert rep["seats"] == 0 and rep["built"] == [] and "updated the weights" in rep["detached"]
     assert after == plain["gauss"][0]  # the host alone, on the new weights
+
+
+def test_attention_seats_serve_the_decode_batches_in_one_call(qwen3_dir, plain):
+    """Each RadixAttention layer's decode batch runs on its seat over SGLang's own pool (the
+    backend's per-request gathers gone); the prompts' extend batches are SGLang's, counted as band
+    dispatches; the tokens are SGLang's at 1 and 8 prompts (float32, the int8 grid)."""
+    sglang_engine.install(scheme="w8a16_channel_decode", structures=["attention_paged"])
+    with engine(qwen3_dir) as eng:
+        one, _ = generate(eng, prompts(1))
+        eight, _ = generate(eng, prompts(8, seed=2))
+        (rep,) = sglang_engine.report(eng)
+    assert rep["hooked"] and not rep["error"], rep
+    assert _seated_sites(rep) == ATTENTION, rep["explain"]
+    assert one == plain["qwen3"][0] and eight == plain["qwen3"][2]
+    for seat in rep["seats_report"]:
+        assert seat["structure"] == "attention_paged" and seat["impl"] == "paged_attention_f32"
+        # 2 generate calls of 16 steps: 15 decode batches each, every one on the seat.
+        assert seat["calls"] - seat["band_dispatches"] >= 30, seat
+        assert seat["fallbacks"] == 0 and seat["band_dispatches"] >= 2, seat
+
+
+def test_bfloat16_attention_seats_match_sglangs_logits(qwen3_gauss_dir):
+    sglang_engine.uninstall()
+    with engine(qwen3_gauss_dir, dtype="bfloat16") as eng:
+        base_tokens, base = generate(eng, prompts(4, seed=3), steps=4, logits=True)
+    sglang_engine.install(scheme="w8a16_decode", structures=["attention_paged"])
+    with engine(qwen3_gauss_dir, dtype="bfloat16") as eng:
+        tokens, seated = generate(eng, prompts(4, seed=3), steps=4, logits=True)
+        (rep,) = sglang_engine.report(eng)
+    assert _seated_sites(rep) == ATTENTION and rep["summary"]["fallbacks"] == 0, rep
+    assert all(s["impl"] == "paged_attention_bf16" for s in rep["seats_report"])
+    for a, b in zip(seated, base, strict=True):
+        assert cosine(a, b) >= 0.999
+    assert [t[:1] for t in tokens] == [t[:1] for t in base_tokens]
+
+
+def test_attention_layers_the_op_does_not_compute_are_form_other():
+    """Read from real RadixAttention layers: a sliding window, a logit cap the torch-native
+    backend ignores, value heads of another size and cross attention each name themselves."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    from flashrt_structures import _core
+    from flashrt_structures.sglang_engine import attention
+
+    plain_layer = RadixAttention(16, 128, 128 ** -0.5, 8, layer_id=0)
+    facts = attention.facts_of(plain_layer)
+    assert facts.form == _core.AttentionForm.softmax and facts.paged
+    assert (facts.heads, facts.kv_heads, facts.head_dim) == (16, 8, 128)
+    cases = [
+        (dict(sliding_window_size=4096), "a sliding window of 4096"),
+        (dict(logit_cap=30.0), "a logit cap of 30.0 (the torch-native backend ignores it)"),
+        (dict(v_head_dim=64), "value heads of 64 against q/k heads of 128"),
+        (dict(is_cross_attention=True), "cross attention"),
+    ]
+    for kwargs, why in cases:
+        facts = attention.facts_of(RadixAttention(16, 128, 128 ** -0.5, 8, layer_id=0, **kwargs))
+        assert facts.form == _core.AttentionForm.other and why in facts.other, (kwargs, facts.other)

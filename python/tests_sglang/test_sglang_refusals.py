@@ -41,8 +41,12 @@ def test_float16_is_refused_per_site_with_its_dtype(qwen3_dir):
     assert rep["hooked"] and rep["seats"] == 0 and not rep["error"]
     sites = dict(rep["refused"])
     assert "model.layers.0.self_attn.qkv_proj" in sites and "lm_head" in sites
-    for why in sites.values():
-        assert "weight dtype f16" in why
+    assert {f"model.layers.{i}.self_attn.attn" for i in range(2)} <= set(sites)
+    for site, why in sites.items():
+        if site.endswith(".attn"):  # the attention layers, by their calls' dtype
+            assert "attention_paged 4 heads / 2 kv of 64: activations f16" in why, why
+        else:
+            assert "weight dtype f16" in why, why
     assert_every_weight_accounted(rep, qwen3_dir)
 
 
@@ -78,7 +82,7 @@ def test_fp32_logits_keep_the_head_with_sglang(qwen3_dir):
     refused = dict(rep["refused"])
     assert "enable_fp32_lm_head" in refused["lm_head"]
     seated = {s["site"] for s in rep["seats_report"]}
-    assert "lm_head" not in seated and len(seated) == 8  # the linears are seated
+    assert "lm_head" not in seated and len(seated) == 10  # the linears and attention are seated
 
 
 def test_install_after_an_engine_started_is_refused(qwen3_dir):

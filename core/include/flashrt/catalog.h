@@ -105,6 +105,7 @@ struct MatchNode {
   std::vector<std::string> bank_slots;
   std::string experts_dim;
   bool optional = false;  // may stay unassigned (never the first node)
+  bool paged = false;     // attention: matches modules with a paged cache (`cache: paged`), only
 };
 
 // The value a conv node's attribute takes for calls that ask for no activation.

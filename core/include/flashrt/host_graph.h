@@ -61,6 +61,10 @@ struct AttentionFacts {
   int64_t sliding_window = 0;  // the window its calls name (0: none); the mask applies it
   std::string implementation;  // the host's implementation ("sdpa", "eager")
   std::string other;           // form other: what its calls showed, for the refusal
+  // The host keeps every sequence's keys and values in one pool of slots and names each row's
+  // positions by a slot table (a serving engine's paged cache), instead of handing each call its
+  // rows' k and v: a structure's attention node matches one cache kind or the other.
+  bool paged = false;
 };
 
 // A bank of routed experts (transformers' experts modules: gate_up_proj [E, 2F, D], down_proj

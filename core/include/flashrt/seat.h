@@ -74,6 +74,9 @@ class Seat {
   // Checks a call of `rows` rows against the band, before the door allocates an output.
   // Returns Verdict::ran when the call is in band (the door then calls run()).
   Verdict admit_rows(int64_t rows);
+  // Counts a call the host's own path takes by its kind, whatever its rows (an engine's prefill
+  // batch, which its backend computes apart from the decode batches the seat serves).
+  void count_band();
   // Runs the call: form checks, then the kernel. `training` is the module's mode at the call.
   // `routing`: the router's choice, for a seat of a bank of experts (nullptr for the others).
   Verdict run(const TensorView& x, const TensorView& y, bool training,
@@ -275,8 +278,22 @@ struct AttentionCall {
   float softcap = 0;  // > 0: scores softcapped (softcap * tanh(s / softcap)) before the softmax
 };
 
-// The seat of a module's attention (op attention; capped_attention for a softcapped form): it
-// holds no weight, reads the host's cache where it stands, and keeps the scores' scratch.
+// One decode batch of a serving engine's attention layer (views of its own tensors): q [batch,
+// heads, head_dim] f32 (each row's heads head_dim apart), the layer's key and value pools [slots,
+// kv_heads, head_dim] (f32 or bf16, head_dim contiguous, any slot and head strides), the engine's
+// slot table [lines, width] int32 (a line per request, a slot per position), each row's line
+// `rows` [batch] and length `lengths` [batch] int64; out [batch, heads, head_dim] f32 contiguous,
+// written. Every row attends positions [0, length) of its line (Note [Paged attention] in
+// kernels/decode/src/decode_ops.cpp).
+struct PagedAttentionCall {
+  TensorView q, k_pool, v_pool, table, rows, lengths, out;
+  float scale = 0;    // scores are q.k * scale
+  float softcap = 0;  // > 0: scores softcapped before the softmax
+};
+
+// The seat of a module's attention (op attention; capped_attention for a softcapped form;
+// paged_attention for a serving engine's pool): it holds no weight, reads the host's cache where
+// it stands, and keeps the scores' scratch.
 class AttentionSeat : public Seat {
  public:
   AttentionSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, int64_t heads,
@@ -284,6 +301,8 @@ class AttentionSeat : public Seat {
       : Seat(std::move(form), table, mode), heads_(heads), kv_heads_(kv_heads), dim_(head_dim) {}
   Verdict call(const AttentionCall& c, bool training);
   std::string call_refusal(const AttentionCall& c) const;  // "" when the kernel takes it
+  Verdict call_paged(const PagedAttentionCall& c, bool training);
+  std::string paged_refusal(const PagedAttentionCall& c) const;  // "" when the kernel takes it
   int64_t nbytes() const override { return 0; }
 
  private:
@@ -292,6 +311,9 @@ class AttentionSeat : public Seat {
   }
   void execute(const TensorView&, const TensorView&, const Routing*) override {}
   void run_rows(const AttentionCall& c);
+  void run_paged(const PagedAttentionCall& c);
+  // Why a call's scale and softcap, or the seat's grouping of heads, is not one the ops take.
+  std::string grouping_refusal(float scale, float softcap) const;
   // The positions [first, last) row r attends, or why the mask is not one range the op reads.
   std::string attended(const AttentionCall& c, int64_t r, int64_t& first, int64_t& last) const;
   int64_t heads_, kv_heads_, dim_;

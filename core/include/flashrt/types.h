@@ -16,7 +16,7 @@ namespace frt {
 // Element types a host may hold. Tensor views the kernels read are f32 or bf16 (i64: a routed
 // bank's expert indices; boolean: an attention mask); the others are named so a refusal can say
 // what the host has.
-enum class DType : int32_t { f32, bf16, f16, f64, i64, other, boolean };
+enum class DType : int32_t { f32, bf16, f16, f64, i64, other, boolean, i32 };
 
 // What a feed-forward's activation computes (measured by the door, never read from a class name).
 enum class Activation : int32_t {
@@ -88,6 +88,7 @@ enum class OpKind : int32_t {
   gated_delta = FRT_OP_GATED_DELTA,
   causal_conv1d = FRT_OP_CAUSAL_CONV1D,
   gated_act = FRT_OP_GATED_ACT,
+  paged_attention = FRT_OP_PAGED_ATTENTION,
   // Not a kernel's op: a decoder layer run as one seat through the seats of its sublayers
   // (runtime/block_seat.cpp). No package owns it and no descriptor carries it.
   block = 1000,
@@ -97,7 +98,7 @@ enum class OpKind : int32_t {
 // module that is one (rmsnorm: a norm's forward).
 inline bool function_op(OpKind op) {
   return op == OpKind::gated_delta || op == OpKind::causal_conv1d || op == OpKind::rmsnorm ||
-         op == OpKind::attention || op == OpKind::rotary;
+         op == OpKind::attention || op == OpKind::rotary || op == OpKind::paged_attention;
 }
 
 // How a gate scores a forward's output (DESIGN §7).
@@ -211,6 +212,7 @@ inline int32_t abi_dtype(DType d) {
       return FRT_F16;
     case DType::f64:
     case DType::i64:
+    case DType::i32:
     case DType::other:
     case DType::boolean:
       break;

@@ -343,9 +343,9 @@ class SpecParser : YamlFields {
     for (const auto& kv : nodes) {
       const std::string field = child("match.nodes", kv.first.Scalar());
       if (!kv.second.IsMap()) fail(field, "expected a mapping with kind");
-      check_keys(
-          kv.second, field,
-          {"kind", "weight", "bias", "output_head", "attribute", "optional", "gate", "up", "down"});
+      check_keys(kv.second, field,
+                 {"kind", "weight", "bias", "output_head", "attribute", "optional", "gate", "up",
+                  "down", "cache"});
       MatchNode n;
       n.name = kv.first.Scalar();
       if (const YAML::Node o = kv.second["optional"]) {
@@ -353,6 +353,8 @@ class SpecParser : YamlFields {
         if (n.optional && m.nodes.empty()) fail(child(field, "optional"), "the first node is not");
       }
       const std::string kind = text(require(kv.second, field, "kind"), child(field, "kind"));
+      if (kv.second["cache"] && kind != "attention")
+        fail(child(field, "cache"), "only an attention node has one");
       if (kind == "linear") {
         n.kind = NodeKind::linear;
         n.weight_slot = text(require(kv.second, field, "weight"), child(field, "weight"));
@@ -430,6 +432,14 @@ class SpecParser : YamlFields {
             fail(field, "a " + kind + " node binds dim '" + dim + "', which dims does not declare");
         if (s.kind != "function")
           fail(field, "a " + kind + " node belongs to a function structure");
+        // An attention node reads the keys and values each call hands (cache: dense, the
+        // default) or a serving engine's pool of slots through its slot table (cache: paged).
+        if (const YAML::Node c = kv.second["cache"]) {
+          const std::string cache = text(c, child(field, "cache"));
+          if (cache != "dense" && cache != "paged")
+            fail(child(field, "cache"), "'" + cache + "' is not dense or paged");
+          n.paged = cache == "paged";
+        }
       } else if (kind == "block") {
         // A decoder layer whose sublayers' seats the block seat runs in turn (kind block).
         n.kind = NodeKind::block;
@@ -542,6 +552,7 @@ std::string canonical(const StructureSpec& s) {
                      {"attribute", n.attribute}};
     if (n.optional) nodes[n.name]["optional"] = true;  // absent when unset: digests stay put
     if (!n.bank_slots.empty()) nodes[n.name]["banks"] = n.bank_slots;
+    if (n.paged) nodes[n.name]["cache"] = "paged";
   }
   json flow = json::array();
   for (const FlowEdge& e : s.match.flow) flow.push_back({static_cast<int>(e.kind), e.a, e.b});

@@ -389,7 +389,10 @@ void check_ladders(const Catalog& c, const fs::path& root) {
           (spec.match.nodes[0].kind == NodeKind::recurrence) == (r.op == OpKind::gated_delta) &&
           (spec.match.nodes[0].kind == NodeKind::conv) == (r.op == OpKind::causal_conv1d) &&
           (spec.match.nodes[0].kind == NodeKind::norm) == (r.op == OpKind::rmsnorm) &&
-          (spec.match.nodes[0].kind == NodeKind::attention) == (r.op == OpKind::attention) &&
+          (spec.match.nodes[0].kind == NodeKind::attention && !spec.match.nodes[0].paged) ==
+              (r.op == OpKind::attention) &&
+          (spec.match.nodes[0].kind == NodeKind::attention && spec.match.nodes[0].paged) ==
+              (r.op == OpKind::paged_attention) &&
           (spec.match.nodes[0].kind == NodeKind::rotary) == (r.op == OpKind::rotary);
       if (function_op(r.op) || spec.kind == "function") {
         if (!function_op(r.op) || !function_node)

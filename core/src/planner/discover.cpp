@@ -90,6 +90,12 @@ std::string function_shape(const HostModule& m) {
   return std::to_string(m.conv.channels) + " channels x " + std::to_string(m.conv.taps) + " taps";
 }
 
+// An attention node takes modules of its cache kind only: a structure for the keys and values each
+// call hands never stands for a serving engine's pool of slots, nor the other way round.
+bool attention_fits(const MatchNode& n, const HostModule& m) {
+  return m.kind == ModuleKind::attention && m.attention.paged == n.paged;
+}
+
 // The observed calls by module path, built once per discovery: the matcher asks for them at
 // every step of its search.
 class CallIndex {
@@ -166,7 +172,7 @@ class Matcher {
     if (n.kind == NodeKind::experts) return m.kind == ModuleKind::experts;
     if (n.kind == NodeKind::recurrence) return m.kind == ModuleKind::recurrence;
     if (n.kind == NodeKind::conv) return m.kind == ModuleKind::conv;
-    if (n.kind == NodeKind::attention) return m.kind == ModuleKind::attention;
+    if (n.kind == NodeKind::attention) return attention_fits(n, m);
     if (n.kind == NodeKind::rotary) return m.kind == ModuleKind::rotary;
     if (n.kind == NodeKind::block) return m.kind == ModuleKind::block;
     return m.kind == ModuleKind::linear &&
@@ -492,7 +498,7 @@ void discover_structure(const HostGraph& g, const CallIndex& calls, const Struct
                          : lead.kind == NodeKind::experts    ? m.kind == ModuleKind::experts
                          : lead.kind == NodeKind::recurrence ? m.kind == ModuleKind::recurrence
                          : lead.kind == NodeKind::conv       ? m.kind == ModuleKind::conv
-                         : lead.kind == NodeKind::attention  ? m.kind == ModuleKind::attention
+                         : lead.kind == NodeKind::attention  ? attention_fits(lead, m)
                          : lead.kind == NodeKind::rotary     ? m.kind == ModuleKind::rotary
                          : lead.kind == NodeKind::block      ? m.kind == ModuleKind::block
                                                              : m.kind == ModuleKind::norm;

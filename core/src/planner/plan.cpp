@@ -251,7 +251,8 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
       d.n = dim("v_dim");
     } else if (rung.op == OpKind::rmsnorm) {
       d.k = d.n = dim("width");
-    } else if (rung.op == OpKind::attention || rung.op == OpKind::rotary) {
+    } else if (rung.op == OpKind::attention || rung.op == OpKind::paged_attention ||
+               rung.op == OpKind::rotary) {
       d.k = d.n = dim("head_dim");
     } else {
       d.n = dim("channels");
@@ -268,7 +269,7 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
     // A norm's seat reads the module's own weight (copied at bind); a function's reads no weight.
     if (rung.op == OpKind::rmsnorm) seat.slots["weight"] = weight_of(seam.site);
     // Attention serves decode rows, one query token per sequence; a prompt's call is the host's.
-    if (rung.op == OpKind::attention) seat.band_max = 1;
+    if (rung.op == OpKind::attention || rung.op == OpKind::paged_attention) seat.band_max = 1;
     seat.impl = impl;
     seat.ladder = steps;
     p.seats.push_back(std::move(seat));

@@ -1109,6 +1109,50 @@ TEST(Plan, NormsAndAttentionAreSeatedAtHostPrecisionWhereTheirFormIsOneTheOpsCom
   EXPECT_TRUE(q_seated) << explain(all);
 }
 
+TEST(Plan, AnEnginesPagedAttentionTakesThePagedStructureAndTheDenseOneNever) {
+  PlanOptions o;
+  o.scheme = "w8a16_decode";
+  o.structures = {"attention_core", "attention_paged"};
+  // A transformers module (its calls hand k and v): attention_core, never attention_paged.
+  const Plan dense =
+      plan(decoder_layer(NormForm::rms, 1e-5, true, AttentionForm::softmax).g, catalog(), o, hub());
+  for (const SeatPlan& s : dense.seats) {
+    if (s.site == "layers.0.self_attn") {
+      EXPECT_EQ(s.seam.structure, "attention_core");
+    }
+  }
+  // A serving engine's layer over its pool of slots, in bf16: attention_paged, op paged_attention.
+  GraphBuilder b = decoder_layer(NormForm::rms, 1e-5, true, AttentionForm::softmax);
+  for (HostModule& m : b.g.modules)
+    if (m.kind == ModuleKind::attention) m.attention.paged = true;
+  for (HostCall& c : b.g.calls)
+    if (c.path == "layers.0.self_attn") c.dtype = DType::bf16;
+  const Plan paged = plan(b.g, catalog(), o, hub());
+  bool seated = false;
+  for (const SeatPlan& s : paged.seats) {
+    if (s.site != "layers.0.self_attn") continue;
+    seated = true;
+    EXPECT_EQ(s.seam.structure, "attention_paged");
+    EXPECT_EQ(s.op, OpKind::paged_attention);
+    EXPECT_EQ(s.impl, "paged_attention_bf16");
+    EXPECT_EQ(s.band_max, 1);
+  }
+  EXPECT_TRUE(seated) << explain(paged);
+  // Its form read as other (a sliding window, say): refused by form and shape, not silent.
+  for (HostModule& m : b.g.modules)
+    if (m.kind == ModuleKind::attention) {
+      m.attention.form = AttentionForm::other;
+      m.attention.other = "a sliding window of 4096";
+    }
+  const Plan other = plan(b.g, catalog(), o, hub());
+  const auto it = find_site(other.refused, "layers.0.self_attn");
+  ASSERT_NE(it, other.refused.end()) << explain(other);
+  EXPECT_NE(it->second.find("attention_paged: form 'other' outside {softmax, softcapped} (16 heads "
+                            "/ 8 kv of 128): a sliding window of 4096"),
+            std::string::npos)
+      << it->second;
+}
+
 TEST(Plan, NormsAndAttentionOutsideTheirFormsAreRefusedByFormAndShape) {
   PlanOptions o;
   o.scheme = "w8a16_decode";

@@ -6,6 +6,7 @@
 #include <flashrt/seat.h>
 #include <flashrt/thread_pool.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -273,6 +274,16 @@ std::string AttentionSeat::attended(const AttentionCall& c, int64_t r, int64_t& 
   return "";
 }
 
+std::string AttentionSeat::grouping_refusal(float scale, float softcap) const {
+  if (!(scale > 0) || !(softcap >= 0))
+    return "scale " + std::to_string(scale) + ", softcap " + std::to_string(softcap) +
+           ": expected a positive scale and a softcap >= 0";
+  if (kv_heads_ < 1 || heads_ % kv_heads_ != 0)
+    return std::to_string(heads_) + " query heads over " + std::to_string(kv_heads_) +
+           " kv heads: not whole groups";
+  return "";
+}
+
 std::string AttentionSeat::call_refusal(const AttentionCall& c) const {
   if (std::string why = shape_refusal("q", c.q, {-1, heads_, 1, dim_}); !why.empty()) return why;
   const int64_t b = c.q.shape[0];
@@ -293,12 +304,7 @@ std::string AttentionSeat::call_refusal(const AttentionCall& c) const {
   if (c.k.strides[1] != c.v.strides[1] || c.k.strides[2] != c.v.strides[2])
     return "k " + c.k.describe() + " and v " + c.v.describe() + " differ in layout";
   if (!contiguous(c.out)) return "out " + c.out.describe() + ": expected contiguous";
-  if (!(c.scale > 0) || !(c.softcap >= 0))
-    return "scale " + std::to_string(c.scale) + ", softcap " + std::to_string(c.softcap) +
-           ": expected a positive scale and a softcap >= 0";
-  if (kv_heads_ < 1 || heads_ % kv_heads_ != 0)
-    return std::to_string(heads_) + " query heads over " + std::to_string(kv_heads_) +
-           " kv heads: not whole groups";
+  if (std::string why = grouping_refusal(c.scale, c.softcap); !why.empty()) return why;
   const OpKind op = c.softcap > 0 ? OpKind::capped_attention : OpKind::attention;
   if (find_op(table_, op) == nullptr)
     return std::string(table_.package) + " owns no " + name_of(op) + " op";
@@ -351,6 +357,103 @@ void AttentionSeat::run_rows(const AttentionCall& c) {
 Verdict AttentionSeat::call(const AttentionCall& c, bool training) {
   return run_call(
       training, c.q.dtype, [&] { return call_refusal(c); }, [&] { run_rows(c); });
+}
+
+std::string AttentionSeat::paged_refusal(const PagedAttentionCall& c) const {
+  if (std::string why = shape_refusal("q", c.q, {-1, heads_, dim_}); !why.empty()) return why;
+  const int64_t b = c.q.shape[0];
+  if (b < 1) return "q " + c.q.describe() + ": no rows";
+  for (const auto& [what, pool] :
+       {std::pair{"k_pool", &c.k_pool}, std::pair{"v_pool", &c.v_pool}}) {
+    if (std::string why = shape_refusal(what, *pool, {-1, kv_heads_, dim_}); !why.empty())
+      return why;
+    if (pool->dtype != DType::f32 && pool->dtype != DType::bf16)
+      return std::string(what) + " " + pool->describe() + ": the op reads f32 or bf16 pools";
+    if (pool->strides[2] != 1 || pool->strides[0] < dim_ ||
+        (kv_heads_ > 1 && pool->strides[1] < dim_))
+      return std::string(what) + " " + pool->describe() +
+             ": strides the op does not read (head_dim contiguous, slots and heads apart)";
+  }
+  if (c.k_pool.dtype != c.v_pool.dtype || c.k_pool.shape[0] != c.v_pool.shape[0] ||
+      c.k_pool.strides[0] != c.v_pool.strides[0] ||
+      (kv_heads_ > 1 && c.k_pool.strides[1] != c.v_pool.strides[1]))
+    return "k_pool " + c.k_pool.describe() + " and v_pool " + c.v_pool.describe() +
+           " differ in dtype or layout";
+  if (c.q.dtype != DType::f32 || c.q.strides[2] != 1 || (heads_ > 1 && c.q.strides[1] != dim_) ||
+      (b > 1 && c.q.strides[0] < heads_ * dim_))
+    return "q " + c.q.describe() + ": expected f32 with a row's heads head_dim apart, rows apart";
+  if (std::string why = shape_refusal("out", c.out, {b, heads_, dim_}); !why.empty()) return why;
+  if (c.out.dtype != DType::f32 || !contiguous(c.out))
+    return "out " + c.out.describe() + ": expected contiguous f32";
+  if (std::string why = shape_refusal("table", c.table, {-1, -1}); !why.empty()) return why;
+  if (c.table.dtype != DType::i32 || c.table.strides[1] != 1 || c.table.shape[1] < 1 ||
+      (c.table.shape[0] > 1 && c.table.strides[0] < c.table.shape[1]))
+    return "table " + c.table.describe() + ": expected int32 lines, positions contiguous";
+  for (const auto& [what, v] : {std::pair{"rows", &c.rows}, std::pair{"lengths", &c.lengths}}) {
+    if (std::string why = shape_refusal(what, *v, {b}); !why.empty()) return why;
+    if (v->dtype != DType::i64 || (b > 1 && v->strides[0] != 1))
+      return std::string(what) + " " + v->describe() + ": expected contiguous int64";
+  }
+  if (std::string why = grouping_refusal(c.scale, c.softcap); !why.empty()) return why;
+  if (find_op(table_, OpKind::paged_attention) == nullptr)
+    return std::string(table_.package) + " owns no paged_attention op";
+  // Every slot a row reads lies in the pool: the engine's table is read, never trusted.
+  const auto* rows = static_cast<const int64_t*>(c.rows.data);
+  const auto* lengths = static_cast<const int64_t*>(c.lengths.data);
+  const auto* table = static_cast<const int32_t*>(c.table.data);
+  const int64_t slots = c.k_pool.shape[0];
+  for (int64_t r = 0; r < b; ++r) {
+    if (rows[r] < 0 || rows[r] >= c.table.shape[0] || lengths[r] < 1 ||
+        lengths[r] > c.table.shape[1])
+      return "row " + std::to_string(r) + ": table line " + std::to_string(rows[r]) + ", length " +
+             std::to_string(lengths[r]) + " outside table " + c.table.describe();
+    const int32_t* line = table + rows[r] * c.table.strides[0];
+    for (int64_t t = 0; t < lengths[r]; ++t)
+      if (line[t] < 0 || line[t] >= slots)
+        return "row " + std::to_string(r) + ", position " + std::to_string(t) + ": slot " +
+               std::to_string(line[t]) + " outside the pool of " + std::to_string(slots);
+  }
+  return "";
+}
+
+void AttentionSeat::run_paged(const PagedAttentionCall& c) {
+  const int64_t b = c.q.shape[0];
+  const auto* lengths = static_cast<const int64_t*>(c.lengths.data);
+  const int64_t longest = *std::max_element(lengths, lengths + b);
+  const size_t need = static_cast<size_t>(b * heads_ * longest);
+  if (scores_.size() < need) scores_.resize(need + need / 2);  // the rows grow a position a step
+  frt_paged_attention_args a{};
+  a.batch = b;
+  a.heads = heads_;
+  a.kv_heads = kv_heads_;
+  a.head_dim = dim_;
+  a.cache_dtype = abi_dtype(c.k_pool.dtype);
+  a.q = static_cast<const float*>(c.q.data);
+  a.ld_q = b > 1 ? c.q.strides[0] : heads_ * dim_;  // one row: its stride is never used
+  a.k_pool = c.k_pool.data;
+  a.v_pool = c.v_pool.data;
+  a.slots = c.k_pool.shape[0];
+  a.ld_slot = c.k_pool.strides[0];
+  a.ld_head = kv_heads_ > 1 ? c.k_pool.strides[1] : dim_;
+  a.table = static_cast<const int32_t*>(c.table.data);
+  a.table_lines = c.table.shape[0];
+  a.table_width = c.table.shape[1];
+  a.ld_table = c.table.shape[0] > 1 ? c.table.strides[0] : c.table.shape[1];
+  a.rows = static_cast<const int64_t*>(c.rows.data);
+  a.lengths = lengths;
+  a.scale = c.scale;
+  a.softcap = c.softcap;
+  a.out = static_cast<float*>(c.out.data);
+  a.ld_out = heads_ * dim_;
+  a.scores = scores_.data();
+  a.scores_stride = longest;
+  run_single(table_, OpKind::paged_attention, a);
+}
+
+Verdict AttentionSeat::call_paged(const PagedAttentionCall& c, bool training) {
+  // The seat is planned at the engine's precision, which its pool holds (q arrives in f32).
+  return run_call(
+      training, c.k_pool.dtype, [&] { return paged_refusal(c); }, [&] { run_paged(c); });
 }
 
 namespace {

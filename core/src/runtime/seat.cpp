@@ -112,6 +112,12 @@ Verdict Seat::run_call(bool training, DType dtype, const std::function<std::stri
   return Verdict::ran;
 }
 
+void Seat::count_band() {
+  std::lock_guard lock(mu_);
+  ++ledger_.calls;
+  ++ledger_.band_dispatches;
+}
+
 void Seat::count_ran() {
   std::lock_guard lock(mu_);
   ++ledger_.calls;
@@ -493,10 +499,11 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
       return it->second;
     };
     form.weights = plan.form.describe();
-    if (plan.op == OpKind::attention) {
+    if (plan.op == OpKind::attention || plan.op == OpKind::paged_attention) {
       form.width = dim("heads") * dim("head_dim");
       form.out = form.width;
-      if (plan.seam.attention.softcap > 0 && find_op(table, OpKind::capped_attention) == nullptr)
+      if (plan.op == OpKind::attention && plan.seam.attention.softcap > 0 &&
+          find_op(table, OpKind::capped_attention) == nullptr)
         throw Refused(plan.site + ": softcapped scores; " + plan.package +
                       " owns no capped_attention op");
       return std::make_unique<AttentionSeat>(form, table, mode, dim("heads"), dim("kv_heads"),

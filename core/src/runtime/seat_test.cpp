@@ -582,6 +582,100 @@ std::vector<double> attention_reference(const std::vector<float>& q, const std::
   return out;
 }
 
+// A view of `data` with `shape` and contiguous strides, as a door hands the engine's tensors.
+TensorView packed_view(void* data, DType dtype, std::vector<int64_t> shape) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = static_cast<int>(shape.size());
+  int64_t stride = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    t.shape[i] = shape[i];
+    t.strides[i] = stride;
+    stride *= shape[i];
+  }
+  return t;
+}
+
+TEST(BuildSeat, APagedAttentionSeatReadsTheEnginesPoolThroughItsTable) {
+  const int64_t heads = 4, kv = 2, dim = 32, slots = 12, width = 8;
+  std::vector<float> q = ramp(2 * heads * dim, 1.0f, 0.2f), k = ramp(slots * kv * dim, 1.0f, 0.9f),
+                     v = ramp(slots * kv * dim, 1.0f, 1.7f);
+  // Two rows on table lines 2 and 0: 5 positions at slots 9, 3, 7, 0, 11 and 2 at slots 4, 5.
+  std::vector<int32_t> table(3 * width, -1);
+  const std::vector<int32_t> line0 = {4, 5}, line2 = {9, 3, 7, 0, 11};
+  std::copy(line0.begin(), line0.end(), table.begin());
+  std::copy(line2.begin(), line2.end(), table.begin() + 2 * width);
+  std::vector<int64_t> rows = {2, 0}, lengths = {5, 2};
+  SeatPlan plan = seat_plan(OpKind::paged_attention, "flashrt/decode", host_form());
+  plan.seam.structure = "attention_paged";
+  plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
+  plan.band_max = 1;
+  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  auto* att = dynamic_cast<AttentionSeat*>(seat.get());
+  ASSERT_NE(att, nullptr);
+  std::vector<float> out(2 * heads * dim, std::nanf(""));
+  PagedAttentionCall c;
+  c.q = packed_view(q.data(), DType::f32, {2, heads, dim});
+  c.k_pool = packed_view(k.data(), DType::f32, {slots, kv, dim});
+  c.v_pool = packed_view(v.data(), DType::f32, {slots, kv, dim});
+  c.table = packed_view(table.data(), DType::i32, {3, width});
+  c.rows = packed_view(rows.data(), DType::i64, {2});
+  c.lengths = packed_view(lengths.data(), DType::i64, {2});
+  c.out = packed_view(out.data(), DType::f32, {2, heads, dim});
+  c.scale = 0.25f;
+  ASSERT_EQ(att->call_paged(c, false), Verdict::ran) << seat->ledger().last_reason;
+  // Each row against its slots gathered into [kv][positions][dim], the dense reference.
+  for (int64_t r = 0; r < 2; ++r) {
+    const std::vector<int32_t>& line = r == 0 ? line2 : line0;
+    const int64_t pos = static_cast<int64_t>(line.size());
+    std::vector<float> qr(q.begin() + r * heads * dim, q.begin() + (r + 1) * heads * dim), kr, vr;
+    for (int64_t g = 0; g < kv; ++g)
+      for (int32_t slot : line)
+        for (int64_t i = 0; i < dim; ++i) {
+          kr.push_back(k[(slot * kv + g) * dim + i]);
+          vr.push_back(v[(slot * kv + g) * dim + i]);
+        }
+    const std::vector<double> want = attention_reference(qr, kr, vr, heads, kv, pos, dim, 0.25, 0);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(out[r * heads * dim + i], want[i], 1e-5) << r << "," << i;
+  }
+  const auto refused = [&](PagedAttentionCall bad, const std::string& why) {
+    EXPECT_EQ(att->call_paged(bad, false), Verdict::fallback) << why;
+    EXPECT_NE(seat->ledger().last_reason.find(why), std::string::npos)
+        << seat->ledger().last_reason;
+  };
+  // The engine's table is read, never trusted: a slot past the pool, a line or a length past the
+  // table are counted misses that name them, nothing read.
+  table[2 * width + 3] = static_cast<int32_t>(slots);
+  refused(c, "row 0, position 3: slot 12 outside the pool of 12");
+  table[2 * width + 3] = 0;
+  lengths[1] = width + 1;
+  refused(c, "row 1: table line 0, length 9 outside table");
+  lengths[1] = 2;
+  rows[0] = 3;
+  refused(c, "row 0: table line 3, length 5 outside table");
+  rows[0] = 2;
+  // Indices of another width, a pool of another dtype than the seat's, pools of two layouts.
+  PagedAttentionCall wide = c;
+  wide.table.dtype = DType::i64;
+  refused(wide, "expected int32 lines");
+  PagedAttentionCall half = c;
+  half.k_pool.dtype = half.v_pool.dtype = DType::bf16;
+  refused(half, "input dtype bf16, seated for f32");
+  PagedAttentionCall skewed = c;
+  skewed.v_pool.strides[0] = 2 * kv * dim;
+  skewed.v_pool.shape[0] = slots / 2;
+  refused(skewed, "differ in dtype or layout");
+  EXPECT_EQ(att->call_paged(c, false), Verdict::ran) << seat->ledger().last_reason;
+  // An engine's prefill batch, its backend's own whatever its length: a band dispatch.
+  const Ledger before = seat->ledger();
+  seat->count_band();
+  EXPECT_EQ(seat->ledger().band_dispatches, before.band_dispatches + 1);
+  EXPECT_EQ(seat->ledger().calls, before.calls + 1);
+  EXPECT_EQ(seat->ledger().fallbacks, before.fallbacks);
+}
+
 TEST(BuildSeat, AnAttentionSeatReadsTheHostsCacheWhereItStands) {
   const int64_t heads = 4, kv = 2, dim = 32, pos = 7;
   std::vector<float> q = ramp(heads * dim, 1.0f, 0.2f), k = ramp(kv * pos * dim, 1.0f, 0.9f),

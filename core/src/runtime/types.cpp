@@ -9,13 +9,14 @@ namespace {
 template <typename E, size_t N>
 using Table = std::array<std::pair<E, std::string_view>, N>;
 
-constexpr Table<DType, 7> kDTypes{{{DType::f32, "f32"},
+constexpr Table<DType, 8> kDTypes{{{DType::f32, "f32"},
                                    {DType::bf16, "bf16"},
                                    {DType::f16, "f16"},
                                    {DType::f64, "f64"},
                                    {DType::i64, "i64"},
                                    {DType::other, "other"},
-                                   {DType::boolean, "bool"}}};
+                                   {DType::boolean, "bool"},
+                                   {DType::i32, "i32"}}};
 constexpr Table<Activation, 5> kActivations{{{Activation::silu, "silu"},
                                              {Activation::gelu_tanh, "gelu_tanh"},
                                              {Activation::gelu, "gelu"},
@@ -32,7 +33,7 @@ constexpr Table<WeightFormat, 11> kFormats{{{WeightFormat::int8_channel, "int8_c
                                             {WeightFormat::int6_super_gemm, "int6_super_gemm"},
                                             {WeightFormat::int5_gemm, "int5_gemm"},
                                             {WeightFormat::int5_super_gemm, "int5_super_gemm"}}};
-constexpr Table<OpKind, 13> kOps{{{OpKind::linear, "linear"},
+constexpr Table<OpKind, 14> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::gated_ffn, "gated_ffn"},
                                   {OpKind::ffn, "ffn"},
                                   {OpKind::rmsnorm, "rmsnorm"},
@@ -44,6 +45,7 @@ constexpr Table<OpKind, 13> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::gated_delta, "gated_delta"},
                                   {OpKind::causal_conv1d, "causal_conv1d"},
                                   {OpKind::gated_act, "gated_act"},
+                                  {OpKind::paged_attention, "paged_attention"},
                                   {OpKind::block, "block"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #if defined(__AVX2__)
 #include <frt_kern/exp_avx2.h>
@@ -290,6 +291,198 @@ int32_t capped_attention_run(const frt_capped_attention_args* a, int32_t ith, in
   if (a == nullptr || !(a->softcap > 0))
     return fail(err, FRT_E_INVALID, "capped attention: the softcap must be positive");
   return run_attention(&a->attention, a->softcap, ith, nth, err);
+}
+
+// Note [Paged attention]: a serving engine keeps every sequence's keys and values in one pool of
+// slots and names each row's positions by a slot table, so a row's K/V vectors lie wherever the
+// allocator put them (SGLang's torch-native backend gathers them into a copy per request, then
+// calls the host's attention, request by request). Here the work items are (row, KV head) pairs
+// split across threads in one call; an item's query heads pass over its rows one head at a time
+// (the rows of one item, 256 positions of 128 bf16 are 64 KiB, stay in L2 for the next head), and
+// the slot of the row 16 positions ahead is prefetched, since the hardware prefetchers cannot
+// follow a table. A bf16 pool is widened to f32 as it is loaded (bf16 is f32's top half). Per
+// score and output the order of additions is fixed by head_dim alone: a split across threads
+// changes no bit.
+namespace {
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+#if defined(FRT_ZMM)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#elif defined(__AVX2__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// One item's rows: position t's vector of the item's KV head.
+template <typename T>
+struct SlotRows {
+  const T* head;  // the pool at the item's KV head
+  const int32_t* slot;
+  int64_t ld_slot;
+  const T* at(int64_t t) const { return head + slot[t] * ld_slot; }
+  void prefetch(int64_t t, int64_t d) const {
+    const char* row = reinterpret_cast<const char*>(at(t));
+    for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64)
+      __builtin_prefetch(row + b);
+  }
+};
+
+// scale * q . row over d: two chains of vector chunks, then the scalar tail.
+template <typename T>
+float paged_score(const float* q, const T* row, int64_t d) {
+  int64_t i = 0;
+  float sum = 0.0f;
+#if defined(FRT_ZMM)
+  __m512 even = _mm512_setzero_ps(), odd = _mm512_setzero_ps();
+  for (; i + 32 <= d; i += 32) {
+    even = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load16(row + i), even);
+    odd = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), load16(row + i + 16), odd);
+  }
+  if (i + 16 <= d) {
+    even = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load16(row + i), even);
+    i += 16;
+  }
+  sum = hsum(_mm512_add_ps(even, odd));
+#elif defined(__AVX2__)
+  __m256 even = _mm256_setzero_ps(), odd = _mm256_setzero_ps();
+  for (; i + 16 <= d; i += 16) {
+    even = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(row + i), even);
+    odd = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load8(row + i + 8), odd);
+  }
+  if (i + 8 <= d) {
+    even = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(row + i), even);
+    i += 8;
+  }
+  sum = hsum(_mm256_add_ps(even, odd));
+#endif
+  for (; i < d; ++i) sum += q[i] * widen(row[i]);
+  return sum;
+}
+
+// out[i] = sum_t p[t] * row_t[i] for i < d, 64 columns a pass with the sums in registers.
+template <typename T>
+void paged_weighted(const float* p, const SlotRows<T>& v, int64_t n, int64_t d, float* out) {
+  int64_t i = 0;
+#if defined(FRT_ZMM)
+  for (; i + 64 <= d; i += 64) {
+    __m512 acc[4];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      if (i == 0 && t + kAheadRows < n) v.prefetch(t + kAheadRows, d);
+      const __m512 pt = _mm512_set1_ps(p[t]);
+      const T* row = v.at(t) + i;
+      for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(pt, load16(row + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + i + 16 * c, acc[c]);
+  }
+  for (; i + 16 <= d; i += 16) {  // head_dim 80, 96, 112: the rest 16 columns a pass
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      if (i == 0 && t + kAheadRows < n) v.prefetch(t + kAheadRows, d);
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), load16(v.at(t) + i), acc);
+    }
+    _mm512_storeu_ps(out + i, acc);
+  }
+#elif defined(__AVX2__)
+  for (; i + 64 <= d; i += 64) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      if (i == 0 && t + kAheadRows < n) v.prefetch(t + kAheadRows, d);
+      const __m256 pt = _mm256_set1_ps(p[t]);
+      const T* row = v.at(t) + i;
+      for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(pt, load8(row + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
+  }
+  for (; i + 8 <= d; i += 8) {  // head_dim 72, 80, 96: the rest 8 columns a pass
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      if (i == 0 && t + kAheadRows < n) v.prefetch(t + kAheadRows, d);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8(v.at(t) + i), acc);
+    }
+    _mm256_storeu_ps(out + i, acc);
+  }
+#endif
+  for (; i < d; ++i) {
+    float acc = 0.0f;
+    for (int64_t t = 0; t < n; ++t) acc += p[t] * widen(v.at(t)[i]);
+    out[i] = acc;
+  }
+}
+
+// Row b's query heads of KV head j.
+template <typename T>
+void attend_paged(const frt_paged_attention_args* a, int64_t b, int64_t j) {
+  const int64_t d = a->head_dim, n = a->lengths[b], group = a->heads / a->kv_heads;
+  const int32_t* slot = a->table + a->rows[b] * a->ld_table;
+  const SlotRows<T> k{static_cast<const T*>(a->k_pool) + j * a->ld_head, slot, a->ld_slot};
+  const SlotRows<T> v{static_cast<const T*>(a->v_pool) + j * a->ld_head, slot, a->ld_slot};
+  for (int64_t h = j * group; h < (j + 1) * group; ++h) {
+    const float* q = a->q + b * a->ld_q + h * d;
+    float* s = a->scores + (b * a->heads + h) * a->scores_stride;
+    for (int64_t t = 0; t < n; ++t) {
+      if (h == j * group && t + kAheadRows < n) k.prefetch(t + kAheadRows, d);
+      s[t] = paged_score(q, k.at(t), d) * a->scale;
+    }
+    if (a->softcap > 0)
+      for (int64_t t = 0; t < n; ++t) s[t] = a->softcap * std::tanh(s[t] / a->softcap);
+    softmax(s, n);
+    paged_weighted(s, v, n, d, a->out + b * a->ld_out + h * d);
+  }
+}
+
+// Why row b cannot be read as asked, or nullptr.
+const char* paged_row_refusal(const frt_paged_attention_args* a, int64_t b) {
+  const int64_t n = a->lengths[b];
+  if (a->rows[b] < 0 || a->rows[b] >= a->table_lines || n < 1 || n > a->table_width ||
+      n > a->scores_stride)
+    return "a row's table line or length is out of range";
+  const int32_t* slot = a->table + a->rows[b] * a->ld_table;
+  for (int64_t t = 0; t < n; ++t)
+    if (slot[t] < 0 || slot[t] >= a->slots) return "a slot outside the pool";
+  return nullptr;
+}
+
+}  // namespace
+
+int32_t paged_attention_run(const frt_paged_attention_args* a, int32_t ith, int32_t nth,
+                            frt_error* err) {
+  if (a == nullptr || a->batch < 1 || a->kv_heads < 1 || a->heads % a->kv_heads != 0 ||
+      a->head_dim < 1 || a->q == nullptr || a->k_pool == nullptr || a->v_pool == nullptr ||
+      a->table == nullptr || a->rows == nullptr || a->lengths == nullptr || a->out == nullptr ||
+      a->scores == nullptr || a->ld_out < a->heads * a->head_dim || a->ld_head < a->head_dim ||
+      a->table_lines < 1 || a->table_width < 1 || a->table_width > a->ld_table ||
+      (a->batch > 1 && a->ld_q < a->heads * a->head_dim) || a->ld_slot < a->head_dim ||
+      a->slots < 1 || !(a->scale > 0) || !(a->softcap >= 0) ||
+      (a->cache_dtype != FRT_F32 && a->cache_dtype != FRT_BF16))
+    return fail(err, FRT_E_INVALID, "paged attention: bad arguments");
+  const Range items = split(a->batch * a->kv_heads, ith, nth);
+  for (int64_t it = items.begin; it < items.end; ++it)
+    if (const char* why = paged_row_refusal(a, it / a->kv_heads))
+      return fail(err, FRT_E_INVALID, "paged attention: row %lld: %s",
+                  static_cast<long long>(it / a->kv_heads), why);
+  for (int64_t it = items.begin; it < items.end; ++it) {
+    if (a->cache_dtype == FRT_F32)
+      attend_paged<float>(a, it / a->kv_heads, it % a->kv_heads);
+    else
+      attend_paged<uint16_t>(a, it / a->kv_heads, it % a->kv_heads);
+  }
+  return ok(err);
 }
 
 int32_t dense_run(const frt_dense_args* a, int32_t ith, int32_t nth, frt_error* err) {

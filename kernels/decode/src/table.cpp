@@ -1,5 +1,6 @@
 // flashrt/decode: the primitives of a whole decode step (RMSNorm, rotary, attention over a static
-// KV window, dense projections over the host's own fp32/bf16 weights, and the gated activation).
+// KV window and over a serving engine's pool of slots, dense projections over the host's own
+// fp32/bf16 weights, and the gated activation).
 #include <flashrt/abi/frt_kernel_abi.h>
 #include <frt_kern/op_table.h>
 
@@ -15,6 +16,7 @@ constexpr frt_op kOps[] = {
     primitive_op<frt_attention_args, frt::kern::attention_run>(FRT_OP_ATTENTION),
     primitive_op<frt_capped_attention_args, frt::kern::capped_attention_run>(
         FRT_OP_CAPPED_ATTENTION),
+    primitive_op<frt_paged_attention_args, frt::kern::paged_attention_run>(FRT_OP_PAGED_ATTENTION),
     primitive_op<frt_dense_args, frt::kern::dense_run>(FRT_OP_DENSE),
     primitive_op<frt_gated_act_args, frt::kern::gated_act_run>(FRT_OP_GATED_ACT),
 };
@@ -26,6 +28,7 @@ int32_t supports_op(const frt_op_desc* d, frt_error* err) {
       case FRT_OP_ROTARY:
       case FRT_OP_ATTENTION:
       case FRT_OP_CAPPED_ATTENTION:
+      case FRT_OP_PAGED_ATTENTION:
       case FRT_OP_GATED_ACT:
         return frt::kern::ok(err);
       case FRT_OP_DENSE:

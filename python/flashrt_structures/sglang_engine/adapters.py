@@ -90,13 +90,19 @@ def build_seats(model: nn.Module, plan: _core.Plan, held: dict[str, dict[str, to
                 pairs: dict[str, bool]) -> tuple[dict[str, SeatModule], dict[str, tuple]]:
     """The seats of `plan`, packed from the held tensors: linears as module swaps (returning
     `(out, bias)` where the observed call did: `pairs`), the head as a placement in the logits
-    processor (`swap.attach(..., placed=...)`)."""
+    processor (`swap.attach(..., placed=...)`), attention layers placed in the torch-native
+    backend (attention.py)."""
     swaps: dict[str, SeatModule] = {}
     placed: dict[str, tuple] = {}
     for sp in plan.seats:
         tensors = {op: held[s.module][s.tensor] for op, s in sp.slots.items()}
         seat = _core.build_seat(sp, tensors)
-        if sp.site == HEAD_ATTR:
+        module: SeatModule
+        if sp.op == _core.OpKind.paged_attention:
+            from .attention import PagedAttentionSeat
+            module = swaps[sp.site] = PagedAttentionSeat(sp.site, model.get_submodule(sp.site),
+                                                         seat)
+        elif sp.site == HEAD_ATTR:
             head = getattr(model, HEAD_ATTR)
             module = SeatModule(sp.site, HeadHost(head, host_logits(model)).eval(), seat)
             place, undo = _head_place(model, head, module)

@@ -12,6 +12,7 @@ from torch import nn
 
 from .. import _core, observe
 from ..engine_door import head_module, no_norms
+from . import attention
 from .adapters import HEAD_ATTR, LOGITS_ATTR, head_layer, host_logits
 
 
@@ -74,10 +75,17 @@ def projections(model: nn.Module) -> list[tuple[str, nn.Module]]:
             if observe.engine_projection(m) and not _lookup(m) and m is not head]
 
 
+def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """SGLang's attention layers (RadixAttention), whose decode batches a seat may serve."""
+    return [(p, m) for p, m in model.named_modules() if attention.is_layer(m)]
+
+
 def sites(model: nn.Module) -> list[str]:
-    """The sites a whole-engine refusal names: every linear layer, the head, and every other
-    weight-holding layer the door would have named (the fused expert banks among them)."""
+    """The sites a whole-engine refusal names: every linear layer, the head, every attention
+    layer, and every other weight-holding layer the door would have named (the fused expert banks
+    among them)."""
     out = [p for p, _ in projections(model)] + ([HEAD_ATTR] if head_layer(model) else [])
+    out += [p for p, _ in attention_layers(model)]
     return out + [p for p, _ in undescribed(model) if p not in set(out)]
 
 
@@ -104,11 +112,15 @@ def describe(model: nn.Module) -> tuple[_core.HostGraph, list, dict[str, dict[st
     for path, mod in projections(model):
         held[path] = {n: t.detach() for n, t in mod._parameters.items() if t is not None}
     lookups = {p for p, m in model.named_modules() if _lookup(m)}
+    layers = dict(attention_layers(model))
     modules = [m for m in graph.modules if m.path != HEAD_ATTR]
     for m in modules:
         if m.path in lookups:
             m.kind = _core.ModuleKind.embedding
             graph.input_embedding = graph.input_embedding or m.path
+        elif m.path in layers:
+            m.kind = _core.ModuleKind.attention
+            m.attention = attention.facts_of(layers[m.path])
     layer: Any = head_layer(model)
     if layer is not None:
         modules.append(head_module(HEAD_ATTR, layer))
@@ -124,7 +136,7 @@ def keep_out(graph: _core.HostGraph, refused: list[tuple[str, str]]) -> None:
     named = {site for site, _ in refused}
     modules = list(graph.modules)
     for m in modules:
-        if m.path in named and m.kind == _core.ModuleKind.linear:
+        if m.path in named and m.kind in (_core.ModuleKind.linear, _core.ModuleKind.attention):
             m.kind = _core.ModuleKind.module
     graph.modules = modules
 
@@ -157,7 +169,11 @@ def observe_calls(model: nn.Module, graph: _core.HostGraph, hooked: list,
 
     observe.record_calls(graph, hooked, [forward])
     no_norms(graph)
-    graph.calls = list(graph.calls) + head_calls
+    # Each attention layer's decode call, in the engine's dtype (declared: Note in attention.py).
+    dtype = next((t["weight"].dtype for t in held.values() if "weight" in t), torch.float32)
+    seated = {m.path for m in graph.modules if m.kind == _core.ModuleKind.attention}
+    declared = [attention.host_call(p, m, dtype) for p, m in attention_layers(model) if p in seated]
+    graph.calls = list(graph.calls) + head_calls + declared
     keep.clear()
     return pairs
 
@@ -167,11 +183,15 @@ def undescribed(model: nn.Module) -> list[tuple[str, str]]:
     neither linears, the lookup nor the head (its tensors' shapes: no catalog structure describes
     it in this door; SGLang's fused expert banks among them); a fused bank's router, which must
     stay at the bank's own precision so the bank's expert choice is SGLang's; a linear applied by
-    a quantized method; the head where its logits are asked in another precision."""
+    a quantized method; the head where its logits are asked in another precision; the attention
+    layers where SGLang decodes with another backend than the one the seats stand in."""
     out = []
     head = head_layer(model)
     if head is not None and (why := head_refusal(model)):
         out.append((HEAD_ATTR, why))
+    layers = attention_layers(model)
+    if layers and (why := attention.backend_refusal()):
+        out.extend((p, why) for p, _ in layers)
     for path, mod in projections(model):
         if not _plain_method(mod):
             out.append((path, f"{type(mod.quant_method).__name__} applies this layer's weight "

@@ -40,9 +40,12 @@ extern "C" {
  *   FRT_W_INT5_SUPER_GEMM: GGUF Q4_K's, Q6_K's, Q5_0/Q5_1's and Q5_K's values laid out for the
  *   integer dot products of FRT_W_INT4_GEMM (formats appended).
  * 4.6: FRT_OP_GATED_ACT, the gated activation act(gate) * up elementwise (frt_gated_act_args):
+ *   a kind appended.
+ * 4.7: FRT_OP_PAGED_ATTENTION, a batch of decode rows against keys and values in a shared pool
+ *   of slots, f32 or bf16, each row's positions named by a slot table (frt_paged_attention_args):
  *   a kind appended. */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 6
+#define FRT_KERNEL_ABI_MINOR 7
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -119,7 +122,8 @@ enum frt_op_kind {
   FRT_OP_CAPPED_ATTENTION = 9, /* frt_capped_attention_args (4.2) */
   FRT_OP_GATED_DELTA = 10,     /* frt_gated_delta_args (4.3) */
   FRT_OP_CAUSAL_CONV1D = 11,   /* frt_causal_conv1d_args (4.3) */
-  FRT_OP_GATED_ACT = 12        /* frt_gated_act_args (4.6) */
+  FRT_OP_GATED_ACT = 12,       /* frt_gated_act_args (4.6) */
+  FRT_OP_PAGED_ATTENTION = 13  /* frt_paged_attention_args (4.7) */
 };
 
 /* ---- The weight formats (the format header). -----------------------------------------------
@@ -354,6 +358,34 @@ typedef struct frt_capped_attention_args {
   frt_attention_args attention;
   float softcap;
 } frt_capped_attention_args;
+
+/* FRT_OP_PAGED_ATTENTION: one query token for each of `batch` rows against the keys and values
+ * a serving engine keeps in one pool of slots for every sequence (SGLang's token-to-KV pool).
+ * Row b attends lengths[b] positions; its position t is slot table[rows[b] * ld_table + t] of
+ * the pool, and the vector of slot s, KV head j starts at pool + s * ld_slot + j * ld_head
+ * elements of cache_dtype (FRT_F32 or FRT_BF16, head_dim contiguous). Grouped heads and the
+ * softmax as FRT_OP_ATTENTION (softcap > 0: the scores capped first). q and out are f32
+ * [batch][heads][head_dim], ld_q / ld_out apart; scores is scratch of [batch][heads][scores_stride]
+ * floats, scores_stride >= every length. A line outside [0, table_lines), a length outside
+ * [1, table_width] or a slot outside [0, slots) is an error; the thread whose item names it
+ * returns before reading it (the others may have written theirs). */
+typedef struct frt_paged_attention_args {
+  int64_t batch, heads, kv_heads, head_dim;
+  int32_t cache_dtype; /* frt_dtype */
+  const float* q;
+  int64_t ld_q;
+  const void *k_pool, *v_pool;
+  int64_t slots, ld_slot, ld_head;
+  const int32_t* table; /* [table_lines][ld_table] slot indices, table_width of them in use */
+  int64_t table_lines, table_width, ld_table;
+  const int64_t* rows;    /* [batch]: each row's line of the table */
+  const int64_t* lengths; /* [batch] */
+  float scale, softcap;
+  float* out;
+  int64_t ld_out;
+  float* scores;
+  int64_t scores_stride;
+} frt_paged_attention_args;
 
 /* y = x W^T (+ bias) with the host's own row-major weight W [n][k] (fp32 or bf16), x fp32. */
 typedef struct frt_dense_args {
