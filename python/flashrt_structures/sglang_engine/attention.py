@@ -12,7 +12,7 @@ positions, a table it refuses) runs the backend's own decode, counted with its r
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -175,7 +175,7 @@ class PagedAttentionSeat(FunctionSeat):
                k: torch.Tensor | None, v: torch.Tensor | None, layer: Any,
                forward_batch: Any, save_kv_cache: bool) -> torch.Tensor:
         args = (backend, q, k, v, layer, forward_batch, save_kv_cache)
-        seat = self._seat
+        seat = cast(_core.AttentionSeat, self._seat)
         if torch.compiler.is_compiling():  # traced: SGLang's own (docs/doors/sglang.md)
             return original(*args)
         why = ""
