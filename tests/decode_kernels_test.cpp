@@ -98,6 +98,27 @@ TEST_P(DecodeKernels, RotaryMatchesFloat64) {
   EXPECT_NE(std::string(err.message).find("head_dim must be even"), std::string::npos);
 }
 
+// One query head's attention in float64 over n positions: element i of position t's key or value
+// vector is at(k or v, t, i), wherever the cache under test keeps it.
+template <typename At>
+std::vector<double> head_reference(const float* q, int64_t n, int64_t d, double scale,
+                                   double softcap, const std::vector<float>& k,
+                                   const std::vector<float>& v, At at) {
+  std::vector<double> p(n), out(d, 0.0);
+  double mx = -1e300, total = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    double dot = 0;
+    for (int64_t i = 0; i < d; ++i) dot += double(q[i]) * at(k, t, i);
+    p[t] = dot * scale;
+    if (softcap > 0) p[t] = softcap * std::tanh(p[t] / softcap);
+    mx = std::max(mx, p[t]);
+  }
+  for (double& x : p) total += (x = std::exp(x - mx));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < d; ++i) out[i] += p[t] / total * at(v, t, i);
+  return out;
+}
+
 TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64InBothCacheLayouts) {
   // head_dim 48 and 20 take the AVX2 8-wide and scalar tails, 64/80/96/128 the zmm paths (query
   // heads in pairs; a group of 3 ends on a single head); 1 KV head with 3 threads splits query
@@ -147,20 +168,13 @@ TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64InBothCacheLayouts) {
         EXPECT_EQ(std::memcmp(alone.data(), out.data(), out.size() * sizeof(float)), 0);
         for (int64_t h = 0; h < heads; ++h) {
           const int64_t g = h / (heads / kv);
-          std::vector<double> p(positions);
-          double mx = -1e300, total = 0;
-          for (int64_t t = 0; t < positions; ++t) {
-            double dot = 0;
-            for (int64_t i = 0; i < d; ++i) dot += double(q[h * d + i]) * kt[(t * kv + g) * d + i];
-            p[t] = dot * scale;
-            if (softcap > 0) p[t] = softcap * std::tanh(p[t] / softcap);
-            mx = std::max(mx, p[t]);
-          }
-          for (double& x : p) total += (x = std::exp(x - mx));
+          const std::vector<double> want =
+              head_reference(q.data() + h * d, positions, d, scale, softcap, kt, vt,
+                             [&](const std::vector<float>& kv_t, int64_t t, int64_t i) {
+                               return double(kv_t[(t * kv + g) * d + i]);
+                             });
           for (int64_t i = 0; i < d; ++i) {
-            double want = 0;
-            for (int64_t t = 0; t < positions; ++t) want += p[t] / total * vt[(t * kv + g) * d + i];
-            ASSERT_NEAR(out[h * d + i], want, 2e-5)
+            ASSERT_NEAR(out[h * d + i], want[i], 2e-5)
                 << heads << "/" << kv << " d=" << d << " positions " << positions << " "
                 << (per_head ? "per head" : "host order") << " softcap " << softcap << " " << h
                 << " " << i;
@@ -255,24 +269,13 @@ TEST_P(DecodeKernels, PagedAttentionMatchesFloat64OverScatteredSlots) {
         for (int64_t r = 0; r < b; ++r)
           for (int64_t h = 0; h < heads; ++h) {
             const int64_t g = h / (heads / kv), n = lengths[r];
-            const float* qh = q.data() + r * ld_q + h * d;
-            const auto at = [&](const std::vector<float>& pool, int64_t t, int64_t i) {
-              return double(pool[table[rows[r] * width + t] * ld_slot + g * ld_head + i]);
-            };
-            std::vector<double> p(n);
-            double mx = -1e300, total = 0;
-            for (int64_t t = 0; t < n; ++t) {
-              double dot = 0;
-              for (int64_t i = 0; i < d; ++i) dot += double(qh[i]) * at(k, t, i);
-              p[t] = dot * scale;
-              if (softcap > 0) p[t] = softcap * std::tanh(p[t] / softcap);
-              mx = std::max(mx, p[t]);
-            }
-            for (double& x : p) total += (x = std::exp(x - mx));
+            const std::vector<double> want = head_reference(
+                q.data() + r * ld_q + h * d, n, d, scale, softcap, k, v,
+                [&](const std::vector<float>& pool, int64_t t, int64_t i) {
+                  return double(pool[table[rows[r] * width + t] * ld_slot + g * ld_head + i]);
+                });
             for (int64_t i = 0; i < d; ++i) {
-              double want = 0;
-              for (int64_t t = 0; t < n; ++t) want += p[t] / total * at(v, t, i);
-              ASSERT_NEAR(out[(r * heads + h) * d + i], want, 2e-5)
+              ASSERT_NEAR(out[(r * heads + h) * d + i], want[i], 2e-5)
                   << heads << "/" << kv << " d=" << d << " row " << r << " of length " << n
                   << (dtype == FRT_BF16 ? " bf16" : " f32") << " softcap " << softcap << " head "
                   << h << " " << i;
