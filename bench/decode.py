@@ -326,7 +326,10 @@ def k_quant_main(args) -> int:
     dequantised values), its blocks adopted (adopt_prequantized) and run by decode_loop, against
     llama.cpp on the same file: prefill and decode tok/s, alternated round by round, both decodes
     held against the file's bytes per token over the bracketing bandwidth (the floor); and the
-    perplexity of a token sequence under the host and under the loop."""
+    perplexity of a token sequence under the host and under the loop. The int8-activation
+    adoption runs twice: over the loop's f32 KV cache and over a bf16 one (decode_loop(...,
+    kv_cache="bf16"); each arm's floor counts the cache bytes it reads). --prompt / --new set the
+    context (128 + 128 by default)."""
     import llama_cpp
     from transformers import AutoModelForCausalLM
 
@@ -339,24 +342,29 @@ def k_quant_main(args) -> int:
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=path.name,
                                                      dtype=torch.float32).eval()
         cfg = model.config
-        max_len = PROMPT + NEW
+        prompt_len, new = args.prompt, args.new
+        max_len = prompt_len + new
         # Two adoptions of the same blocks: against the host's activations, and the int4 block
-        # types as integer dot products against int8 activation blocks (llama.cpp's own way).
-        loops, reports = {}, {}
-        for arm, activations in (("loop_adopted", "host"), ("loop_adopted_a8", "int8")):
+        # types as integer dot products against int8 activation blocks (llama.cpp's own way),
+        # the latter over an f32 and a bf16 KV cache.
+        loops, reports, cache_bytes = {}, {}, {}
+        for arm, activations, kv in (("loop_adopted", "host", "f32"),
+                                     ("loop_adopted_a8", "int8", "f32"),
+                                     ("loop_adopted_a8_kv_bf16", "int8", "bf16")):
             reports[arm] = S.adopt_prequantized(model, "gguf", path, activations=activations)
-            loops[arm] = S.decode_loop(model, max_len)
+            loops[arm] = S.decode_loop(model, max_len, kv_cache=kv)
+            cache_bytes[arm] = 4 if kv == "f32" else 2
             reports[arm].handle.detach()
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=PROMPT,
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=max_len, n_batch=prompt_len,
                               n_threads=os.cpu_count(), logits_all=False, verbose=False)
         size = path.stat().st_size
-        prompt = torch.randint(0, cfg.vocab_size, (1, PROMPT),
+        prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len),
                                generator=torch.Generator().manual_seed(1))
         # One numerator for every arm: the file's bytes per token (and the KV cache each reads).
-        arms = {name: (lambda lp=lp: loop_arm(lp, prompt, NEW,
-                                              lambda pos: size + kv_bytes(cfg, pos, 4)))
+        arms = {name: (lambda lp=lp, e=cache_bytes[name]: loop_arm(
+                    lp, prompt, new, lambda pos: size + kv_bytes(cfg, pos, e)))
                 for name, lp in loops.items()}
-        arms["llama.cpp"] = lambda: llama_arm(llm, prompt, NEW,
+        arms["llama.cpp"] = lambda: llama_arm(llm, prompt, new,
                                               lambda pos: size + kv_bytes(cfg, pos, 2))
         samples: dict[str, list] = {n: [] for n in arms}
         for _ in range(args.rounds):
@@ -365,9 +373,9 @@ def k_quant_main(args) -> int:
         rows = []
         for name in arms:
             pre = statistics.median(s[0] for s in samples[name])
-            dec = statistics.median(s[1] for s in samples[name]) / (NEW - 1)
+            dec = statistics.median(s[1] for s in samples[name]) / (new - 1)
             fl = summarize([b for s in samples[name] for b in s[3]])
-            rows.append({"arm": name, "prefill_tok_s": PROMPT / pre, "decode_tok_s": 1 / dec,
+            rows.append({"arm": name, "prefill_tok_s": prompt_len / pre, "decode_tok_s": 1 / dec,
                          "floor": fl, "frac_of_floor": fl["frac_of_bandwidth"]})
         theirs = rows[-1]
         per_loop = {}
@@ -378,7 +386,8 @@ def k_quant_main(args) -> int:
                 "decode_vs_llama_cpp": r["decode_tok_s"] / theirs["decode_tok_s"],
                 "prefill_vs_llama_cpp": r["prefill_tok_s"] / theirs["prefill_tok_s"],
                 "greedy_tokens_equal": sum(a == b for a, b in zip(
-                    samples[name][0][2], samples["llama.cpp"][0][2])) / NEW,
+                    samples[name][0][2], samples["llama.cpp"][0][2])) / new,
+                "kv_cache": "f32" if cache_bytes[name] == 4 else "bf16",
                 "perplexity": perplexities(model, lp, prompt[0].tolist()),
                 "loop_weight_bytes": lp.weight_bytes,
                 "adopted_forms": sorted(set(report.forms.values())),
@@ -391,9 +400,10 @@ def k_quant_main(args) -> int:
             print(f"{name}: weight bytes/token {m['loop_weight_bytes'] / 1e6:.1f} MB, forms "
                   f"{m['adopted_forms']}, worst conversion {m['worst_conversion']}, refused "
                   f"{len(m['refused'])}")
-        print(f"{'arm':<17}{'prefill tok/s':>14}{'decode tok/s':>14}{'of floor':>10}")
+        print(f"prompt {prompt_len}, {new} new tokens")
+        print(f"{'arm':<25}{'prefill tok/s':>14}{'decode tok/s':>14}{'of floor':>10}")
         for r in rows:
-            print(f"{r['arm']:<17}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.2f}"
+            print(f"{r['arm']:<25}{r['prefill_tok_s']:>14.1f}{r['decode_tok_s']:>14.2f}"
                   f"{r['frac_of_floor']:>10.0%}")
         for name, m in per_loop.items():
             ppl = m["perplexity"]
@@ -404,7 +414,7 @@ def k_quant_main(args) -> int:
         write_result(result_path(args.json, f"decode_{args.kquant.lower()}"), {
             "bench": "decode_kquant", "machine": machine(), "mix": args.kquant,
             "layers": args.layers, "file_bytes": size, "tensor_types": types,
-            "rounds": args.rounds, "prompt": PROMPT, "new_tokens": NEW, "rows": rows,
+            "rounds": args.rounds, "prompt": prompt_len, "new_tokens": new, "rows": rows,
             "loops": per_loop,
             "llama_cpp": f"llama-cpp-python {llama_cpp.__version__}; " + llama_isa(llama_cpp)})
     finally:
@@ -658,8 +668,9 @@ def main() -> int:
                         help="'all' or a comma list of bench/families.py hosts (gemma3, phi3, "
                              "olmo2, granite): bench/results/<tier>/decode_families.json")
     parser.add_argument("--prompt", type=int, default=PROMPT,
-                        help="prompt tokens (the Qwen3-shaped host and --family)")
-    parser.add_argument("--new", type=int, default=NEW, help="--family: new tokens")
+                        help="prompt tokens (the Qwen3-shaped host, qwen3-kquant and --family)")
+    parser.add_argument("--new", type=int, default=NEW,
+                        help="--family and qwen3-kquant: new tokens")
     parser.add_argument("--released-depth", action="store_true",
                         help="--family: each family at its released model's layer count (the "
                              "head's share of the bytes as users have it), not --layers")

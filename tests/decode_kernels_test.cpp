@@ -119,70 +119,6 @@ std::vector<double> head_reference(const float* q, int64_t n, int64_t d, double 
   return out;
 }
 
-TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64InBothCacheLayouts) {
-  // head_dim 48 and 20 take the AVX2 8-wide and scalar tails, 64/80/96/128 the zmm paths (query
-  // heads in pairs; a group of 3 ends on a single head); 1 KV head with 3 threads splits query
-  // heads instead of groups. Each shape runs over the host's cache order [position][kv][d] and
-  // the loop's [kv][max_len][d] (Note [KV cache layout]), plain and with softcapped scores
-  // (capped_attention, a cap of 1.5 that bends most of these scores).
-  struct Shape {
-    int64_t heads, kv, d, positions;
-  };
-  for (const Shape& sh :
-       {Shape{8, 2, 48, 1}, Shape{8, 2, 48, 2}, Shape{8, 2, 48, 37}, Shape{16, 8, 128, 133},
-        Shape{4, 1, 20, 6}, Shape{6, 6, 72, 5}, Shape{9, 3, 64, 40}, Shape{6, 2, 80, 19},
-        Shape{4, 2, 96, 23}, Shape{2, 1, 128, 3}})
-    for (bool per_head : {false, true})
-      for (float softcap : {0.0f, 1.5f}) {
-        const OpKind kind = softcap > 0 ? OpKind::capped_attention : OpKind::attention;
-        const int64_t heads = sh.heads, kv = sh.kv, d = sh.d, positions = sh.positions;
-        const int64_t stride = positions + 3, max_len = positions + 5;
-        const int64_t ld_pos = per_head ? d : kv * d, ld_head = per_head ? max_len * d : d;
-        std::vector<float> q = randn(heads * d, rng_), kt = randn(positions * kv * d, rng_),
-                           vt = randn(positions * kv * d, rng_);
-        // kt/vt hold K and V as [t][g][i]; the cache holds them in the layout under test.
-        std::vector<float> k(kv * max_len * d, std::nanf("")), v(k);
-        for (int64_t t = 0; t < positions; ++t)
-          for (int64_t g = 0; g < kv; ++g)
-            for (int64_t i = 0; i < d; ++i) {
-              k[t * ld_pos + g * ld_head + i] = kt[(t * kv + g) * d + i];
-              v[t * ld_pos + g * ld_head + i] = vt[(t * kv + g) * d + i];
-            }
-        std::vector<float> out(heads * d, std::nanf("")), scores(heads * stride);
-        const float scale = 1.0f / std::sqrt(float(d));
-        frt_attention_args a{heads,    kv,       d,      positions,  q.data(),
-                             k.data(), v.data(), scale,  out.data(), scores.data(),
-                             stride,   ld_pos,   ld_head};
-        const frt_capped_attention_args capped{a, softcap};
-        if (softcap > 0)
-          run3(*t_, kind, capped);
-        else
-          run3(*t_, kind, a);
-        // One thread computes the same bits as three (Note [Grouped attention]).
-        std::vector<float> alone(heads * d, std::nanf(""));
-        frt_capped_attention_args one = capped;
-        one.attention.out = alone.data();
-        frt_error err{};
-        const void* args = softcap > 0 ? static_cast<const void*>(&one) : &one.attention;
-        ASSERT_EQ(run_op(*t_, kind, args, 0, 1, &err), FRT_OK) << err.message;
-        EXPECT_EQ(std::memcmp(alone.data(), out.data(), out.size() * sizeof(float)), 0);
-        for (int64_t h = 0; h < heads; ++h) {
-          const int64_t g = h / (heads / kv);
-          const std::vector<double> want =
-              head_reference(q.data() + h * d, positions, d, scale, softcap, kt, vt,
-                             [&](const std::vector<float>& kv_t, int64_t t, int64_t i) {
-                               return double(kv_t[(t * kv + g) * d + i]);
-                             });
-          for (int64_t i = 0; i < d; ++i) {
-            ASSERT_NEAR(out[h * d + i], want[i], 2e-5)
-                << heads << "/" << kv << " d=" << d << " positions " << positions << " "
-                << (per_head ? "per head" : "host order") << " softcap " << softcap << " " << h
-                << " " << i;
-          }
-        }
-      }
-}
-
 // bf16's top half of an f32: the value a bf16 pool holds for x (rounded to nearest even).
 uint16_t to_bf16(float x) {
   uint32_t u;
@@ -194,6 +130,96 @@ float from_bf16(uint16_t b) {
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
+}
+
+TEST_P(DecodeKernels, GroupedAttentionMatchesFloat64InBothCacheLayouts) {
+  // head_dim 48 and 20 take the AVX2 8-wide and scalar tails, 64/80/96/128 the zmm paths (query
+  // heads in pairs; a group of 3 ends on a single head); 1 KV head with 3 threads splits query
+  // heads instead of groups. Each shape runs over the host's cache order [position][kv][d] and
+  // the loop's [kv][max_len][d] (Note [KV cache layout]), plain and with softcapped scores (a cap
+  // of 1.5 that bends most of these scores): through attention / capped_attention over f32, and
+  // through cache_attention (kernel ABI 4.8) over f32 and over bf16 (the reference reads the bf16
+  // values the cache holds).
+  struct Shape {
+    int64_t heads, kv, d, positions;
+  };
+  struct Cache {
+    bool via_cache_op;
+    int32_t dtype;
+  };
+  for (const Shape& sh :
+       {Shape{8, 2, 48, 1}, Shape{8, 2, 48, 2}, Shape{8, 2, 48, 37}, Shape{16, 8, 128, 133},
+        Shape{4, 1, 20, 6}, Shape{6, 6, 72, 5}, Shape{9, 3, 64, 40}, Shape{6, 2, 80, 19},
+        Shape{4, 2, 96, 23}, Shape{2, 1, 128, 3}})
+    for (bool per_head : {false, true})
+      for (float softcap : {0.0f, 1.5f})
+        for (const auto& [via_cache_op, dtype] :
+             {Cache{false, FRT_F32}, Cache{true, FRT_F32}, Cache{true, FRT_BF16}}) {
+          const int64_t heads = sh.heads, kv = sh.kv, d = sh.d, positions = sh.positions;
+          const int64_t stride = positions + 3, max_len = positions + 5;
+          const int64_t ld_pos = per_head ? d : kv * d, ld_head = per_head ? max_len * d : d;
+          std::vector<float> q = randn(heads * d, rng_), kt = randn(positions * kv * d, rng_),
+                             vt = randn(positions * kv * d, rng_);
+          // kt/vt hold K and V as [t][g][i] (for a bf16 cache, the values it holds); the cache
+          // holds them in the layout under test, in its dtype; NaN where nothing was written.
+          if (dtype == FRT_BF16)
+            for (std::vector<float>* x : {&kt, &vt})
+              for (float& e : *x) e = from_bf16(to_bf16(e));
+          std::vector<float> k(kv * max_len * d, std::nanf("")), v(k);
+          std::vector<uint16_t> kb(k.size(), 0x7fc0), vb(kb);
+          for (int64_t t = 0; t < positions; ++t)
+            for (int64_t g = 0; g < kv; ++g)
+              for (int64_t i = 0; i < d; ++i) {
+                const int64_t at = t * ld_pos + g * ld_head + i, from = (t * kv + g) * d + i;
+                k[at] = kt[from], v[at] = vt[from];
+                kb[at] = to_bf16(kt[from]), vb[at] = to_bf16(vt[from]);
+              }
+          const bool bf16 = dtype == FRT_BF16;
+          const void* kc = bf16 ? static_cast<const void*>(kb.data()) : k.data();
+          const void* vc = bf16 ? static_cast<const void*>(vb.data()) : v.data();
+          const float scale = 1.0f / std::sqrt(float(d));
+          // Run once on three threads into `out`, once on one thread into `alone`.
+          const auto run = [&](float* out, int nth) {
+            frt_attention_args a{heads, kv,  d,       positions, q.data(), k.data(), v.data(),
+                                 scale, out, nullptr, stride,    ld_pos,   ld_head};
+            std::vector<float> scores(heads * stride);
+            a.scores = scores.data();
+            const frt_capped_attention_args capped{a, softcap};
+            const frt_cache_attention_args cached{heads,    kv,      d,   positions,     dtype,
+                                                  q.data(), kc,      vc,  ld_pos,        ld_head,
+                                                  scale,    softcap, out, scores.data(), stride};
+            const OpKind kind = via_cache_op  ? OpKind::cache_attention
+                                : softcap > 0 ? OpKind::capped_attention
+                                              : OpKind::attention;
+            const void* args = via_cache_op  ? static_cast<const void*>(&cached)
+                               : softcap > 0 ? static_cast<const void*>(&capped)
+                                             : &a;
+            for (int ith = 0; ith < nth; ++ith) {
+              frt_error err{};
+              ASSERT_EQ(run_op(*t_, kind, args, ith, nth, &err), FRT_OK) << err.message;
+            }
+          };
+          std::vector<float> out(heads * d, std::nanf("")), alone(out);
+          run(out.data(), 3);
+          // One thread computes the same bits as three (Note [Grouped attention]).
+          run(alone.data(), 1);
+          EXPECT_EQ(std::memcmp(alone.data(), out.data(), out.size() * sizeof(float)), 0);
+          for (int64_t h = 0; h < heads; ++h) {
+            const int64_t g = h / (heads / kv);
+            const std::vector<double> want =
+                head_reference(q.data() + h * d, positions, d, scale, softcap, kt, vt,
+                               [&](const std::vector<float>& kv_t, int64_t t, int64_t i) {
+                                 return double(kv_t[(t * kv + g) * d + i]);
+                               });
+            for (int64_t i = 0; i < d; ++i) {
+              ASSERT_NEAR(out[h * d + i], want[i], 2e-5)
+                  << heads << "/" << kv << " d=" << d << " positions " << positions << " "
+                  << (per_head ? "per head" : "host order") << " softcap " << softcap << " "
+                  << (via_cache_op ? "cache_attention " : "") << (bf16 ? "bf16" : "f32") << " " << h
+                  << " " << i;
+            }
+          }
+        }
 }
 
 TEST_P(DecodeKernels, PagedAttentionMatchesFloat64OverScatteredSlots) {
@@ -371,11 +397,24 @@ TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
   at.kv_heads = 2;
   EXPECT_NE(run_op(*t_, OpKind::attention, &at, 0, 1, &err), FRT_OK);
   // A cache stride below head_dim would read rows over each other.
-  std::vector<float> q(2 * 8), kv(4 * 8), out(2 * 8), scores(4);
+  std::vector<float> q(2 * 8), kv(4 * 8), out(2 * 8), scores(2 * 4);  // [heads][4]
   frt_attention_args narrow{
       2, 1, 8, 4, q.data(), kv.data(), kv.data(), 1.0f, out.data(), scores.data(), 4, 7, 8};
   EXPECT_NE(run_op(*t_, OpKind::attention, &narrow, 0, 1, &err), FRT_OK);
   EXPECT_NE(std::string(err.message).find("attention: bad arguments"), std::string::npos);
+  // cache_attention over a dtype it does not read (f16), or with a negative softcap: an error,
+  // not a misread; the same arguments over f32 run.
+  const frt_cache_attention_args cached{2,         1, 8, 4,    FRT_F32, q.data(),   kv.data(),
+                                        kv.data(), 8, 8, 1.0f, 0.0f,    out.data(), scores.data(),
+                                        4};
+  EXPECT_EQ(run_op(*t_, OpKind::cache_attention, &cached, 0, 1, &err), FRT_OK) << err.message;
+  frt_cache_attention_args f16 = cached, negative = cached;
+  f16.cache_dtype = FRT_F16;
+  negative.softcap = -1.0f;
+  for (const frt_cache_attention_args* bad : {&f16, &negative}) {
+    EXPECT_NE(run_op(*t_, OpKind::cache_attention, bad, 0, 1, &err), FRT_OK);
+    EXPECT_NE(std::string(err.message).find("attention: bad arguments"), std::string::npos);
+  }
   EXPECT_NE(run_op(*t_, OpKind::rmsnorm, nullptr, 0, 1, &err), FRT_OK);
   // A softcap of zero (or below) is no cap: an error, not a division by zero.
   std::vector<float> q1(8, 1.0f), kv1(8, 1.0f), out1(8), scores1(1);
@@ -395,9 +434,10 @@ TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
 }
 
 TEST_P(DecodeKernels, ListsItsPrimitivesAndAnswersPlanTimeQuestions) {
-  EXPECT_EQ(t_->n_ops, 7);
-  for (OpKind kind : {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense,
-                      OpKind::capped_attention, OpKind::gated_act, OpKind::paged_attention}) {
+  EXPECT_EQ(t_->n_ops, 8);
+  for (OpKind kind :
+       {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense, OpKind::capped_attention,
+        OpKind::gated_act, OpKind::paged_attention, OpKind::cache_attention}) {
     const frt_op* op = find_op(*t_, kind);
     ASSERT_NE(op, nullptr) << name_of(kind);
     EXPECT_EQ(op->phases, 1) << name_of(kind);

@@ -309,13 +309,14 @@ def _batch_prompts(input_ids: torch.Tensor | list[Any], mask: torch.Tensor | Non
 
 
 def plan_decode(model: nn.Module, max_len: int, binding: str = "",
-                batch: int = 1) -> _core.DecodePlan:
+                batch: int = 1, kv_cache: str = "f32") -> _core.DecodePlan:
     """The core's decode plan for `model` (print it with explain()); builds nothing. Without a
     binding the core chooses the one that describes the host; `batch`: the sequences it holds
-    a KV window for."""
+    a KV window for; `kv_cache`: that window's dtype, "f32" (the host's values) or "bf16" (half
+    the bytes attention reads; Note [KV cache dtype] in core/src/decode/program.cpp)."""
     graph, _ = describe_tree(model)
     describe_routing(model, graph)  # banks' and routers' forms, measured on calls of their own
-    return _core.plan_decode(graph, catalog.shipped(), binding, max_len, batch)
+    return _core.plan_decode(graph, catalog.shipped(), binding, max_len, batch, kv_cache)
 
 
 def _standing(model: nn.Module, path: str) -> tuple[Any, Any]:
@@ -343,14 +344,16 @@ def _standing(model: nn.Module, path: str) -> tuple[Any, Any]:
             bias.detach() if isinstance(bias, torch.Tensor) else None)
 
 
-def decode_loop(model: nn.Module, max_len: int, batch: int = 1) -> DecodeLoop:
+def decode_loop(model: nn.Module, max_len: int, batch: int = 1,
+                kv_cache: str = "f32") -> DecodeLoop:
     """Builds the loop over `model` as it stands (host weights, or seated impls where attached),
-    holding a KV window of max_len for each of `batch` sequences (1..16). Raises Refused naming
-    what it cannot cover; the host is never modified."""
+    holding a KV window of max_len for each of `batch` sequences (1..16), its elements f32 (the
+    host's values) or, with kv_cache="bf16", rounded to bf16 as they are written. Raises Refused
+    naming what it cannot cover; the host is never modified."""
     probe = catalog.shipped().decode_self_check.probe_tokens
     if max_len < probe:
         raise ValueError(f"decode_loop: max_len {max_len} < {probe} (the self-check's probe)")
-    plan = plan_decode(model, max_len, batch=batch)
+    plan = plan_decode(model, max_len, batch=batch, kv_cache=kv_cache)
     if not plan.ok:
         _refuse(plan.refused[0][1])
     tensors = _core.DecodeTensors(plan)  # Note [Decode tensors] in bind_decode.cpp

@@ -100,6 +100,7 @@ def plan_of_decode(plan: Any, handle: AttachHandle | None) -> dict[str, Any]:
             "max_len", "sequences", "eps", "norm_plus_one", "rotary_dim", "embed_scale",
             "residual_scale", "attention_scale", "attention_softcap", "logits_divisor",
             "final_softcap")},
+            "cache_dtype": plain(c.cache_dtype),
             "layer": [{"window": lc.window, "rotary": lc.rotary,
                        "qk_norm": plain(lc.qk_norm)} for lc in c.layer]},
         "embed": plan.embed, "head": plan.head, "stack": dict(plan.stack),

@@ -219,6 +219,7 @@ void bind_decode(nb::module_& m) {
       .def_ro("vocab", &DecodeConfig::vocab)
       .def_ro("max_len", &DecodeConfig::max_len)
       .def_ro("sequences", &DecodeConfig::sequences)
+      .def_ro("cache_dtype", &DecodeConfig::cache_dtype)
       .def_ro("eps", &DecodeConfig::eps)
       .def_ro("norm_plus_one", &DecodeConfig::norm_plus_one)
       .def_ro("rotary_dim", &DecodeConfig::rotary_dim)
@@ -264,8 +265,8 @@ void bind_decode(nb::module_& m) {
       .def_ro("assumed", &DecodePlan::assumed)
       .def_prop_ro("ok", &DecodePlan::ok);
   m.def("plan_decode", &plan_decode, nb::arg("graph"), nb::arg("catalog"), nb::arg("binding"),
-        nb::arg("max_len"),
-        nb::arg("sequences") = 1);  // binding "": the core chooses (Note [Choosing a binding])
+        nb::arg("max_len"), nb::arg("sequences") = 1,
+        nb::arg("kv_cache") = "f32");  // binding "": the core chooses (Note [Choosing a binding])
   m.def("explain_decode", nb::overload_cast<const DecodePlan&, bool>(&explain), nb::arg("plan"),
         nb::arg("verbose") = false);
 

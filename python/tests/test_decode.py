@@ -20,6 +20,7 @@ from transformers import (
 
 import flashrt_structures as S
 
+import decoder_hosts
 import hosts
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -55,6 +56,53 @@ def test_two_runs_and_generate_from_give_the_same_tokens():
     c = loop.generate_from(ids, 16)
     assert torch.equal(a, b) and torch.equal(a, c)
     assert loop.timing["prefill_tokens"] == 7 and loop.timing["decode_steps"] == 15
+
+
+def _logits(loop, seq: torch.Tensor) -> torch.Tensor:
+    return torch.stack([torch.from_numpy(r) for r in loop.teacher_forced_logits(seq)]).double()
+
+
+# Note [KV cache dtype]: with kv_cache="bf16" every K and V value is rounded once as it is written
+# and attention reads the cache through flashrt/decode's cache_attention. Layer 0's cache (from
+# the embeddings alone) is the f32 loop's rounded; deeper layers and the logits follow up to that
+# rounding. Gemma 2 (softcapped scores) and Gemma 3 (per-head q/k norms) run past their sliding
+# window of 8.
+@pytest.mark.parametrize("make", [hosts.qwen3, hosts.llama, decoder_hosts.gemma2,
+                                  decoder_hosts.gemma3])
+def test_a_bf16_kv_cache_holds_the_f32_loops_values_rounded(make):
+    model = make()
+    snap = hosts.snapshot(model)
+    exact = S.decode_loop(model, max_len=64)
+    half = S.decode_loop(model, max_len=64, kv_cache="bf16")
+    assert exact.program.config.cache_dtype == S._core.DType.f32
+    assert half.program.config.cache_dtype == S._core.DType.bf16
+    assert half.self_check["min_keys_cosine"] >= half.self_check["keys_cosine_floor"]
+    seq = hosts.generate(model, hosts.ids(9, seed=4), 24)[:, :-1]  # 32 positions
+    a, b = _logits(exact, seq), _logits(half, seq)
+    n = seq.shape[1]
+    k32, v32 = exact.program.read_cache(0, n)
+    k16, v16 = half.program.read_cache(0, n)
+    for mine, want in ((k16, k32), (v16, v32)):
+        assert torch.equal(torch.from_numpy(mine), torch.from_numpy(want).bfloat16().float())
+    for layer in range(1, exact.program.config.layers):
+        pairs = zip(half.program.read_cache(layer, n), exact.program.read_cache(layer, n))
+        for mine, want in pairs:
+            got = torch.from_numpy(mine).double().flatten()
+            ref = torch.from_numpy(want).double().flatten()
+            assert float(torch.nn.functional.cosine_similarity(got, ref, dim=0)) > 0.9999
+    assert float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)) > 0.9999
+    assert (a.argmax(-1) == b.argmax(-1)).double().mean() >= 0.95
+    assert teacher_forced_agreement(model, half, seq) >= 0.95
+    assert hosts.same_weights(model, snap)
+
+
+@pytest.mark.parametrize("kv_cache", ["f16", "i8", "float32", "BF16"])
+def test_a_kv_cache_dtype_the_loop_does_not_keep_is_refused_by_name(kv_cache):
+    model = hosts.qwen3()
+    snap = hosts.snapshot(model)
+    with pytest.raises(S.Refused, match=f"a KV cache of '{kv_cache}'; the loop keeps f32 or bf16"):
+        S.decode_loop(model, max_len=32, kv_cache=kv_cache)
+    assert hosts.same_weights(model, snap)
 
 
 # seated: q and o per layer and the head (k/v are below the keep-at-host count), and the FFNs:

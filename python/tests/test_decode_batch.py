@@ -44,6 +44,18 @@ def test_each_sequence_of_a_batch_equals_its_batch_1_run(make, count):
     assert hosts.same_weights(model, snap)
 
 
+def test_a_batch_over_a_bf16_kv_cache_equals_its_batch_1_runs():
+    """Each row of a batch step attends to its own sequence's bf16 window (Note [KV cache dtype]),
+    as it does alone."""
+    model = decoder_hosts.gemma2()
+    loop = S.decode_loop(model, max_len=64, batch=3, kv_cache="bf16")
+    assert loop.program.config.cache_dtype == S._core.DType.bf16
+    prompts = _prompts(3, seed=7)
+    got = loop.generate(prompts, 24, eos_token_id=[])
+    for prompt, out in zip(prompts, got):
+        assert out.tolist() == _alone(loop, prompt, 24)
+
+
 def test_a_padded_batch_with_an_attention_mask_and_per_sequence_stops():
     """[B, T] with left and right padding: each row's own tokens are its prompt; a sequence that
     meets a stop token ends there (kept, then padded) while the others go on."""

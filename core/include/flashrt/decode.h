@@ -51,6 +51,9 @@ struct DecodeConfig {
   // Sequences the program holds a KV window of max_len for (1..FRT_MAX_ROWS): a batch step runs
   // one row of each at once (Note [A batch of sequences] in program.cpp).
   int64_t sequences = 1;
+  // The KV cache's elements: f32 (the host's values) or bf16, half the bytes attention reads a
+  // step (Note [KV cache dtype] in program.cpp).
+  DType cache_dtype = DType::f32;
   float eps = 1e-6f;
   bool norm_plus_one = false;  // every norm computes x·(1+w)/rms(x) (Gemma), else x·w/rms(x)
   int64_t rotary_dim = 0;      // the leading dims of a head that rotate (halves of them pair)
@@ -196,6 +199,7 @@ class DecodeProgram {
   const frt_kernel_table& decode_;
   const frt_op *dense_ = nullptr, *rmsnorm_ = nullptr, *rotary_ = nullptr, *attention_ = nullptr;
   const frt_op* capped_attention_ = nullptr;  // where the family softcaps its scores
+  const frt_op* cache_attention_ = nullptr;   // over a bf16 cache (Note [KV cache dtype])
   const frt_op* gated_act_ = nullptr;         // act(gate) * up between separate projections
   const frt_kernel_table* linear_;
   const frt_kernel_table* ffn_;
@@ -215,14 +219,21 @@ class DecodeProgram {
   std::vector<float> qkv_, gate_up_;  // fused projections' outputs, [row][q; k; v], [row][g; u]
   std::vector<float> cos_, sin_;      // [rotary table][row][rotary_dim / 2]
   std::vector<std::vector<float>> plus_one_;  // 1 + w of each norm, for x·(1+w) families
-  // The KV cache, one buffer: [layer][K, V][kv_head][max_len][head_dim] (Note [KV cache layout]).
+  // The KV cache, one buffer: [layer][K, V][kv_head][max_len][head_dim] (Note [KV cache layout])
+  // of cache_dtype elements.
   struct FreeCache {
-    void operator()(float* p) const;
+    void operator()(char* p) const;
   };
-  std::unique_ptr<float[], FreeCache> cache_;
-  float* cache_at(int64_t seq, int64_t layer, int64_t kv, int64_t head) const;
+  std::unique_ptr<char[], FreeCache> cache_;
+  int64_t cache_elem_ = 4;  // bytes per element
+  char* cache_at(int64_t seq, int64_t layer, int64_t kv, int64_t head) const;
+  // head_dim values into / out of the cache element at p, in cache_dtype.
+  void to_cache(char* p, const float* x) const;
+  void from_cache(const char* p, float* x) const;
+  void attend(int64_t seq, int64_t layer, int64_t first, int64_t positions, const float* q,
+              float* out, float scale);
   void for_cache_rows(int64_t seq, int64_t layer, int64_t first, int64_t n,
-                      const std::function<void(float*, float*, int64_t)>& copy) const;
+                      const std::function<void(char*, char*, int64_t)>& copy) const;
 };
 
 }  // namespace frt

@@ -89,9 +89,11 @@ struct DecodePlan {
 // Reads the host's declared configuration (HostGraph::config), each norm's measured form and
 // epsilon, what a seated module runs, and the rotary module's own frequencies and scale.
 // An empty `binding` chooses one (Note [Choosing a binding] in plan_decode.cpp).
-// `sequences`: the KV windows the program holds (a batch of up to FRT_MAX_ROWS sequences).
+// `sequences`: the KV windows the program holds (a batch of up to FRT_MAX_ROWS sequences);
+// `kv_cache`: their elements' dtype by name, "f32" (the host's values) or "bf16" (Note [KV cache
+// dtype] in program.cpp); another is a refusal naming it.
 DecodePlan plan_decode(const HostGraph& graph, const Catalog& catalog, const std::string& binding,
-                       int64_t max_len, int64_t sequences = 1);
+                       int64_t max_len, int64_t sequences = 1, const std::string& kv_cache = "f32");
 
 // Grouped by index like a Plan's explain() unless verbose.
 std::string explain(const DecodePlan& plan, bool verbose = false);

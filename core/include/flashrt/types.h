@@ -89,6 +89,7 @@ enum class OpKind : int32_t {
   causal_conv1d = FRT_OP_CAUSAL_CONV1D,
   gated_act = FRT_OP_GATED_ACT,
   paged_attention = FRT_OP_PAGED_ATTENTION,
+  cache_attention = FRT_OP_CACHE_ATTENTION,
   // Not a kernel's op: a decoder layer run as one seat through the seats of its sublayers
   // (runtime/block_seat.cpp). No package owns it and no descriptor carries it.
   block = 1000,

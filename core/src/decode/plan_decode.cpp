@@ -633,7 +633,14 @@ DecodePlan plan_with(const HostGraph& g, const BindingSpec& b, int64_t max_len) 
 // Bindings are exclusive by construction: each claims every weight of a layer, so two families'
 // bindings cannot both fit one host.
 DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::string& binding,
-                       int64_t max_len, int64_t sequences) {
+                       int64_t max_len, int64_t sequences, const std::string& kv_cache) {
+  const std::optional<DType> cache = parse_dtype(kv_cache);
+  if (!cache || (*cache != DType::f32 && *cache != DType::bf16)) {
+    DecodePlan p;
+    p.binding = binding;
+    p.refused.emplace_back("", "a KV cache of '" + kv_cache + "'; the loop keeps f32 or bf16");
+    return p;
+  }
   if (max_len < 1) {
     DecodePlan p;
     p.binding = binding;
@@ -651,6 +658,7 @@ DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::st
   if (!binding.empty()) {
     DecodePlan p = plan_with(g, catalog.binding(binding), max_len);
     p.config.sequences = sequences;
+    p.config.cache_dtype = *cache;
     return p;
   }
   std::optional<DecodePlan> fitting;
@@ -658,6 +666,7 @@ DecodePlan plan_decode(const HostGraph& g, const Catalog& catalog, const std::st
   for (const auto& [name, spec] : catalog.bindings()) {
     DecodePlan p = plan_with(g, spec, max_len);
     p.config.sequences = sequences;
+    p.config.cache_dtype = *cache;
     if (p.ok()) return p;
     if (p.fits && !fitting)
       fitting = std::move(p);
@@ -738,8 +747,9 @@ std::string explain(const DecodePlan& p, bool verbose) {
   s << "flashrt decode plan: binding " << (p.binding.empty() ? "(none)" : p.binding) << ", "
     << c.layers << " layers, hidden " << c.hidden << ", heads " << c.heads << "/" << c.kv_heads
     << " x " << c.head_dim << ", vocab " << c.vocab << ", window " << c.max_len
-    << (c.sequences > 1 ? " x " + std::to_string(c.sequences) + " sequences" : "") << ", "
-    << p.seated << " seated, " << (p.ok() ? "buildable" : "refused") << "\n";
+    << (c.sequences > 1 ? " x " + std::to_string(c.sequences) + " sequences" : "")
+    << (c.cache_dtype != DType::f32 ? std::string(", ") + name_of(c.cache_dtype) + " KV cache" : "")
+    << ", " << p.seated << " seated, " << (p.ok() ? "buildable" : "refused") << "\n";
   explain_program(s, p);
   // Grouped like a Plan's entries (Note [Explain groups]); a "" site is the host itself.
   std::vector<detail::ExplainEntry> routed, refused, assumed;

@@ -391,3 +391,31 @@ TEST(DecodePlanBinding, NormsOfDifferentEpsilonsAreRefused) {
 
 }  // namespace
 }  // namespace frt
+
+namespace frt {
+namespace {
+
+// Note [KV cache dtype]: the plan carries the cache dtype the door asked for, explain names a
+// cache other than f32, and a dtype the loop does not keep is a refusal naming it.
+TEST(DecodePlanCache, TheKvCacheDtypeIsPlannedOrRefusedByName) {
+  const HostGraph g = with_norms({}, {}, NormForm::rms);
+  const DecodePlan f32 = plan_decode(g, shipped(), "", 32);
+  ASSERT_TRUE(f32.ok()) << explain(f32);
+  EXPECT_EQ(f32.config.cache_dtype, DType::f32);
+  EXPECT_EQ(explain(f32).find("KV cache"), std::string::npos);
+  const DecodePlan bf16 = plan_decode(g, shipped(), "", 32, 2, "bf16");
+  ASSERT_TRUE(bf16.ok()) << explain(bf16);
+  EXPECT_EQ(bf16.config.cache_dtype, DType::bf16);
+  EXPECT_EQ(bf16.config.sequences, 2);
+  EXPECT_NE(explain(bf16).find("x 2 sequences, bf16 KV cache, "), std::string::npos)
+      << explain(bf16);
+  for (const char* other : {"f16", "i8", "float32", ""}) {
+    const DecodePlan p = plan_decode(g, shipped(), "llama_decode", 32, 1, other);
+    ASSERT_FALSE(p.ok()) << other;
+    EXPECT_EQ(p.refused[0].second,
+              std::string("a KV cache of '") + other + "'; the loop keeps f32 or bf16");
+  }
+}
+
+}  // namespace
+}  // namespace frt

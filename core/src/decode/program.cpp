@@ -64,6 +64,13 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
     check(capped_attention_ != nullptr, std::string("package '") + decode_.package +
                                             "' has no softcapped attention (kernel ABI 4.2)");
   }
+  check(c.cache_dtype == DType::f32 || c.cache_dtype == DType::bf16,
+        std::string("a KV cache of ") + dtype_name(c.cache_dtype) + "; the loop keeps f32 or bf16");
+  if (c.cache_dtype == DType::bf16) {
+    cache_attention_ = find_op(decode_, OpKind::cache_attention);
+    check(cache_attention_ != nullptr, std::string("package '") + decode_.package +
+                                           "' has no attention over a bf16 cache (kernel ABI 4.8)");
+  }
   check(c.layers == static_cast<int64_t>(w_.layers.size()) && c.layers > 0, "layer count");
   check(c.hidden > 0 && c.heads > 0 && c.kv_heads > 0 && c.head_dim > 0 && c.vocab > 0 &&
             c.max_len > 0 && c.intermediate >= 0,
@@ -216,11 +223,12 @@ DecodeProgram::DecodeProgram(DecodeConfig config, ModelWeights weights,
   sin_.resize(c.rotaries.size() * B * c.rotary_dim / 2);
   // Every factor is positive and bounded by what was allocated above but the window: the product
   // is checked before it is asked for.
-  int64_t cache_bytes = c.sequences * c.layers * 2 * kvd * static_cast<int64_t>(sizeof(float));
+  cache_elem_ = c.cache_dtype == DType::bf16 ? 2 : 4;
+  int64_t cache_bytes = c.sequences * c.layers * 2 * kvd * cache_elem_;
   check(c.max_len <= INT64_MAX / cache_bytes,
         "a KV cache of " + std::to_string(c.max_len) + " positions overflows");
   cache_bytes *= c.max_len;
-  cache_.reset(static_cast<float*>(alloc_weight_memory(cache_bytes)));
+  cache_.reset(static_cast<char*>(alloc_weight_memory(cache_bytes)));
 }
 
 // Note [Norms of the form x·(1+w)]: Gemma's norms scale by 1 + w, which the host forms in fp32
@@ -251,12 +259,90 @@ void DecodeProgram::residual(float* h, const float* y, int64_t n) const {
 // both changes one thread reads the cache of 28 layers at position 192 at 28 GB/s, where it read
 // 9 (a decode step's attention on Qwen3-0.6B's shapes: 3.3 ms, now 1.6). One buffer from the
 // weights' allocator (huge pages when it spans them).
-void DecodeProgram::FreeCache::operator()(float* p) const { free_weight_memory(p); }
+void DecodeProgram::FreeCache::operator()(char* p) const { free_weight_memory(p); }
 
-float* DecodeProgram::cache_at(int64_t seq, int64_t layer, int64_t kv, int64_t head) const {
+char* DecodeProgram::cache_at(int64_t seq, int64_t layer, int64_t kv, int64_t head) const {
   const DecodeConfig& c = cfg_;
-  return cache_.get() +
-         (((seq * c.layers + layer) * 2 + kv) * c.kv_heads + head) * c.max_len * c.head_dim;
+  return cache_.get() + (((seq * c.layers + layer) * 2 + kv) * c.kv_heads + head) * c.max_len *
+                            c.head_dim * cache_elem_;
+}
+
+// Note [KV cache dtype]: a decode step reads every layer's cache up to its position, bytes the
+// weights' floor does not count: on Qwen3-0.6B's shapes at ~190 positions 1.56 MiB a layer in
+// f32, ~60 us of a ~440 us layer (bench/results/amx/decode_step_experiments.json). A bf16 cache
+// halves them. Each K and V value is rounded once, to nearest even, as it is written (the
+// kernels' f32_to_bf16); q, the scores and the output stay f32. flashrt/decode's cache_attention
+// (kernel ABI 4.8) reads it: attention and capped_attention's passes (Note [Grouped attention])
+// over a cache of the dtype it is told, each row widened as it loads. Not the host's values: a user
+// asks for it (decode_loop(kv_cache="bf16")); the self-check still judges the loop against the host
+// (its keys read back widened).
+void DecodeProgram::to_cache(char* p, const float* x) const {
+  if (cfg_.cache_dtype == DType::f32) {
+    std::memcpy(p, x, cfg_.head_dim * sizeof(float));
+    return;
+  }
+  auto* h = reinterpret_cast<uint16_t*>(p);
+  for (int64_t i = 0; i < cfg_.head_dim; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+      h[i] = static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN stays NaN (quiet)
+    } else {
+      bits += 0x7fffu + ((bits >> 16) & 1u);
+      h[i] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
+}
+
+void DecodeProgram::from_cache(const char* p, float* x) const {
+  if (cfg_.cache_dtype == DType::f32) {
+    std::memcpy(x, p, cfg_.head_dim * sizeof(float));
+    return;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(p);
+  for (int64_t i = 0; i < cfg_.head_dim; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+    std::memcpy(&x[i], &bits, sizeof bits);
+  }
+}
+
+// One row's attention over positions [first, first + positions) of its sequence's layer cache.
+void DecodeProgram::attend(int64_t seq, int64_t layer, int64_t first, int64_t positions,
+                           const float* q, float* out, float scale) {
+  const DecodeConfig& c = cfg_;
+  const char* k = cache_at(seq, layer, 0, 0) + first * c.head_dim * cache_elem_;
+  const char* v = cache_at(seq, layer, 1, 0) + first * c.head_dim * cache_elem_;
+  const int64_t work = c.heads * positions * c.head_dim;
+  if (c.cache_dtype == DType::bf16) {
+    const frt_cache_attention_args a{c.heads,    c.kv_heads,
+                                     c.head_dim, positions,
+                                     FRT_BF16,   q,
+                                     k,          v,
+                                     c.head_dim, c.max_len * c.head_dim,
+                                     scale,      c.attention_softcap,
+                                     out,        scores_.data(),
+                                     c.max_len};
+    parallel(cache_attention_, a, "attention", work);
+    return;
+  }
+  const frt_attention_args at{c.heads,
+                              c.kv_heads,
+                              c.head_dim,
+                              positions,
+                              q,
+                              reinterpret_cast<const float*>(k),
+                              reinterpret_cast<const float*>(v),
+                              scale,
+                              out,
+                              scores_.data(),
+                              c.max_len,
+                              c.head_dim,
+                              c.max_len * c.head_dim};
+  if (c.attention_softcap > 0)
+    parallel(capped_attention_, frt_capped_attention_args{at, c.attention_softcap}, "attention",
+             work);
+  else
+    parallel(attention_, at, "attention", work);
 }
 
 std::span<const float> DecodeProgram::logits(int64_t row) const {
@@ -647,35 +733,15 @@ int64_t DecodeProgram::run_rows(const int64_t* tokens, const int64_t* seqs,
       }
       for (int64_t j = 0; j < c.kv_heads; ++j) {
         const int64_t at = r * kvd + j * c.head_dim;
-        std::memcpy(cache_at(seq, l, 0, j) + pos * c.head_dim, k_.data() + at,
-                    c.head_dim * sizeof(float));
-        std::memcpy(cache_at(seq, l, 1, j) + pos * c.head_dim, v_.data() + at,
-                    c.head_dim * sizeof(float));
+        to_cache(cache_at(seq, l, 0, j) + pos * c.head_dim * cache_elem_, k_.data() + at);
+        to_cache(cache_at(seq, l, 1, j) + pos * c.head_dim * cache_elem_, v_.data() + at);
       }
     }
     for (int64_t r = 0; r < m; ++r) {
       const int64_t pos = positions[r], seq = seqs[r];
       // A sliding layer attends to the last `window` positions, its own included.
       const int64_t first = lc.window > 0 ? std::max<int64_t>(0, pos - lc.window + 1) : 0;
-      frt_attention_args at{c.heads,
-                            c.kv_heads,
-                            c.head_dim,
-                            pos + 1 - first,
-                            q_.data() + r * qd,
-                            cache_at(seq, l, 0, 0) + first * c.head_dim,
-                            cache_at(seq, l, 1, 0) + first * c.head_dim,
-                            scale,
-                            attn_.data() + r * qd,
-                            scores_.data(),
-                            c.max_len,
-                            c.head_dim,
-                            c.max_len * c.head_dim};
-      const int64_t work = c.heads * (pos + 1 - first) * c.head_dim;
-      if (c.attention_softcap > 0)
-        parallel(capped_attention_, frt_capped_attention_args{at, c.attention_softcap}, "attention",
-                 work);
-      else
-        parallel(attention_, at, "attention", work);
+      attend(seq, l, first, pos + 1 - first, q_.data() + r * qd, attn_.data() + r * qd, scale);
     }
     project(L.o, attn_.data(), o_.data(), m);
     if (L.attn_out_norm != nullptr) norm_rows(L.attn_out_norm, o_.data(), m, H);
@@ -765,7 +831,7 @@ int64_t DecodeProgram::greedy_tokens(int64_t rows, int64_t* next) {
 // Positions [0, n) of a layer's cache against the door's layout [n][kv_heads][head_dim]: `copy`
 // gets each row's cache K and V and the row's offset in the door's buffers.
 void DecodeProgram::for_cache_rows(int64_t seq, int64_t layer, int64_t first, int64_t n,
-                                   const std::function<void(float*, float*, int64_t)>& copy) const {
+                                   const std::function<void(char*, char*, int64_t)>& copy) const {
   if (seq < 0 || seq >= cfg_.sequences || layer < 0 || layer >= cfg_.layers || n < 0 || first < 0 ||
       first + n > cfg_.max_len)
     throw InvalidArgument("decode_loop: cache of sequence " + std::to_string(seq) + ", layer " +
@@ -774,17 +840,16 @@ void DecodeProgram::for_cache_rows(int64_t seq, int64_t layer, int64_t first, in
                           std::to_string(cfg_.max_len));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < cfg_.kv_heads; ++j)
-      copy(cache_at(seq, layer, 0, j) + (first + t) * cfg_.head_dim,
-           cache_at(seq, layer, 1, j) + (first + t) * cfg_.head_dim,
+      copy(cache_at(seq, layer, 0, j) + (first + t) * cfg_.head_dim * cache_elem_,
+           cache_at(seq, layer, 1, j) + (first + t) * cfg_.head_dim * cache_elem_,
            (t * cfg_.kv_heads + j) * cfg_.head_dim);
 }
 
 void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const float* v,
                                int64_t first, int64_t seq) {
-  const size_t row = cfg_.head_dim * sizeof(float);
-  for_cache_rows(seq, layer, first, n, [&](float* ck, float* cv, int64_t at) {
-    std::memcpy(ck, k + at, row);
-    std::memcpy(cv, v + at, row);
+  for_cache_rows(seq, layer, first, n, [&](char* ck, char* cv, int64_t at) {
+    to_cache(ck, k + at);
+    to_cache(cv, v + at);
   });
   // A sliding layer's host cache holds its window's last positions: what lies before them is
   // outside every later row's window, so the sequence counts as written up to first + n.
@@ -792,10 +857,9 @@ void DecodeProgram::load_cache(int64_t layer, int64_t n, const float* k, const f
 }
 
 void DecodeProgram::read_cache(int64_t layer, int64_t n, float* k, float* v, int64_t seq) const {
-  const size_t row = cfg_.head_dim * sizeof(float);
-  for_cache_rows(seq, layer, 0, n, [&](float* ck, float* cv, int64_t at) {
-    std::memcpy(k + at, ck, row);
-    std::memcpy(v + at, cv, row);
+  for_cache_rows(seq, layer, 0, n, [&](char* ck, char* cv, int64_t at) {
+    from_cache(ck, k + at);
+    from_cache(cv, v + at);
   });
 }
 

@@ -168,7 +168,7 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
       {"flashrt/ffn", {OpKind::gated_ffn, OpKind::ffn, OpKind::moe_ffn}},
       {"flashrt/decode",
        {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense, OpKind::capped_attention,
-        OpKind::gated_act, OpKind::paged_attention}},
+        OpKind::gated_act, OpKind::paged_attention, OpKind::cache_attention}},
       {"flashrt/gemm", {OpKind::linear, OpKind::ffn, OpKind::moe_ffn}},
       {"flashrt/recurrent", {OpKind::gated_delta, OpKind::causal_conv1d}}};
   for (const std::string repo :

@@ -48,6 +48,34 @@ int32_t rotary_run(const frt_rotary_args* a, int32_t ith, int32_t nth, frt_error
   return ok(err);
 }
 
+// A cache's elements as f32: f32 itself, or bf16 (f32's top half) widened as it loads.
+namespace {
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+#if defined(FRT_ZMM)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+#if defined(__AVX2__)
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+}  // namespace
+
 // Note [Grouped attention]: a decode row's attention reads every cached K and V row of a layer
 // and does a multiply-add per element for each query head of the row's group. The work is split
 // by KV head, and a KV head's query heads are taken two at a time: one pass over the K rows
@@ -59,12 +87,17 @@ int32_t rotary_run(const frt_rotary_args* a, int32_t ith, int32_t nth, frt_error
 // path the pair's query vectors and output sums stay in registers (head_dim 64..128); the AVX2
 // path reads q from L1 and sums V in 64-wide passes. A score is two multiply-add chains (even
 // and odd column chunks) and one horizontal sum; per score and output the order of additions
-// is fixed by head_dim alone, so a split across threads changes no bit.
+// is fixed by head_dim alone, so a split across threads changes no bit. A bf16 cache (the decode
+// loop's kv_cache="bf16", Note [KV cache dtype] in core/src/decode/program.cpp) takes the same
+// passes over half the bytes, each row widened as it loads.
 namespace {
 
 constexpr int64_t kAheadRows = 16;
-inline void prefetch_row(const float* row, int64_t d) {
-  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(row + i);
+template <typename T>
+inline void prefetch_row(const T* row, int64_t d) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64)
+    __builtin_prefetch(bytes + b);
 }
 
 // s[0..n) <- softmax(s): the max subtracted, exponentials, normalised by their sum. With AVX2 the
@@ -99,8 +132,8 @@ struct HeadPair {
 
 #if defined(FRT_ZMM)
 // head_dim = 16 * NC.
-template <int NH, int NC>
-void attend_zmm(const HeadPair& hp, const float* k, const float* v, int64_t ld, int64_t positions,
+template <int NH, int NC, typename T>
+void attend_zmm(const HeadPair& hp, const T* k, const T* v, int64_t ld, int64_t positions,
                 float scale) {
   constexpr int64_t d = 16 * NC;
   __m512 qv[NH][NC];
@@ -108,11 +141,11 @@ void attend_zmm(const HeadPair& hp, const float* k, const float* v, int64_t ld, 
     for (int c = 0; c < NC; ++c) qv[g][c] = _mm512_loadu_ps(hp.q[g] + 16 * c);
   for (int64_t t = 0; t < positions; ++t) {
     if (t + kAheadRows < positions) prefetch_row(k + (t + kAheadRows) * ld, d);
-    const float* row = k + t * ld;
+    const T* row = k + t * ld;
     __m512 even[NH], odd[NH];
     for (int g = 0; g < NH; ++g) even[g] = odd[g] = _mm512_setzero_ps();
     for (int c = 0; c < NC; ++c) {
-      const __m512 kc = _mm512_loadu_ps(row + 16 * c);
+      const __m512 kc = load16(row + 16 * c);
       for (int g = 0; g < NH; ++g) {
         if (c % 2 == 0)
           even[g] = _mm512_fmadd_ps(qv[g][c], kc, even[g]);
@@ -128,11 +161,11 @@ void attend_zmm(const HeadPair& hp, const float* k, const float* v, int64_t ld, 
     for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int64_t t = 0; t < positions; ++t) {
     if (t + kAheadRows < positions) prefetch_row(v + (t + kAheadRows) * ld, d);
-    const float* row = v + t * ld;
+    const T* row = v + t * ld;
     __m512 p[NH];
     for (int g = 0; g < NH; ++g) p[g] = _mm512_set1_ps(hp.s[g][t]);
     for (int c = 0; c < NC; ++c) {
-      const __m512 vc = _mm512_loadu_ps(row + 16 * c);
+      const __m512 vc = load16(row + 16 * c);
       for (int g = 0; g < NH; ++g) acc[g][c] = _mm512_fmadd_ps(p[g], vc, acc[g][c]);
     }
   }
@@ -140,8 +173,8 @@ void attend_zmm(const HeadPair& hp, const float* k, const float* v, int64_t ld, 
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(hp.out[g] + 16 * c, acc[g][c]);
 }
 
-template <int NH>
-bool attend_zmm_any(const HeadPair& hp, const float* k, const float* v, int64_t ld, int64_t d,
+template <int NH, typename T>
+bool attend_zmm_any(const HeadPair& hp, const T* k, const T* v, int64_t ld, int64_t d,
                     int64_t positions, float scale) {
   switch (d) {
     case 64:
@@ -160,22 +193,22 @@ bool attend_zmm_any(const HeadPair& hp, const float* k, const float* v, int64_t 
 
 // s[g] = scale * q[g] . row over d for the NH heads of a pass, the row's chunks loaded once: two
 // chains of 8-wide chunks per head, then the scalar tail.
-template <int NH>
-inline void scores_at(const HeadPair& hp, const float* row, int64_t d, float scale, int64_t t) {
+template <int NH, typename T>
+inline void scores_at(const HeadPair& hp, const T* row, int64_t d, float scale, int64_t t) {
   float sum[NH] = {};
   int64_t i = 0;
 #if defined(__AVX2__)
   __m256 even[NH], odd[NH];
   for (int g = 0; g < NH; ++g) even[g] = odd[g] = _mm256_setzero_ps();
   for (; i + 16 <= d; i += 16) {
-    const __m256 k0 = _mm256_loadu_ps(row + i), k1 = _mm256_loadu_ps(row + i + 8);
+    const __m256 k0 = load8(row + i), k1 = load8(row + i + 8);
     for (int g = 0; g < NH; ++g) {
       even[g] = _mm256_fmadd_ps(_mm256_loadu_ps(hp.q[g] + i), k0, even[g]);
       odd[g] = _mm256_fmadd_ps(_mm256_loadu_ps(hp.q[g] + i + 8), k1, odd[g]);
     }
   }
   if (i + 8 <= d) {
-    const __m256 k0 = _mm256_loadu_ps(row + i);
+    const __m256 k0 = load8(row + i);
     for (int g = 0; g < NH; ++g)
       even[g] = _mm256_fmadd_ps(_mm256_loadu_ps(hp.q[g] + i), k0, even[g]);
     i += 8;
@@ -183,12 +216,13 @@ inline void scores_at(const HeadPair& hp, const float* row, int64_t d, float sca
   for (int g = 0; g < NH; ++g) sum[g] = hsum(_mm256_add_ps(even[g], odd[g]));
 #endif
   for (; i < d; ++i)
-    for (int g = 0; g < NH; ++g) sum[g] += hp.q[g][i] * row[i];
+    for (int g = 0; g < NH; ++g) sum[g] += hp.q[g][i] * widen(row[i]);
   for (int g = 0; g < NH; ++g) hp.s[g][t] = sum[g] * scale;
 }
 
 // out[i] = sum_t p[t] * v[t * ldv + i] for i < d.
-void weighted_rows(const float* p, const float* v, int64_t ldv, int64_t positions, int64_t d,
+template <typename T>
+void weighted_rows(const float* p, const T* v, int64_t ldv, int64_t positions, int64_t d,
                    float* out) {
   int64_t i = 0;
 #if defined(__AVX2__)
@@ -198,29 +232,29 @@ void weighted_rows(const float* p, const float* v, int64_t ldv, int64_t position
     for (int64_t t = 0; t < positions; ++t) {
       if (i == 0 && t + kAheadRows < positions) prefetch_row(v + (t + kAheadRows) * ldv, d);
       const __m256 pt = _mm256_set1_ps(p[t]);
-      const float* row = v + t * ldv + i;
-      for (int c = 0; c < 8; ++c)
-        acc[c] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(row + 8 * c), acc[c]);
+      const T* row = v + t * ldv + i;
+      for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(pt, load8(row + 8 * c), acc[c]);
     }
     for (int c = 0; c < 8; ++c) _mm256_storeu_ps(out + i + 8 * c, acc[c]);
   }
   for (; i + 8 <= d; i += 8) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t t = 0; t < positions; ++t)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * ldv + i), acc);
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8(v + t * ldv + i), acc);
     _mm256_storeu_ps(out + i, acc);
   }
 #endif
   for (; i < d; ++i) {
     float acc = 0.0f;
-    for (int64_t t = 0; t < positions; ++t) acc += p[t] * v[t * ldv + i];
+    for (int64_t t = 0; t < positions; ++t) acc += p[t] * widen(v[t * ldv + i]);
     out[i] = acc;
   }
 }
 
 // One pass of up to two query heads over a KV head's rows. Softcapped scores (softcap > 0) take
 // the path that forms all scores before the softmax: the cap goes between the two.
-void attend_pair(const HeadPair& hp, int nh, const float* k, const float* v, int64_t ld, int64_t d,
+template <typename T>
+void attend_pair(const HeadPair& hp, int nh, const T* k, const T* v, int64_t ld, int64_t d,
                  int64_t positions, float scale, float softcap) {
 #if defined(FRT_ZMM)
   if (softcap == 0 && (nh == 2 ? attend_zmm_any<2>(hp, k, v, ld, d, positions, scale)
@@ -243,8 +277,9 @@ void attend_pair(const HeadPair& hp, int nh, const float* k, const float* v, int
   }
 }
 
-// Query heads [h0, h1) of KV head kvh, two at a time.
-void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1, float softcap) {
+// Query heads [h0, h1) of KV head kvh, two at a time, over a cache of T.
+template <typename T>
+void attend(const frt_cache_attention_args* a, int64_t kvh, int64_t h0, int64_t h1) {
   const int64_t d = a->head_dim;
   for (int64_t h = h0; h < h1; h += 2) {
     const int nh = h + 1 < h1 ? 2 : 1;
@@ -254,43 +289,63 @@ void attend(const frt_attention_args* a, int64_t kvh, int64_t h0, int64_t h1, fl
       hp.s[g] = a->scores + (h + g) * a->scores_stride;
       hp.out[g] = a->out + (h + g) * d;
     }
-    attend_pair(hp, nh, a->k_cache + kvh * a->ld_head, a->v_cache + kvh * a->ld_head, a->ld_pos, d,
-                a->positions, a->scale, softcap);
+    attend_pair(hp, nh, static_cast<const T*>(a->k_cache) + kvh * a->ld_head,
+                static_cast<const T*>(a->v_cache) + kvh * a->ld_head, a->ld_pos, d, a->positions,
+                a->scale, a->softcap);
   }
 }
 
-}  // namespace
+void attend_heads(const frt_cache_attention_args* a, int64_t kvh, int64_t h0, int64_t h1) {
+  if (a->cache_dtype == FRT_BF16)
+    attend<uint16_t>(a, kvh, h0, h1);
+  else
+    attend<float>(a, kvh, h0, h1);
+}
 
-namespace {
-
-int32_t run_attention(const frt_attention_args* a, float softcap, int32_t ith, int32_t nth,
-                      frt_error* err) {
+// Every attention kind runs as FRT_OP_CACHE_ATTENTION's arguments: attention and
+// capped_attention are its f32 cases.
+int32_t run_attention(const frt_cache_attention_args* a, int32_t ith, int32_t nth, frt_error* err) {
   if (a == nullptr || a->kv_heads < 1 || a->heads % a->kv_heads != 0 || a->positions < 1 ||
-      a->scores_stride < a->positions || a->ld_pos < a->head_dim || a->ld_head < a->head_dim)
+      a->scores_stride < a->positions || a->ld_pos < a->head_dim || a->ld_head < a->head_dim ||
+      (a->cache_dtype != FRT_F32 && a->cache_dtype != FRT_BF16) || !(a->softcap >= 0))
     return fail(err, FRT_E_INVALID, "attention: bad arguments");
   const int64_t group = a->heads / a->kv_heads;
   if (a->kv_heads >= nth) {  // whole groups per thread
     const Range kv = split(a->kv_heads, ith, nth);
     for (int64_t kvh = kv.begin; kvh < kv.end; ++kvh)
-      attend(a, kvh, kvh * group, (kvh + 1) * group, softcap);
+      attend_heads(a, kvh, kvh * group, (kvh + 1) * group);
   } else {  // fewer KV heads than threads: split the query heads
     const Range heads = split(a->heads, ith, nth);
-    for (int64_t h = heads.begin; h < heads.end; ++h) attend(a, h / group, h, h + 1, softcap);
+    for (int64_t h = heads.begin; h < heads.end; ++h) attend_heads(a, h / group, h, h + 1);
   }
   return ok(err);
+}
+
+frt_cache_attention_args over_f32(const frt_attention_args& a, float softcap) {
+  return {a.heads, a.kv_heads, a.head_dim, a.positions, FRT_F32,
+          a.q,     a.k_cache,  a.v_cache,  a.ld_pos,    a.ld_head,
+          a.scale, softcap,    a.out,      a.scores,    a.scores_stride};
 }
 
 }  // namespace
 
 int32_t attention_run(const frt_attention_args* a, int32_t ith, int32_t nth, frt_error* err) {
-  return run_attention(a, 0.0f, ith, nth, err);
+  if (a == nullptr) return fail(err, FRT_E_INVALID, "attention: bad arguments");
+  const frt_cache_attention_args c = over_f32(*a, 0.0f);
+  return run_attention(&c, ith, nth, err);
 }
 
 int32_t capped_attention_run(const frt_capped_attention_args* a, int32_t ith, int32_t nth,
                              frt_error* err) {
   if (a == nullptr || !(a->softcap > 0))
     return fail(err, FRT_E_INVALID, "capped attention: the softcap must be positive");
-  return run_attention(&a->attention, a->softcap, ith, nth, err);
+  const frt_cache_attention_args c = over_f32(a->attention, a->softcap);
+  return run_attention(&c, ith, nth, err);
+}
+
+int32_t cache_attention_run(const frt_cache_attention_args* a, int32_t ith, int32_t nth,
+                            frt_error* err) {
+  return run_attention(a, ith, nth, err);
 }
 
 // Note [Paged attention]: a serving engine keeps every sequence's keys and values in one pool of
@@ -304,28 +359,6 @@ int32_t capped_attention_run(const frt_capped_attention_args* a, int32_t ith, in
 // score and output the order of additions is fixed by head_dim alone: a split across threads
 // changes no bit.
 namespace {
-
-inline float widen(float x) { return x; }
-inline float widen(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-#if defined(FRT_ZMM)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-#elif defined(__AVX2__)
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-#endif
 
 // One item's rows: position t's vector of the item's KV head.
 template <typename T>

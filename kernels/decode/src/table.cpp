@@ -17,6 +17,7 @@ constexpr frt_op kOps[] = {
     primitive_op<frt_capped_attention_args, frt::kern::capped_attention_run>(
         FRT_OP_CAPPED_ATTENTION),
     primitive_op<frt_paged_attention_args, frt::kern::paged_attention_run>(FRT_OP_PAGED_ATTENTION),
+    primitive_op<frt_cache_attention_args, frt::kern::cache_attention_run>(FRT_OP_CACHE_ATTENTION),
     primitive_op<frt_dense_args, frt::kern::dense_run>(FRT_OP_DENSE),
     primitive_op<frt_gated_act_args, frt::kern::gated_act_run>(FRT_OP_GATED_ACT),
 };
@@ -29,6 +30,7 @@ int32_t supports_op(const frt_op_desc* d, frt_error* err) {
       case FRT_OP_ATTENTION:
       case FRT_OP_CAPPED_ATTENTION:
       case FRT_OP_PAGED_ATTENTION:
+      case FRT_OP_CACHE_ATTENTION:
       case FRT_OP_GATED_ACT:
         return frt::kern::ok(err);
       case FRT_OP_DENSE:

@@ -43,9 +43,11 @@ extern "C" {
  *   a kind appended.
  * 4.7: FRT_OP_PAGED_ATTENTION, a batch of decode rows against keys and values in a shared pool
  *   of slots, f32 or bf16, each row's positions named by a slot table (frt_paged_attention_args):
- *   a kind appended. */
+ *   a kind appended.
+ * 4.8: FRT_OP_CACHE_ATTENTION, attention (softcapped or not) over a cache of f32 or bf16
+ *   (frt_cache_attention_args): a kind appended, the earlier attention structs unchanged. */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 7
+#define FRT_KERNEL_ABI_MINOR 8
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -123,7 +125,8 @@ enum frt_op_kind {
   FRT_OP_GATED_DELTA = 10,     /* frt_gated_delta_args (4.3) */
   FRT_OP_CAUSAL_CONV1D = 11,   /* frt_causal_conv1d_args (4.3) */
   FRT_OP_GATED_ACT = 12,       /* frt_gated_act_args (4.6) */
-  FRT_OP_PAGED_ATTENTION = 13  /* frt_paged_attention_args (4.7) */
+  FRT_OP_PAGED_ATTENTION = 13, /* frt_paged_attention_args (4.7) */
+  FRT_OP_CACHE_ATTENTION = 14  /* frt_cache_attention_args (4.8) */
 };
 
 /* ---- The weight formats (the format header). -----------------------------------------------
@@ -358,6 +361,22 @@ typedef struct frt_capped_attention_args {
   frt_attention_args attention;
   float softcap;
 } frt_capped_attention_args;
+
+/* FRT_OP_CACHE_ATTENTION (4.8): FRT_OP_ATTENTION (softcap > 0: FRT_OP_CAPPED_ATTENTION's scores)
+ * over a cache whose elements are cache_dtype, FRT_F32 or FRT_BF16, each widened to f32 as it
+ * loads; k_cache, v_cache, ld_pos and ld_head as FRT_OP_ATTENTION's, counted in those elements.
+ * A kind of its own: the structs of FRT_OP_ATTENTION and FRT_OP_CAPPED_ATTENTION stay 4.7's. */
+typedef struct frt_cache_attention_args {
+  int64_t heads, kv_heads, head_dim, positions;
+  int32_t cache_dtype; /* frt_dtype */
+  const float* q;      /* [heads][head_dim] */
+  const void *k_cache, *v_cache;
+  int64_t ld_pos, ld_head;
+  float scale, softcap; /* softcap 0: none */
+  float* out;           /* [heads][head_dim] */
+  float* scores;        /* [heads][scores_stride], scores_stride >= positions */
+  int64_t scores_stride;
+} frt_cache_attention_args;
 
 /* FRT_OP_PAGED_ATTENTION: one query token for each of `batch` rows against the keys and values
  * a serving engine keeps in one pool of slots for every sequence (SGLang's token-to-KV pool).
