@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -402,16 +403,18 @@ TEST_P(DecodeKernels, BadArgumentsAreErrorsNotCrashes) {
       2, 1, 8, 4, q.data(), kv.data(), kv.data(), 1.0f, out.data(), scores.data(), 4, 7, 8};
   EXPECT_NE(run_op(*t_, OpKind::attention, &narrow, 0, 1, &err), FRT_OK);
   EXPECT_NE(std::string(err.message).find("attention: bad arguments"), std::string::npos);
-  // cache_attention over a dtype it does not read (f16), or with a negative softcap: an error,
-  // not a misread; the same arguments over f32 run.
+  // cache_attention over a dtype it does not read (f16), with a negative or infinite softcap, or
+  // without q: an error, not a misread; the same arguments over f32 run.
   const frt_cache_attention_args cached{2,         1, 8, 4,    FRT_F32, q.data(),   kv.data(),
                                         kv.data(), 8, 8, 1.0f, 0.0f,    out.data(), scores.data(),
                                         4};
   EXPECT_EQ(run_op(*t_, OpKind::cache_attention, &cached, 0, 1, &err), FRT_OK) << err.message;
-  frt_cache_attention_args f16 = cached, negative = cached;
+  frt_cache_attention_args f16 = cached, negative = cached, infinite = cached, no_q = cached;
   f16.cache_dtype = FRT_F16;
   negative.softcap = -1.0f;
-  for (const frt_cache_attention_args* bad : {&f16, &negative}) {
+  infinite.softcap = std::numeric_limits<float>::infinity();
+  no_q.q = nullptr;
+  for (const frt_cache_attention_args* bad : {&f16, &negative, &infinite, &no_q}) {
     EXPECT_NE(run_op(*t_, OpKind::cache_attention, bad, 0, 1, &err), FRT_OK);
     EXPECT_NE(std::string(err.message).find("attention: bad arguments"), std::string::npos);
   }

@@ -305,9 +305,11 @@ void attend_heads(const frt_cache_attention_args* a, int64_t kvh, int64_t h0, in
 // Every attention kind runs as FRT_OP_CACHE_ATTENTION's arguments: attention and
 // capped_attention are its f32 cases.
 int32_t run_attention(const frt_cache_attention_args* a, int32_t ith, int32_t nth, frt_error* err) {
-  if (a == nullptr || a->kv_heads < 1 || a->heads % a->kv_heads != 0 || a->positions < 1 ||
-      a->scores_stride < a->positions || a->ld_pos < a->head_dim || a->ld_head < a->head_dim ||
-      (a->cache_dtype != FRT_F32 && a->cache_dtype != FRT_BF16) || !(a->softcap >= 0))
+  if (a == nullptr || a->q == nullptr || a->k_cache == nullptr || a->v_cache == nullptr ||
+      a->out == nullptr || a->scores == nullptr || a->kv_heads < 1 || a->heads % a->kv_heads != 0 ||
+      a->positions < 1 || a->scores_stride < a->positions || a->ld_pos < a->head_dim ||
+      a->ld_head < a->head_dim || (a->cache_dtype != FRT_F32 && a->cache_dtype != FRT_BF16) ||
+      !(a->softcap >= 0) || !std::isfinite(a->softcap))
     return fail(err, FRT_E_INVALID, "attention: bad arguments");
   const int64_t group = a->heads / a->kv_heads;
   if (a->kv_heads >= nth) {  // whole groups per thread
