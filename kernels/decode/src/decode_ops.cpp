@@ -369,11 +369,7 @@ struct SlotRows {
   const int32_t* slot;
   int64_t ld_slot;
   const T* at(int64_t t) const { return head + slot[t] * ld_slot; }
-  void prefetch(int64_t t, int64_t d) const {
-    const char* row = reinterpret_cast<const char*>(at(t));
-    for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(T)); b += 64)
-      __builtin_prefetch(row + b);
-  }
+  void prefetch(int64_t t, int64_t d) const { prefetch_row(at(t), d); }
 };
 
 // scale * q . row over d: two chains of vector chunks, then the scalar tail.
