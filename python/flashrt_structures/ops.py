@@ -124,6 +124,32 @@ def linear_refusal(x: torch.Tensor, w: PackedLinear, out: torch.Tensor) -> str:
     return _core.linear_refusal(x.detach(), w, out)
 
 
+def sequence_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    threads: int = 0,
+) -> torch.Tensor:
+    """softmax(scale q k^T) v, unmasked, on flashrt/gemm's sequence_attention (kernel ABI 4.9).
+
+    q [batch, heads, q_len, head_dim], k and v [batch, kv_heads, kv_len, head_dim], bf16 with
+    head_dim contiguous (torch's scaled_dot_product_attention layout, any other strides); scale
+    defaults to head_dim ** -0.5. Raises Refused with the reason for anything else."""
+    y = out if out is not None else torch.empty(q.shape, dtype=q.dtype)
+    _core.sequence_attention(q.detach(), k.detach(), v.detach(), y,
+                             q.shape[-1] ** -0.5 if scale is None else scale, threads)
+    return y
+
+
+def sequence_attention_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               out: torch.Tensor, scale: float) -> str:
+    """'' when sequence_attention() takes this call, else the reason."""
+    return _core.sequence_attention_refusal(q.detach(), k.detach(), v.detach(), out, scale)
+
+
 def read_bandwidth_gbps(nbytes: int = 512 << 20, threads: int | None = None,
                         repeats: int = 5) -> float:
     """Best streaming read rate of this machine in GB/s over a buffer far larger than the caches."""

@@ -88,6 +88,39 @@ void bind_ops(nb::module_& m) {
       },
       nb::arg("x"), nb::arg("w"), nb::arg("bias").none(), nb::arg("out"), nb::arg("threads") = 0);
 
+  // q [batch, heads, q_len, head_dim], k and v [batch, kv_heads, kv_len, head_dim], out like q:
+  // torch's scaled_dot_product_attention layout, bf16, no mask.
+  m.def(
+      "sequence_attention_refusal",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, float scale) {
+        const SequenceAttention a{view_of(q, "query"), view_of(k, "key"), view_of(v, "value"),
+                                  view_of(out, "output"), scale};
+        if (a.q.rank != 4) return "query " + a.q.describe() + ": expected a 4-D view";
+        try {
+          return sequence_attention_refusal(
+              sequence_attention_table(process_hub(), a.q.dtype, a.q.shape[3]), a);
+        } catch (const KernelUnavailable& e) {
+          return std::string(e.what());
+        }
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("scale"));
+  m.def(
+      "sequence_attention",
+      [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, float scale, int threads) {
+        const SequenceAttention a{view_of(q, "query"), view_of(k, "key"), view_of(v, "value"),
+                                  view_of(out, "output"), scale};
+        if (a.q.rank != 4)
+          throw Refused("query " + a.q.describe() +
+                        ": expected a 4-D [batch, heads, positions, "
+                        "head_dim] view");
+        const frt_kernel_table& t =
+            sequence_attention_table(process_hub(), a.q.dtype, a.q.shape[3]);
+        nb::gil_scoped_release release;
+        run_sequence_attention(t, process_parallel(), a, threads);
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("scale"),
+      nb::arg("threads") = 0);
+
   m.def(
       "ffn_refusal",
       [](nb::handle x, const PackedLinear* gate, const PackedLinear& up, const PackedLinear& down,

@@ -115,6 +115,19 @@ void choose_experts(float* logits, int64_t rows, int64_t experts, int64_t k, boo
 void mix_shared_expert(const float* gate_logits, const float* shared, int64_t rows, int64_t hidden,
                        float* y);
 
+// Every query of a sequence against every key, unmasked (sequence_attention): q [batch, heads,
+// q_len, head_dim], k and v [batch, kv_heads, kv_len, head_dim], out like q, each bf16 with
+// head_dim contiguous and any other strides (torch's scaled_dot_product_attention layout).
+struct SequenceAttention {
+  TensorView q, k, v, out;
+  float scale = 1.0f;
+};
+// "" when the table's sequence_attention op takes this call, else the reason.
+std::string sequence_attention_refusal(const frt_kernel_table& table, const SequenceAttention& a);
+// out = softmax(scale q k^T) v. Throws Refused with sequence_attention_refusal()'s reason.
+void run_sequence_attention(const frt_kernel_table& table, Parallel& pool,
+                            const SequenceAttention& a, int threads = 0);
+
 // Streams `bytes` of memory on `threads` threads of the process team (at most its size) `repeats`
 // times and returns the best read rate in GB/s (1e9 bytes/s): the floor every decode kernel is
 // measured against (core/src/runtime/read_probe.cpp, Note [Read probe]).

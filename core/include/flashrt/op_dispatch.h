@@ -15,5 +15,7 @@ namespace frt {
 // per descriptor, so a call in a loop does not walk the path again.
 const frt_kernel_table& linear_table(KernelHub& hub, const PackedLinear& w, bool has_bias);
 const frt_kernel_table& ffn_table(KernelHub& hub, const FfnOperands& f);
+// The first package that runs sequence_attention over heads of head_dim in dtype.
+const frt_kernel_table& sequence_attention_table(KernelHub& hub, DType dtype, int64_t head_dim);
 
 }  // namespace frt

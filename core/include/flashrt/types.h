@@ -90,6 +90,7 @@ enum class OpKind : int32_t {
   gated_act = FRT_OP_GATED_ACT,
   paged_attention = FRT_OP_PAGED_ATTENTION,
   cache_attention = FRT_OP_CACHE_ATTENTION,
+  sequence_attention = FRT_OP_SEQUENCE_ATTENTION,
   // Not a kernel's op: a decoder layer run as one seat through the seats of its sublayers
   // (runtime/block_seat.cpp). No package owns it and no descriptor carries it.
   block = 1000,

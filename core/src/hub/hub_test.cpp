@@ -169,7 +169,7 @@ TEST(HubTest, BundledPackagesChooseTheCpuTier) {
       {"flashrt/decode",
        {OpKind::rmsnorm, OpKind::rotary, OpKind::attention, OpKind::dense, OpKind::capped_attention,
         OpKind::gated_act, OpKind::paged_attention, OpKind::cache_attention}},
-      {"flashrt/gemm", {OpKind::linear, OpKind::ffn, OpKind::moe_ffn}},
+      {"flashrt/gemm", {OpKind::linear, OpKind::ffn, OpKind::moe_ffn, OpKind::sequence_attention}},
       {"flashrt/recurrent", {OpKind::gated_delta, OpKind::causal_conv1d}}};
   for (const std::string repo :
        {"flashrt/linear", "flashrt/ffn", "flashrt/decode", "flashrt/gemm", "flashrt/recurrent"}) {

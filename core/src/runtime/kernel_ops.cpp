@@ -164,6 +164,50 @@ std::string routing_refusal(const TensorView& x, const Routing& r) {
   return "";
 }
 
+// The four views of a sequence attention as the op's strides: [batch, heads, positions, dims]
+// with dims contiguous, every view bf16 and its sizes agreeing with q's.
+std::string attention_view_refusal(const char* what, const TensorView& t, int64_t batch,
+                                   int64_t positions, int64_t dims) {
+  std::ostringstream s;
+  if (t.data == nullptr) {
+    s << what << ": no data";
+  } else if (t.rank != 4) {
+    s << what << ' ' << t.describe() << ": expected a 4-D [batch, heads, positions, head_dim] view";
+  } else if (t.dtype != DType::bf16) {
+    s << what << ' ' << t.describe() << ": takes bf16";
+  } else if (t.shape[0] != batch || t.shape[2] != positions || t.shape[3] != dims) {
+    s << what << ' ' << t.describe() << ": expected batch " << batch << ", " << positions
+      << " positions of " << dims;
+  } else if (t.strides[3] != 1) {
+    s << what << ' ' << t.describe() << ": head_dim not contiguous";
+  }
+  return s.str();
+}
+
+frt_sequence_attention_args sequence_attention_args(const SequenceAttention& a) {
+  frt_sequence_attention_args r{};
+  r.batch = a.q.shape[0];
+  r.heads = a.q.shape[1];
+  r.kv_heads = a.k.shape[1];
+  r.head_dim = a.q.shape[3];
+  r.q_len = a.q.shape[2];
+  r.kv_len = a.k.shape[2];
+  r.dtype = abi_dtype(a.q.dtype);
+  const auto strides = [](const TensorView& t, int64_t ld[3]) {
+    ld[0] = t.strides[0], ld[1] = t.strides[2], ld[2] = t.strides[1];
+  };
+  r.q = a.q.data;
+  strides(a.q, r.q_ld);
+  r.k = a.k.data;
+  strides(a.k, r.k_ld);
+  r.v = a.v.data;
+  strides(a.v, r.v_ld);
+  r.out = a.out.data;
+  strides(a.out, r.out_ld);
+  r.scale = a.scale;
+  return r;
+}
+
 }  // namespace
 
 ExpertBank::ExpertBank(std::vector<PackedLinear> gate, std::vector<PackedLinear> up,
@@ -386,6 +430,31 @@ void mix_shared_expert(const float* gate_logits, const float* shared, int64_t ro
     const float s = 1.0f / (1.0f + std::exp(-gate_logits[r]));
     for (int64_t c = 0; c < hidden; ++c) y[r * hidden + c] += s * shared[r * hidden + c];
   }
+}
+
+std::string sequence_attention_refusal(const frt_kernel_table& table, const SequenceAttention& a) {
+  const frt_op* op = find_op(table, OpKind::sequence_attention);
+  if (op == nullptr) return not_owned(table, OpKind::sequence_attention);
+  if (a.q.rank != 4) return attention_view_refusal("query", a.q, 0, 0, 0);  // names the rank
+  const int64_t batch = a.q.shape[0], dims = a.q.shape[3];
+  for (const std::string& r :
+       {attention_view_refusal("query", a.q, batch, a.q.shape[2], dims),
+        attention_view_refusal("key", a.k, batch, a.k.rank == 4 ? a.k.shape[2] : 0, dims),
+        attention_view_refusal("value", a.v, batch, a.k.rank == 4 ? a.k.shape[2] : 0, dims),
+        attention_view_refusal("output", a.out, batch, a.q.shape[2], dims)})
+    if (!r.empty()) return r;
+  if (a.v.shape[1] != a.k.shape[1] || a.out.shape[1] != a.q.shape[1])
+    return "value " + a.v.describe() + " / output " + a.out.describe() +
+           ": heads differ from the key's / the query's";
+  return op_refusal(*op, sequence_attention_args(a),
+                    [&] { return "query " + a.q.describe() + ", key " + a.k.describe(); });
+}
+
+void run_sequence_attention(const frt_kernel_table& table, Parallel& pool,
+                            const SequenceAttention& a, int threads) {
+  if (std::string why = sequence_attention_refusal(table, a); !why.empty()) throw Refused(why);
+  frt_sequence_attention_args args = sequence_attention_args(a);
+  run_phases(pool, threads, *find_op(table, OpKind::sequence_attention), args);
 }
 
 }  // namespace frt

@@ -67,4 +67,14 @@ const frt_kernel_table& ffn_table(KernelHub& hub, const FfnOperands& f) {
   return table_for(hub, d, std::string(name_of(f.kind())) + " over " + f.up->form());
 }
 
+const frt_kernel_table& sequence_attention_table(KernelHub& hub, DType dtype, int64_t head_dim) {
+  frt_op_desc d{};
+  d.op = FRT_OP_SEQUENCE_ATTENTION;
+  d.x_dtype = d.y_dtype = abi_dtype(dtype);
+  d.k = head_dim;
+  return table_for(hub, d,
+                   std::string("sequence_attention over ") + name_of(dtype) + " heads of " +
+                       std::to_string(head_dim));
+}
+
 }  // namespace frt

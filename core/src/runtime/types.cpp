@@ -33,7 +33,7 @@ constexpr Table<WeightFormat, 11> kFormats{{{WeightFormat::int8_channel, "int8_c
                                             {WeightFormat::int6_super_gemm, "int6_super_gemm"},
                                             {WeightFormat::int5_gemm, "int5_gemm"},
                                             {WeightFormat::int5_super_gemm, "int5_super_gemm"}}};
-constexpr Table<OpKind, 15> kOps{{{OpKind::linear, "linear"},
+constexpr Table<OpKind, 16> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::gated_ffn, "gated_ffn"},
                                   {OpKind::ffn, "ffn"},
                                   {OpKind::rmsnorm, "rmsnorm"},
@@ -47,6 +47,7 @@ constexpr Table<OpKind, 15> kOps{{{OpKind::linear, "linear"},
                                   {OpKind::gated_act, "gated_act"},
                                   {OpKind::paged_attention, "paged_attention"},
                                   {OpKind::cache_attention, "cache_attention"},
+                                  {OpKind::sequence_attention, "sequence_attention"},
                                   {OpKind::block, "block"}}};
 constexpr Table<OutputKind, 2> kOutputKinds{
     {{OutputKind::values, "values"}, {OutputKind::distribution, "distribution"}}};

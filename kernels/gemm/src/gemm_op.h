@@ -43,6 +43,16 @@ int64_t gemm_moe_workspace(const frt_moe_args* a);
 int32_t gemm_moe_run(const frt_moe_args* a, int32_t phase, int32_t ith, int32_t nth,
                      frt_error* err);
 
+// Every query of a sequence against every key, bf16, unmasked (FRT_OP_SEQUENCE_ATTENTION; Note
+// [Sequence attention] in gemm_attention.cpp): phase 0 packs keys and values for the amx
+// variant's tiles, phase 1 runs the work items.
+inline constexpr int32_t kSeqAttentionPhases = 2;
+int32_t seq_attention_supports_form(const frt_op_desc* d, frt_error* err);
+int32_t seq_attention_supports(const frt_sequence_attention_args* a, frt_error* err);
+int64_t seq_attention_workspace(const frt_sequence_attention_args* a);
+int32_t seq_attention_run(const frt_sequence_attention_args* a, int32_t phase, int32_t ith,
+                          int32_t nth, frt_error* err);
+
 // Quantized rows: u8 [m][lda] (lda a multiple of 64, zero past k), and per row its scale and zero
 // point. Phase 0 writes them; on the amx variant's row split, phase 1 (Note [AMX row split]).
 struct QuantRows {

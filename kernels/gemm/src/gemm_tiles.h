@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "gemm_attention.h"
 #include "gemm_op.h"
 
 namespace frt::kern {
@@ -54,6 +55,10 @@ struct GemmTiles {
   void (*blocks_amx)(const frt_packed_weight* w, int64_t p, int64_t np, const BlockRows& q,
                      int64_t r0, int64_t rows, const float* bias, void* y, int32_t y_dtype,
                      int64_t ldy);
+  // Sequence attention on AMX-BF16 tiles (Note [Sequence attention tiles] in attention_amx.cpp),
+  // the amx variant only: work items [i0, i1) over the packs phase 0 wrote (gemm_attention.h).
+  void (*attention_amx)(const frt_sequence_attention_args* a, const AttentionPack& pack, int64_t i0,
+                        int64_t i1);
 };
 
 // The block layouts the amx variant's tiles take (all but int6_super_gemm, whose groups of 16
@@ -210,5 +215,8 @@ void w8a8_rows_amx(const frt_packed_weight* w, int64_t p, int64_t np, const Quan
                    int64_t ldy);
 void blocks_amx(const frt_packed_weight* w, int64_t p, int64_t np, const BlockRows& q, int64_t r0,
                 int64_t rows, const float* bias, void* y, int32_t y_dtype, int64_t ldy);
+// The sequence attention on AMX-BF16 tiles (src/x86/amx/attention_amx.cpp).
+void attention_amx(const frt_sequence_attention_args* a, const AttentionPack& pack, int64_t i0,
+                   int64_t i1);
 
 }  // namespace frt::kern

@@ -45,9 +45,11 @@ extern "C" {
  *   of slots, f32 or bf16, each row's positions named by a slot table (frt_paged_attention_args):
  *   a kind appended.
  * 4.8: FRT_OP_CACHE_ATTENTION, attention (softcapped or not) over a cache of f32 or bf16
- *   (frt_cache_attention_args): a kind appended, the earlier attention structs unchanged. */
+ *   (frt_cache_attention_args): a kind appended, the earlier attention structs unchanged.
+ * 4.9: FRT_OP_SEQUENCE_ATTENTION, every query of a sequence against every key of a sequence,
+ *   bf16, unmasked (frt_sequence_attention_args): a kind appended. */
 #define FRT_KERNEL_ABI_MAJOR 4
-#define FRT_KERNEL_ABI_MINOR 8
+#define FRT_KERNEL_ABI_MINOR 9
 
 /* IEEE half to single, exactly (scales stored as FRT_F16 mean this value on both sides). */
 static inline float frt_f16_to_f32(uint16_t h) {
@@ -113,20 +115,21 @@ enum frt_act { FRT_ACT_SILU = 0, FRT_ACT_GELU_TANH = 1, FRT_ACT_GELU = 2 };
 
 /* The ops a package may own. A package lists only its own (frt_kernel_table.ops). */
 enum frt_op_kind {
-  FRT_OP_LINEAR = 1,           /* frt_linear_args */
-  FRT_OP_GATED_FFN = 2,        /* frt_ffn_args: down(act(gate(x)) * up(x)) */
-  FRT_OP_FFN = 3,              /* frt_ffn_args, gate NULL: down(act(up(x) + b_up)) + b_down */
-  FRT_OP_RMSNORM = 4,          /* frt_rmsnorm_args */
-  FRT_OP_ROTARY = 5,           /* frt_rotary_args */
-  FRT_OP_ATTENTION = 6,        /* frt_attention_args */
-  FRT_OP_DENSE = 7,            /* frt_dense_args */
-  FRT_OP_MOE_FFN = 8,          /* frt_moe_args (4.1) */
-  FRT_OP_CAPPED_ATTENTION = 9, /* frt_capped_attention_args (4.2) */
-  FRT_OP_GATED_DELTA = 10,     /* frt_gated_delta_args (4.3) */
-  FRT_OP_CAUSAL_CONV1D = 11,   /* frt_causal_conv1d_args (4.3) */
-  FRT_OP_GATED_ACT = 12,       /* frt_gated_act_args (4.6) */
-  FRT_OP_PAGED_ATTENTION = 13, /* frt_paged_attention_args (4.7) */
-  FRT_OP_CACHE_ATTENTION = 14  /* frt_cache_attention_args (4.8) */
+  FRT_OP_LINEAR = 1,             /* frt_linear_args */
+  FRT_OP_GATED_FFN = 2,          /* frt_ffn_args: down(act(gate(x)) * up(x)) */
+  FRT_OP_FFN = 3,                /* frt_ffn_args, gate NULL: down(act(up(x) + b_up)) + b_down */
+  FRT_OP_RMSNORM = 4,            /* frt_rmsnorm_args */
+  FRT_OP_ROTARY = 5,             /* frt_rotary_args */
+  FRT_OP_ATTENTION = 6,          /* frt_attention_args */
+  FRT_OP_DENSE = 7,              /* frt_dense_args */
+  FRT_OP_MOE_FFN = 8,            /* frt_moe_args (4.1) */
+  FRT_OP_CAPPED_ATTENTION = 9,   /* frt_capped_attention_args (4.2) */
+  FRT_OP_GATED_DELTA = 10,       /* frt_gated_delta_args (4.3) */
+  FRT_OP_CAUSAL_CONV1D = 11,     /* frt_causal_conv1d_args (4.3) */
+  FRT_OP_GATED_ACT = 12,         /* frt_gated_act_args (4.6) */
+  FRT_OP_PAGED_ATTENTION = 13,   /* frt_paged_attention_args (4.7) */
+  FRT_OP_CACHE_ATTENTION = 14,   /* frt_cache_attention_args (4.8) */
+  FRT_OP_SEQUENCE_ATTENTION = 15 /* frt_sequence_attention_args (4.9) */
 };
 
 /* ---- The weight formats (the format header). -----------------------------------------------
@@ -377,6 +380,30 @@ typedef struct frt_cache_attention_args {
   float* scores;        /* [heads][scores_stride], scores_stride >= positions */
   int64_t scores_stride;
 } frt_cache_attention_args;
+
+/* FRT_OP_SEQUENCE_ATTENTION (4.9): out = softmax(scale * q k^T) v for every query of each of
+ * `batch` sequences against every key of its key sequence: no mask, no causality (a DiT's self-
+ * and cross-attention, an encoder's). Grouped heads as FRT_OP_ATTENTION's. q, k, v and out hold
+ * dtype elements (FRT_BF16), head_dim contiguous; query t of head h in sequence b starts at
+ * q + b * q_ld[0] + t * q_ld[1] + h * q_ld[2] elements, and likewise k and v (kv heads, kv_len
+ * positions) and out (q_len, heads). Scores and the softmax in fp32; the probabilities may be
+ * rounded to the dtype before they weight v (the tile path's, Note [Sequence attention]). */
+typedef struct frt_sequence_attention_args {
+  int64_t batch, heads, kv_heads, head_dim, q_len, kv_len;
+  int32_t dtype; /* frt_dtype */
+  int32_t reserved;
+  const void* q;
+  int64_t q_ld[3]; /* sequence, position, head */
+  const void* k;
+  int64_t k_ld[3];
+  const void* v;
+  int64_t v_ld[3];
+  void* out;
+  int64_t out_ld[3];
+  float scale;
+  int32_t reserved2;
+  void* workspace; /* the op's workspace() bytes */
+} frt_sequence_attention_args;
 
 /* FRT_OP_PAGED_ATTENTION: one query token for each of `batch` rows against the keys and values
  * a serving engine keeps in one pool of slots for every sequence (SGLang's token-to-KV pool).

@@ -185,13 +185,14 @@ void dpbsud() {
 }
 #undef FRT_AMX_EACH_PRODUCT
 // The bf16 products the weight-only panels use (Note [Tile panels] in panels_amx.cpp): C tiles
-// 0..2, A tiles 3..5, B tiles 6 and 7.
+// 0..2, A tiles 3..5, B tiles 6 and 7; and the sequence attention's, below.
 #define FRT_AMX_BF16(c, a, b) \
   if constexpr (C == c && A == a && B == b) _tile_dpbf16ps(c, a, b)
 template <int C, int A, int B>
 void dpbf16ps() {
-  static_assert(C >= 0 && C <= 2 && A >= 3 && A <= 5 && (B == 6 || B == 7),
-                "a register triple the bf16 panels do not use");
+  static_assert((C >= 0 && C <= 2 && A >= 3 && A <= 5 && (B == 6 || B == 7)) ||
+                    ((C == 0 || C == 1) && (A == 6 || A == 7) && B >= 2 && B <= 5),
+                "a register triple neither the bf16 panels nor the sequence attention use");
   FRT_AMX_BF16(0, 3, 6);
   FRT_AMX_BF16(0, 4, 6);
   FRT_AMX_BF16(0, 5, 6);
@@ -210,6 +211,24 @@ void dpbf16ps() {
   FRT_AMX_BF16(2, 3, 7);
   FRT_AMX_BF16(2, 4, 7);
   FRT_AMX_BF16(2, 5, 7);
+  // The sequence attention's (Note [Sequence attention tiles] in flashrt/gemm's
+  // attention_amx.cpp): C 0..1, A 6..7, B 2..5.
+  FRT_AMX_BF16(0, 6, 2);
+  FRT_AMX_BF16(0, 6, 3);
+  FRT_AMX_BF16(0, 6, 4);
+  FRT_AMX_BF16(0, 6, 5);
+  FRT_AMX_BF16(0, 7, 2);
+  FRT_AMX_BF16(0, 7, 3);
+  FRT_AMX_BF16(0, 7, 4);
+  FRT_AMX_BF16(0, 7, 5);
+  FRT_AMX_BF16(1, 6, 2);
+  FRT_AMX_BF16(1, 6, 3);
+  FRT_AMX_BF16(1, 6, 4);
+  FRT_AMX_BF16(1, 6, 5);
+  FRT_AMX_BF16(1, 7, 2);
+  FRT_AMX_BF16(1, 7, 3);
+  FRT_AMX_BF16(1, 7, 4);
+  FRT_AMX_BF16(1, 7, 5);
 }
 #undef FRT_AMX_BF16
 #endif

@@ -10,5 +10,6 @@ const GemmTiles kGemmTiles = {quantize_row_u7_ref,
                               w6a8_blocks_tile_4x16_ref,
                               gemm_activate_ref,
                               nullptr,
+                              nullptr,
                               nullptr};
 }  // namespace frt::kern

@@ -12,5 +12,6 @@ const GemmTiles kGemmTiles = {quantize_row_u7_zmm,
                               w6a8_blocks_tile_4x16_zmm,
                               gemm_activate_zmm,
                               w8a8_rows_amx,
-                              blocks_amx};
+                              blocks_amx,
+                              attention_amx};
 }  // namespace frt::kern

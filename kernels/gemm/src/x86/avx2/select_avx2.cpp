@@ -10,5 +10,6 @@ const GemmTiles kGemmTiles = {quantize_row_u7_avx2,
                               w6a8_blocks_tile_4x16_avx2,
                               gemm_activate_avx2,
                               nullptr,
+                              nullptr,
                               nullptr};
 }  // namespace frt::kern

@@ -11,5 +11,6 @@ const GemmTiles kGemmTiles = {quantize_row_u7_zmm,
                               w6a8_blocks_tile_4x16_zmm,
                               gemm_activate_zmm,
                               nullptr,
+                              nullptr,
                               nullptr};
 }  // namespace frt::kern
