@@ -259,6 +259,45 @@ TEST_P(SequenceAttention, AScoreOfMinusInfinityWeighsNothing) {
     for (int64_t i = 0; i < 8; ++i) EXPECT_EQ(p.out.value(0, t, 0, i), 2.0) << t << " " << i;
 }
 
+// Every score of the first block(s) -inf, one finite key after them: the output is its value
+// (the weights taken against 0 while the running maximum is -inf, not -inf - -inf).
+TEST_P(SequenceAttention, BlocksOfMinusInfinityBeforeAFiniteKeyWeighNothing) {
+  for (const int64_t kv : {int64_t{200}, int64_t{300}}) {
+    Problem p({1, 1, 1, 18, kv, 8}, false, 1.0f, 11);
+    for (int64_t t = 0; t < 18; ++t)
+      for (int64_t i = 0; i < 8; ++i) p.q.at(0, t, 0, i) = narrow(i == 0 ? 1e20f : 0.0f);
+    for (int64_t j = 0; j < kv; ++j)
+      for (int64_t i = 0; i < 8; ++i) {
+        p.k.at(0, j, 0, i) = narrow(i != 0 ? 0.0f : j == kv - 1 ? 1.0f : -1e20f);
+        p.v.at(0, j, 0, i) = narrow(j == kv - 1 ? 3.0f : 5.0f);
+      }
+    run_attention(*t_, p.args(), 2);
+    for (int64_t t = 0; t < 18; ++t)
+      for (int64_t i = 0; i < 8; ++i)
+        EXPECT_EQ(p.out.value(0, t, 0, i), 3.0) << "kv " << kv << " t " << t << " i " << i;
+  }
+}
+
+// A negative scale (the largest weight on the least score) and a zero one (every key alike).
+TEST_P(SequenceAttention, NegativeAndZeroScalesMatchFloat64) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const float scale : {-0.3f, 0.0f}) {
+    Problem p({1, 2, 1, 20, 150, 72}, true, 2.0f, seed);
+    p.scale = scale;
+    run_attention(*t_, p.args(), 2);
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t t = 0; t < 20; ++t) {
+        double vmax = 0;
+        const std::vector<double> ref = p.reference(0, t, h, &vmax);
+        for (int64_t i = 0; i < 72; ++i)
+          ASSERT_LE(std::fabs(p.out.value(0, t, h, i) - ref[i]),
+                    std::ldexp(1.0, -8) * (std::fabs(ref[i]) + vmax))
+              << "scale " << scale << " h " << h << " t " << t << " i " << i;
+      }
+  }
+}
+
 // A NaN in one query reaches that query's outputs only; a NaN among the values reaches every
 // query of the heads that read it, and no other head.
 TEST_P(SequenceAttention, NaNStaysWithTheQueriesItReaches) {

@@ -97,7 +97,12 @@ inline Part select(IntPart mask, Part a, Part b) {
 // The larger of a and b per lane, b where a is NaN.
 inline Part larger(Part a, Part b) { return select(a > b, a, b); }
 
-// exp2_scores (gemm_attention.h) on a part's lanes: the same steps, so the same bits.
+// A running maximum as the weights' base: 0 where it is -inf.
+inline Part base(Part m) { return select(m == -std::numeric_limits<float>::infinity(), Part{}, m); }
+
+// 2^x for -126 <= x < 128 on a part's lanes: n = floor(x) (a truncation stepped down, which
+// every x86 tier vectorizes), 2^(x - n) by kExp2Poly, times 2^n through the exponent bits; x
+// below -126 counts as -126 (a weight that weighs nothing), and NaN stays NaN.
 inline Part exp2_part(Part x) {
   const IntPart nan = x != x;
   x = select(nan, Part{}, select(x < kExp2Lo, Part{} + kExp2Lo, x));
@@ -143,10 +148,13 @@ void portable_item(const frt_sequence_attention_args* a, const AttentionItem& it
         block_max.p[u] = larger(s[j].p[u], block_max.p[u]);
       }
     }
+    // The running maximum, and the base the weights are taken against: the maximum, or 0 while
+    // every score so far is -inf (each weight 2^-inf: 0, not -inf - -inf). The old base less the
+    // new rescales the sums (from a maximum of -inf: the sums are still 0).
     Lanes alpha;
     for (int u = 0; u < kParts; ++u) {
       const Part grown = larger(block_max.p[u], m.p[u]);
-      alpha.p[u] = exp2_part(m.p[u] - grown);  // m = -inf: 2^-126 times a zero sum
+      alpha.p[u] = exp2_part(base(m.p[u]) - base(grown));
       m.p[u] = grown;
       l.p[u] *= alpha.p[u];
     }
@@ -155,7 +163,7 @@ void portable_item(const frt_sequence_attention_args* a, const AttentionItem& it
     for (int64_t j = 0; j < nk; ++j) {
       Lanes p;
       for (int u = 0; u < kParts; ++u) {
-        p.p[u] = exp2_part(s[j].p[u] - m.p[u]);
+        p.p[u] = exp2_part(s[j].p[u] - base(m.p[u]));
         l.p[u] += p.p[u];
       }
       const uint16_t* value = at(a->v, a->v_ld, it.b, k0 + j, kvh);

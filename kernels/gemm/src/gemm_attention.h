@@ -5,8 +5,6 @@
 #include <flashrt/abi/frt_kernel_abi.h>
 
 #include <cstdint>
-#include <cstring>
-#include <limits>
 
 namespace frt::kern {
 
@@ -24,25 +22,8 @@ inline constexpr float kAttnLog2e = 1.44269504088896341f;
 inline constexpr float kExp2Poly[6] = {0.9999999403953552f,   0.6931529641151428f,
                                        0.24015453457832336f,  0.05582359433174133f,
                                        0.008992589078843594f, 0.0018762336112558842f};
-// Below this the result would be subnormal: it is 2^-126 at the least, then weighs nothing.
+// Below this a weight would be subnormal: it counts as 2^-126, which weighs nothing.
 inline constexpr float kExp2Lo = -126.0f;
-
-// 2^x for -126 <= x < 128 (a score less a running maximum): n = floor(x), 2^(x - n) by the
-// polynomial, times 2^n through the exponent bits; x below -126 counts as -126, and NaN stays NaN.
-// (floor as a truncation stepped down, which every x86 tier vectorizes.)
-inline float exp2_scores(float x) {
-  const bool nan = x != x;
-  x = nan ? 0.0f : x < kExp2Lo ? kExp2Lo : x;  // selects, so the loops around it vectorize
-  float n = static_cast<float>(static_cast<int32_t>(x));
-  n = n > x ? n - 1.0f : n;
-  const float f = x - n;
-  float p = kExp2Poly[5];
-  for (int i = 4; i >= 0; --i) p = p * f + kExp2Poly[i];
-  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return nan ? std::numeric_limits<float>::quiet_NaN() : p * scale;
-}
 
 // Note [Sequence attention packs]: the tile path reads keys and values from copies the op's first
 // phase writes into the workspace, one pair per sequence and KV head, zero-padded so that every

@@ -204,14 +204,20 @@ void item_on_tiles(const frt_sequence_attention_args* a, const AttentionPack& pa
       m = moved;
     }
     // The weights 2^(s c2 - m), summed unrounded, stored rounded as pair rows of B tiles. s c2
-    // is rounded before m comes off (not one fused step), so the score m came from weighs
-    // exactly 1 however large it is.
+    // is rounded before m comes off (not one fused step), so the score m came from weighs 2^0
+    // (the polynomial's 0.99993) however large it is. While every score so far is -inf, m is
+    // too and the weights are taken against 0 instead (each 2^-inf: 0), not -inf - -inf.
+    const __m512 base = _mm512_mask_mov_ps(
+        m,
+        _mm512_cmp_ps_mask(m, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), _CMP_EQ_OQ),
+        _mm512_setzero_ps());
     for (int64_t j = 0; j < 32 * pair_tiles; j += 2) {
-      const __m512 p0 = j < nk ? exp2_16(_mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(s[j]), c2), m))
-                               : _mm512_setzero_ps();
-      const __m512 p1 = j + 1 < nk
-                            ? exp2_16(_mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(s[j + 1]), c2), m))
+      const __m512 p0 = j < nk
+                            ? exp2_16(_mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(s[j]), c2), base))
                             : _mm512_setzero_ps();
+      const __m512 p1 =
+          j + 1 < nk ? exp2_16(_mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(s[j + 1]), c2), base))
+                     : _mm512_setzero_ps();
       l0 = _mm512_add_ps(l0, p0);
       l1 = _mm512_add_ps(l1, p1);
       _mm512_store_si512(reinterpret_cast<__m512i*>(pt[j / 32][j % 32 / 2]), bf16_pairs(p0, p1));
