@@ -132,6 +132,17 @@ struct Problem {
   }
 };
 
+// The core's view of a Heads: [batch, heads, positions, dim].
+TensorView view(Heads& x) {
+  TensorView v;
+  v.data = x.data.data();
+  v.dtype = DType::bf16;
+  v.rank = 4;
+  v.shape = {x.batch, x.heads, x.positions, x.dim};
+  v.strides = {x.ld[0], x.ld[2], x.ld[1], 1};
+  return v;
+}
+
 // Runs the op as the core does: supports(), the workspace, phase 0 then phase 1 on nth "threads"
 // (in turn, on this one).
 void run_attention(const frt_kernel_table& t, frt_sequence_attention_args a, int nth) {
@@ -298,6 +309,20 @@ TEST_P(SequenceAttention, NegativeAndZeroScalesMatchFloat64) {
   }
 }
 
+// Threads that run at once (the core's pool of 3 through run_sequence_attention) write the bits
+// one thread writes: no item depends on another's buffers.
+TEST_P(SequenceAttention, ConcurrentThreadsWriteTheBitsOfOne) {
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Problem one({2, 3, 1, 70, 300, 72}, true, 2.0f, seed), three = one;
+  run_attention(*t_, one.args(), 1);
+  ThreadPool pool(3);
+  for (int round = 0; round < 3; ++round)
+    run_sequence_attention(
+        *t_, pool, {view(three.q), view(three.k), view(three.v), view(three.out), three.scale});
+  EXPECT_EQ(three.out.data, one.out.data);
+}
+
 // A NaN in one query reaches that query's outputs only; a NaN among the values reaches every
 // query of the heads that read it, and no other head.
 TEST_P(SequenceAttention, NaNStaysWithTheQueriesItReaches) {
@@ -374,15 +399,6 @@ TEST_P(SequenceAttention, RefusesWhatItDoesNotComputeByReason) {
 // The core's door to the op: views checked before anything runs, the output written after.
 TEST_P(SequenceAttention, TheCoreChecksViewsAndRunsTheOp) {
   Problem p({1, 2, 1, 9, 20, 24}, true, 1.0f, 3);
-  const auto view = [](Heads& x) {
-    TensorView v;
-    v.data = x.data.data();
-    v.dtype = DType::bf16;
-    v.rank = 4;
-    v.shape = {x.batch, x.heads, x.positions, x.dim};
-    v.strides = {x.ld[0], x.ld[2], x.ld[1], 1};
-    return v;
-  };
   frt::SequenceAttention call{view(p.q), view(p.k), view(p.v), view(p.out), p.scale};
   EXPECT_EQ(sequence_attention_refusal(*t_, call), "");
   frt::SequenceAttention bad = call;
