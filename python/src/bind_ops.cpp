@@ -44,6 +44,19 @@ const float* bias_data(nb::handle bias, int64_t n) {
   return static_cast<const float*>(b.data);
 }
 
+// The views of a sequence attention call.
+SequenceAttention attention_call(nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                                 float scale) {
+  return {view_of(q, "query"), view_of(k, "key"), view_of(v, "value"), view_of(out, "output"),
+          scale};
+}
+// A query of another rank is refused before its head_dim picks the package.
+std::string query_rank_refusal(const SequenceAttention& a) {
+  return a.q.rank == 4 ? std::string()
+                       : "query " + a.q.describe() +
+                             ": expected a 4-D [batch, heads, positions, head_dim] view";
+}
+
 }  // namespace
 
 void bind_ops(nb::module_& m) {
@@ -93,9 +106,8 @@ void bind_ops(nb::module_& m) {
   m.def(
       "sequence_attention_refusal",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, float scale) {
-        const SequenceAttention a{view_of(q, "query"), view_of(k, "key"), view_of(v, "value"),
-                                  view_of(out, "output"), scale};
-        if (a.q.rank != 4) return "query " + a.q.describe() + ": expected a 4-D view";
+        const SequenceAttention a = attention_call(q, k, v, out, scale);
+        if (std::string why = query_rank_refusal(a); !why.empty()) return why;
         try {
           return sequence_attention_refusal(
               sequence_attention_table(process_hub(), a.q.dtype, a.q.shape[3]), a);
@@ -107,12 +119,8 @@ void bind_ops(nb::module_& m) {
   m.def(
       "sequence_attention",
       [](nb::handle q, nb::handle k, nb::handle v, nb::handle out, float scale, int threads) {
-        const SequenceAttention a{view_of(q, "query"), view_of(k, "key"), view_of(v, "value"),
-                                  view_of(out, "output"), scale};
-        if (a.q.rank != 4)
-          throw Refused("query " + a.q.describe() +
-                        ": expected a 4-D [batch, heads, positions, "
-                        "head_dim] view");
+        const SequenceAttention a = attention_call(q, k, v, out, scale);
+        if (std::string why = query_rank_refusal(a); !why.empty()) throw Refused(why);
         const frt_kernel_table& t =
             sequence_attention_table(process_hub(), a.q.dtype, a.q.shape[3]);
         nb::gil_scoped_release release;

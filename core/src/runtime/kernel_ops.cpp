@@ -435,13 +435,13 @@ void mix_shared_expert(const float* gate_logits, const float* shared, int64_t ro
 std::string sequence_attention_refusal(const frt_kernel_table& table, const SequenceAttention& a) {
   const frt_op* op = find_op(table, OpKind::sequence_attention);
   if (op == nullptr) return not_owned(table, OpKind::sequence_attention);
-  if (a.q.rank != 4) return attention_view_refusal("query", a.q, 0, 0, 0);  // names the rank
+  // In this order each view's rank is checked before a later one reads its sizes (a view's
+  // sizes past its rank are 0).
   const int64_t batch = a.q.shape[0], dims = a.q.shape[3];
-  for (const std::string& r :
-       {attention_view_refusal("query", a.q, batch, a.q.shape[2], dims),
-        attention_view_refusal("key", a.k, batch, a.k.rank == 4 ? a.k.shape[2] : 0, dims),
-        attention_view_refusal("value", a.v, batch, a.k.rank == 4 ? a.k.shape[2] : 0, dims),
-        attention_view_refusal("output", a.out, batch, a.q.shape[2], dims)})
+  for (const std::string& r : {attention_view_refusal("query", a.q, batch, a.q.shape[2], dims),
+                               attention_view_refusal("key", a.k, batch, a.k.shape[2], dims),
+                               attention_view_refusal("value", a.v, batch, a.k.shape[2], dims),
+                               attention_view_refusal("output", a.out, batch, a.q.shape[2], dims)})
     if (!r.empty()) return r;
   if (a.v.shape[1] != a.k.shape[1] || a.out.shape[1] != a.q.shape[1])
     return "value " + a.v.describe() + " / output " + a.out.describe() +

@@ -31,10 +31,6 @@ namespace frt::kern {
 
 namespace {
 
-const uint16_t* at(const void* base, const int64_t ld[3], int64_t b, int64_t t, int64_t h) {
-  return static_cast<const uint16_t*>(base) + b * ld[0] + t * ld[1] + h * ld[2];
-}
-
 bool on_tiles(const frt_sequence_attention_args* a) {
   return kGemmTiles.attention_amx != nullptr && a->head_dim <= kAttnTileMaxHeadDim;
 }
@@ -50,7 +46,7 @@ void pack_keys_values(const frt_sequence_attention_args* a, const AttentionPack&
   const bool last = k1 == a->kv_len;
   const int64_t k_end = last ? 16 * p.k_tiles : k1, v_end = last ? 32 * p.blocks : k1;
   for (int64_t t = k0; t < k_end; ++t) {
-    const uint16_t* src = t < a->kv_len ? at(a->k, a->k_ld, b, t, kvh) : nullptr;
+    const uint16_t* src = t < a->kv_len ? head_row(a->k, a->k_ld, b, t, kvh) : nullptr;
     for (int64_t c = 0; c < p.chunks; ++c) {
       uint16_t* row = keys + p.key_at(t, 32 * c);
       const int64_t have = src != nullptr ? std::clamp<int64_t>(d - 32 * c, 0, 32) : 0;
@@ -59,7 +55,7 @@ void pack_keys_values(const frt_sequence_attention_args* a, const AttentionPack&
     }
   }
   for (int64_t t = k0; t < v_end; ++t) {
-    const uint16_t* src = t < a->kv_len ? at(a->v, a->v_ld, b, t, kvh) : nullptr;
+    const uint16_t* src = t < a->kv_len ? head_row(a->v, a->v_ld, b, t, kvh) : nullptr;
     for (int64_t i = 0; i < 16 * p.v_tiles; ++i)
       vt[p.value_at(t, i)] = src != nullptr && i < d ? src[i] : uint16_t{0};
   }
@@ -127,7 +123,7 @@ void portable_item(const frt_sequence_attention_args* a, const AttentionItem& it
   for (int64_t i = 0; i < d; ++i) {
     float row[Q];
     for (int64_t n = 0; n < Q; ++n)
-      row[n] = n < nq ? bf16_to_f32(at(a->q, a->q_ld, it.b, it.q0 + n, it.h)[i]) : 0.0f;
+      row[n] = n < nq ? bf16_to_f32(head_row(a->q, a->q_ld, it.b, it.q0 + n, it.h)[i]) : 0.0f;
     std::memcpy(&qt[i], row, sizeof row);
     o[i] = splat(0.0f);
   }
@@ -137,7 +133,7 @@ void portable_item(const frt_sequence_attention_args* a, const AttentionItem& it
     const int64_t nk = std::min(kAttnKeyBlock, a->kv_len - k0);
     Lanes block_max = splat(-std::numeric_limits<float>::infinity());
     for (int64_t j = 0; j < nk; ++j) {
-      const uint16_t* key = at(a->k, a->k_ld, it.b, k0 + j, kvh);
+      const uint16_t* key = head_row(a->k, a->k_ld, it.b, k0 + j, kvh);
       Lanes dot = splat(0.0f);
       for (int64_t i = 0; i < d; ++i) {
         const float kv = bf16_to_f32(key[i]);
@@ -166,7 +162,7 @@ void portable_item(const frt_sequence_attention_args* a, const AttentionItem& it
         p.p[u] = exp2_part(s[j].p[u] - base(m.p[u]));
         l.p[u] += p.p[u];
       }
-      const uint16_t* value = at(a->v, a->v_ld, it.b, k0 + j, kvh);
+      const uint16_t* value = head_row(a->v, a->v_ld, it.b, k0 + j, kvh);
       for (int64_t i = 0; i < d; ++i) {
         const float vv = bf16_to_f32(value[i]);
         for (int u = 0; u < kParts; ++u) o[i].p[u] += p.p[u] * vv;
@@ -175,14 +171,11 @@ void portable_item(const frt_sequence_attention_args* a, const AttentionItem& it
   }
   float sums[Q];
   std::memcpy(sums, &l, sizeof sums);
-  for (int64_t n = 0; n < nq; ++n) {
-    uint16_t* out = static_cast<uint16_t*>(a->out) + it.b * a->out_ld[0] +
-                    (it.q0 + n) * a->out_ld[1] + it.h * a->out_ld[2];
-    for (int64_t i = 0; i < d; ++i) {
-      float row[Q];
-      std::memcpy(row, &o[i], sizeof row);
-      out[i] = f32_to_bf16(row[n] / sums[n]);
-    }
+  for (int64_t i = 0; i < d; ++i) {
+    float row[Q];
+    std::memcpy(row, &o[i], sizeof row);
+    for (int64_t n = 0; n < nq; ++n)
+      head_row(a->out, a->out_ld, it.b, it.q0 + n, it.h)[i] = f32_to_bf16(row[n] / sums[n]);
   }
 }
 
@@ -252,12 +245,11 @@ int32_t seq_attention_run(const frt_sequence_attention_args* a, int32_t phase, i
     return ok(err);
   }
   if (phase != 1) return fail(err, FRT_E_INVALID, "sequence_attention has 2 phases, got %d", phase);
-  const int64_t per = kAttnQueries;
-  const Range r = split(a->batch * a->heads * div_up(a->q_len, per), ith, nth);
+  const Range r = split(a->batch * a->heads * div_up(a->q_len, kAttnQueries), ith, nth);
   if (tiles) {
     kGemmTiles.attention_amx(a, pack, r.begin, r.end);
   } else {
-    for (int64_t i = r.begin; i < r.end; ++i) portable_item(a, attention_item(a, i, per));
+    for (int64_t i = r.begin; i < r.end; ++i) portable_item(a, attention_item(a, i));
   }
   return ok(err);
 }

@@ -69,11 +69,21 @@ inline AttentionPack attention_pack(const frt_sequence_attention_args* a) {
 struct AttentionItem {
   int64_t b, h, q0;
 };
-// Work item i of `per` queries each (of batch * heads * query blocks): its sequence, head and
-// first query.
-inline AttentionItem attention_item(const frt_sequence_attention_args* a, int64_t i, int64_t per) {
-  const int64_t blocks = (a->q_len + per - 1) / per;
-  return {i / (a->heads * blocks), i / blocks % a->heads, i % blocks * per};
+// Work item i (of batch * heads * query blocks of kAttnQueries): its sequence, head and first
+// query.
+inline AttentionItem attention_item(const frt_sequence_attention_args* a, int64_t i) {
+  const int64_t blocks = (a->q_len + kAttnQueries - 1) / kAttnQueries;
+  return {i / (a->heads * blocks), i / blocks % a->heads, i % blocks * kAttnQueries};
+}
+
+// The row of position t, head h of sequence b in a tensor of the op (its ld: sequence, position,
+// head strides in elements).
+inline const uint16_t* head_row(const void* base, const int64_t ld[3], int64_t b, int64_t t,
+                                int64_t h) {
+  return static_cast<const uint16_t*>(base) + b * ld[0] + t * ld[1] + h * ld[2];
+}
+inline uint16_t* head_row(void* base, const int64_t ld[3], int64_t b, int64_t t, int64_t h) {
+  return static_cast<uint16_t*>(base) + b * ld[0] + t * ld[1] + h * ld[2];
 }
 
 }  // namespace frt::kern

@@ -132,8 +132,7 @@ void item_on_tiles(const frt_sequence_attention_args* a, const AttentionPack& pa
   // r / 16 (zero past head_dim and past the last query).
   std::memset(qt, 0, sizeof(uint32_t) * 256 * static_cast<size_t>(chunks));
   for (int64_t n = 0; n < nq; ++n) {
-    const uint16_t* q = static_cast<const uint16_t*>(a->q) + it.b * a->q_ld[0] +
-                        (it.q0 + n) * a->q_ld[1] + it.h * a->q_ld[2];
+    const uint16_t* q = head_row(a->q, a->q_ld, it.b, it.q0 + n, it.h);
     for (int64_t r = 0; r < d / 2; ++r) {
       uint32_t pair;
       std::memcpy(&pair, q + 2 * r, 4);
@@ -259,8 +258,7 @@ void item_on_tiles(const frt_sequence_attention_args* a, const AttentionPack& pa
                        bf16_pairs(_mm512_mul_ps(_mm512_load_ps(o[2 * r]), inv),
                                   _mm512_mul_ps(_mm512_load_ps(o[2 * r + 1]), inv)));
   for (int64_t n = 0; n < nq; ++n) {
-    uint16_t* out = static_cast<uint16_t*>(a->out) + it.b * a->out_ld[0] +
-                    (it.q0 + n) * a->out_ld[1] + it.h * a->out_ld[2];
+    uint16_t* out = head_row(a->out, a->out_ld, it.b, it.q0 + n, it.h);
     for (int64_t r = 0; r < d / 2; ++r) std::memcpy(out + 2 * r, &pairs[r][n], 4);
     if (d % 2 != 0) out[d - 1] = static_cast<uint16_t>(pairs[d / 2][n]);
   }
@@ -273,7 +271,7 @@ void attention_amx(const frt_sequence_attention_args* a, const AttentionPack& pa
   if (i0 >= i1) return;
   const amx::TileConfig c = config();
   amx::configure(c);
-  for (int64_t i = i0; i < i1; ++i) item_on_tiles(a, pack, attention_item(a, i, kAttnQueries));
+  for (int64_t i = i0; i < i1; ++i) item_on_tiles(a, pack, attention_item(a, i));
   amx::release();
 }
 
