@@ -13,11 +13,9 @@ does half a tdpbusd's products in the same time).
 
     .venv/bin/python bench/attention.py     # writes bench/results/<tier>/attention.json
 
---dit-step adds what the op would give a whole DiT step before any seat places it: bench/dit.py's
-PixArt-Sigma (4 blocks) and Flux-shaped (1 double + 2 single blocks) hosts cast to bf16 with
-w8a8_dynamic's seats attached, each step run with torch's scaled_dot_product_attention as it is and
-with its unmasked bf16 calls sent to the op by a wrapper this benchmark installs for those steps
-only (a measurement of the lever, not a door: no flashrt seat routes attention in a DiT yet).
+A whole DiT step with its attention seated (attention_sequence) is bench/dit.py's: the w8a8 seats
+on the bf16 twin with and without it, paired by round. (`attention.json`'s `dit_step` key holds
+stop 65's measurement of the lever before the seat existed, made by a wrapper of that benchmark.)
 """
 
 from __future__ import annotations
@@ -81,73 +79,10 @@ def bench_shape(what: str, nq: int, nk: int, h: int, d: int, rounds: int) -> dic
     return row
 
 
-def dit_step(rounds: int) -> list[dict[str, Any]]:
-    """The seated bf16 DiT steps with the host's attention and with the op's (module doc)."""
-    import dit
-    import flashrt_structures as S
-
-    host_sdpa = F.scaled_dot_product_attention
-    sent = {"op": 0, "host": 0}
-
-    def to_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-              is_causal: bool = False, scale: float | None = None,
-              enable_gqa: bool = False) -> torch.Tensor:
-        if (attn_mask is None and dropout_p == 0.0 and not is_causal and not enable_gqa
-                and query.dim() == 4
-                and all(t.dtype == torch.bfloat16 for t in (query, key, value))):
-            sent["op"] += 1
-            b, h, n, d = query.shape
-            out = torch.empty(b, n, h, d, dtype=torch.bfloat16).transpose(1, 2)
-            return ops.sequence_attention(query, key, value, scale, out=out)
-        sent["host"] += 1
-        return host_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-
-    rows = []
-    for name, (model, step_for) in (("pixart4", dit.pixart(4)), ("flux", dit.flux(1, 2))):
-        with torch.no_grad():
-            want = step_for(model)()
-        twin = dit.bf16_twin(model)
-        plan = S.auto_swaps(twin, step_for(twin), scheme="w8a8_dynamic")
-        handle = plan.attach(twin)
-        step = step_for(twin)
-        arms = {"host_attention": host_sdpa, "op_attention": to_op}
-        times: dict[str, list[float]] = {a: [] for a in arms}
-        outs: dict[str, torch.Tensor] = {}
-        try:
-            with torch.no_grad():
-                for r in range(rounds + 1):  # the first round warms up
-                    for arm, fn in arms.items():
-                        F.scaled_dot_product_attention = fn  # type: ignore[assignment]
-                        t0 = time.perf_counter()
-                        outs[arm] = step()
-                        if r > 0:
-                            times[arm].append(time.perf_counter() - t0)
-        finally:
-            F.scaled_dot_product_attention = host_sdpa  # type: ignore[assignment]
-            handle.detach()
-        row: dict[str, Any] = {"host": name, "seats": len(plan.swaps), "rounds": rounds,
-                               "calls_sent": dict(sent), "arms": {}}
-        for arm in arms:
-            cos = F.cosine_similarity(outs[arm].flatten().double(), want.flatten().double(),
-                                      dim=0).item()
-            row["arms"][arm] = {"step_s": statistics.median(times[arm]),
-                                "times_s": times[arm], "cosine_vs_fp32_host": cos}
-        row["step_speedup"] = statistics.median(
-            h / o for h, o in zip(times["host_attention"], times["op_attention"]))
-        row["ratio_of_medians"] = (row["arms"]["host_attention"]["step_s"]
-                                   / row["arms"]["op_attention"]["step_s"])
-        rows.append(row)
-        sent.update(op=0, host=0)
-    return rows
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--dit-step", action="store_true", help="the seated DiT steps too (doc)")
     a = ap.parse_args()
     torch.set_num_threads(2)
     from kernels import tile_int8_ceiling  # the AMX probe bench/kernels.py measures
@@ -165,15 +100,6 @@ def main() -> None:
         print(f"{r['what']:52} {f['ms']:10.2f} {f['tflops']:5.2f} {t['ms']:9.2f} "
               f"{t['tflops']:5.2f} {r['speedup_vs_torch_bf16']:7.2f} {r['ratio_of_medians']:9.2f} "
               f"{f['rel_error_vs_fp32']:8.1e} {t['rel_error_vs_fp32']:9.1e}")
-    if a.dit_step:
-        result["dit_step"] = dit_step(max(3, a.rounds // 2))
-        print(f"\n{'DiT step (bf16 twin, w8a8 seats)':34} {'host attn s':>11} {'op attn s':>10} "
-              f"{'x':>6} {'cos host':>9} {'cos op':>9}")
-        for r in result["dit_step"]:
-            h, o = r["arms"]["host_attention"], r["arms"]["op_attention"]
-            print(f"{r['host']:34} {h['step_s']:11.4f} {o['step_s']:10.4f} "
-                  f"{r['step_speedup']:6.3f} {h['cosine_vs_fp32_host']:9.6f} "
-                  f"{o['cosine_vs_fp32_host']:9.6f}")
     if result["bf16_tile_ceiling_tflops_derived"] is not None:
         print(f"bf16 tile ceiling (derived, 2 threads): "
               f"{result['bf16_tile_ceiling_tflops_derived']:.2f} TFLOP/s")

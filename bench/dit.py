@@ -15,6 +15,11 @@ Arms alternate round by round in one process, the order rotated each round; per 
 step time, the median of its per-round ratios to the host, and the output cosine against the
 host's step. An arm over 5x slower than the host is timed on its one (first) run.
 
+The bf16 arms: the host cast to bf16 (torch's own bf16 path, oneDNN and its flash attention),
+the w8a8_dynamic seats on that bf16 twin with its attention modules seated too
+(attention_sequence: the processors' whole-sequence attention on flashrt/gemm), and the same
+seats with attention left to torch; `speedup_vs_attention_at_host` pairs the last two by round.
+
 --qkv measures qkv_pack against the per-projection seats it replaces (the key "qkv_pack" of the
 JSON, the file's other keys kept): per host, paired alternated arms of one step (host fp32,
 w8a8 with each q/k/v its own seat, w8a8 with sibling projections packed), the per-round ratio of
@@ -162,11 +167,21 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
     arms["host_bf16"] = {"what": "the host cast to bf16 (inputs cast on entry): torch's bf16 "
                                  "path, oneDNN (AMX where the CPU has it)"}
     # w8a8_dynamic's seats on that bf16 twin: the GEMMs on flashrt/gemm (AMX tiles where the
-    # CPU grants them), attention and the rest on torch's bf16 path.
+    # CPU grants them) and the attention modules' whole-sequence attention (attention_sequence,
+    # bf16 only); the rest on torch's bf16 path. The paired arm without attention_sequence says
+    # what the attention seats add.
     bf16_host = twins["host_bf16"]
     plans["flashrt_w8a8_on_bf16_host"] = S.auto_swaps(bf16_host, step_for(bf16_host),
                                                       scheme="w8a8_dynamic")
-    arms["flashrt_w8a8_on_bf16_host"] = {"what": "w8a8_dynamic seats on the bf16 twin"}
+    arms["flashrt_w8a8_on_bf16_host"] = {
+        "what": "w8a8_dynamic seats on the bf16 twin, attention_sequence included",
+        "attention_seats": sum(1 for sp in plans["flashrt_w8a8_on_bf16_host"].seams
+                               if sp.seam.structure == "attention_sequence")}
+    plans["flashrt_w8a8_on_bf16_host_attention_at_host"] = S.auto_swaps(
+        bf16_host, step_for(bf16_host), scheme="w8a8_dynamic",
+        structures=[s for s in S.list_structures() if s != "attention_sequence"])
+    arms["flashrt_w8a8_on_bf16_host_attention_at_host"] = {
+        "what": "the same seats without attention_sequence: attention on torch's bf16 sdpa"}
     if peers:
         twins["fbgemm_quantize_dynamic"] = fbgemm_arm(model)
         arms["fbgemm_quantize_dynamic"] = {"what": "torch.ao.quantization.quantize_dynamic "
@@ -182,11 +197,11 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
     def run(arm: str) -> tuple[float, torch.Tensor]:
         nonlocal handle
         if arm in plans:
-            h = plans[arm].attach(bf16_host if arm.endswith("_on_bf16_host") else model)
+            h = plans[arm].attach(bf16_host if "_on_bf16_host" in arm else model)
             if arm == "flashrt_w8a8":
                 handle = h
             try:
-                return timed(step_for(bf16_host) if arm.endswith("_on_bf16_host") else step)
+                return timed(step_for(bf16_host) if "_on_bf16_host" in arm else step)
             finally:
                 h.detach()
         if arm == "host_fp32":
@@ -220,6 +235,11 @@ def bench_host(name: str, model: nn.Module, step_for: Callable[[nn.Module], Step
                         "speedup_vs_host_bf16": statistics.median(
                             h / t for h, t in zip(host_bf16, times[a])),
                         "cosine_vs_host": cosine(outs[a], want)})
+    # What the attention seats add: the two bf16-twin arms, paired round by round.
+    with_attention, without = (times["flashrt_w8a8_on_bf16_host"],
+                               times["flashrt_w8a8_on_bf16_host_attention_at_host"])
+    arms["flashrt_w8a8_on_bf16_host"]["speedup_vs_attention_at_host"] = statistics.median(
+        w / t for t, w in zip(with_attention, without))
     summary = handle.summary() if handle is not None else {}
     return {"host": name, "params": sum(p.numel() for p in model.parameters()),
             "plan": {"seated": seated, "kept_at_host": kept, "refused": refused},
@@ -429,15 +449,19 @@ def run_ffn(a: argparse.Namespace) -> None:
 
 
 def print_steps(hosts: list[dict]) -> None:
-    print(f"\n{'host':8} {'arm':32} {'step s':>8} {'x host':>7} {'x bf16':>7} {'cosine':>9}")
+    print(f"\n{'host':8} {'arm':44} {'step s':>8} {'x host':>7} {'x bf16':>7} {'cosine':>9}")
     for h in hosts:
         for arm, r in h["arms"].items():
             if "unavailable" in r:
-                print(f"{h['host']:8} {arm:32} unavailable: {r['unavailable']}")
+                print(f"{h['host']:8} {arm:44} unavailable: {r['unavailable']}")
                 continue
-            print(f"{h['host']:8} {arm:32} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
+            print(f"{h['host']:8} {arm:44} {r['step_s']:8.2f} {r['speedup_vs_host']:7.2f} "
                   f"{r.get('speedup_vs_host_bf16', float('nan')):7.2f} "
                   f"{r['cosine_vs_host']:9.5f}")
+        gain = h["arms"].get("flashrt_w8a8_on_bf16_host", {}).get("speedup_vs_attention_at_host")
+        if gain is not None:
+            print(f"{h['host']:8} attention seats: {gain:.3f}x the same seats with torch's "
+                  "attention (paired rounds)")
 
 
 def main() -> None:

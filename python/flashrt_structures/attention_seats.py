@@ -1,5 +1,7 @@
 """Attention seats: a module's calls of the host's attention interface, served by a core seat for
-decode rows (observe/attention.py says how a call reaches it: Note [Attention routing]).
+decode rows (observe/attention.py says how a call reaches it: Note [Attention routing]); and a
+module's own calls of torch's scaled_dot_product_attention over whole sequences (a diffusion
+transformer's processor), served by the core's sequence attention (`SequenceAttentionSeat`).
 
 The module keeps everything else: its projections, its q/k norms and rotary, its cache object
 (the seat reads the keys and values the cache hands, where they stand) and the mask the model
@@ -21,6 +23,8 @@ from torch import nn
 from . import _core
 from .function_seats import FunctionSeat
 from .observe import attention as interface
+from .observe.functions import push_hooks, running_modules
+from .observe.sequence_attention import bind_sdpa, sdpa_function, unserved
 from .seats import RAN
 
 
@@ -84,6 +88,63 @@ class AttentionFunctionSeat(FunctionSeat):
         return out, None
 
 
+class SequenceAttentionSeat(FunctionSeat):
+    """One module's calls of torch's scaled_dot_product_attention (its processor's), served by
+    the core's sequence attention; any other caller of the function runs torch's untouched."""
+
+    def __init__(self, site: str, host: nn.Module, seat: _core.Seat) -> None:
+        super().__init__(site, host, seat, [sdpa_function()])
+
+    def place(self) -> None:
+        super().place()
+        # The host and every container below it go on the running stack, so a call made by a
+        # module inside the host (which observation gave to that module) is not the host's.
+        inner = [m for m in self.host.modules() if m is not self.host and next(m.children(), None)]
+        self._hooks = [h for m in (self.host, *inner) for h in push_hooks(m)]
+
+    def claims(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        stack = running_modules()
+        return bool(stack) and stack[-1] is self.host
+
+    def call(self, original: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any]) -> Any:
+        if torch.compiler.is_compiling():
+            return original(*args, **kwargs)
+        seat = cast(_core.AttentionSeat, self._seat)
+        a = bind_sdpa(args, kwargs)
+        if a is None:  # torch raises its own error for the call
+            return original(*args, **kwargs)
+        q, k, v = a["query"], a["key"], a["value"]
+        why = ""
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+            why = "q, k, v are not [batch, heads, tokens, dim]"
+        elif reason := unserved(a):
+            why = "the call asks for " + reason
+        elif torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            why = "an operand requires grad (autograd)"
+        elif q.shape[1] != k.shape[1] and k.shape[1] != 1 and not a["enable_gqa"]:
+            # (One kv head broadcasts in torch's call: the op's grouping of all heads.)
+            why = (f"{q.shape[1]} query heads over {k.shape[1]} kv heads without enable_gqa "
+                   "(torch refuses it)")
+        if why:
+            return self._host_call(seat.miss(why), original, args, kwargs)
+        b, heads, q_len, dim = q.shape
+        scale = a["scale"]
+        # Written [batch, q_len, heads, dim] in memory, as torch's CPU flash attention writes
+        # it: the processor's transpose(1, 2) and reshape to [batch, q_len, heads * dim] are
+        # then views.
+        out = torch.empty((b, q_len, heads, dim), dtype=q.dtype).transpose(1, 2)
+        verdict = seat.call_sequence(q, k, v, out,
+                                     float(scale) if scale is not None else dim ** -0.5,
+                                     self.host.training)
+        if verdict != RAN:
+            return self._host_call(verdict, original, args, kwargs)
+        return out
+
+
 def build_attention_seat(model: nn.Module, plan: _core.SeatPlan,
-                         seat: _core.Seat) -> AttentionFunctionSeat:
-    return AttentionFunctionSeat(plan.site, model.get_submodule(plan.site), seat)
+                         seat: _core.Seat) -> FunctionSeat:
+    host = model.get_submodule(plan.site)
+    if plan.op == _core.OpKind.sequence_attention:
+        return SequenceAttentionSeat(plan.site, host, seat)
+    return AttentionFunctionSeat(plan.site, host, seat)

@@ -28,8 +28,9 @@ from .observe.functions import running_modules as _running
 from .observe.rotary import measure_rotary, rotary_functions, tables_of
 from .seats import BAND, RAISE, RAN, RESTORE, GuardRefused, SeatModule
 
-# (id(namespace), name) -> [the host's function, the seats dispatching from it]
-_DISPATCH: dict[tuple[int, str], tuple[Callable[..., Any], list[FunctionSeat]]] = {}
+# (id(namespace), name) -> (the host's function, the seats dispatching from it, the dispatch)
+_DISPATCH: dict[tuple[int, str],
+                tuple[Callable[..., Any], list[FunctionSeat], Callable[..., Any]]] = {}
 
 
 def _install(fn: Function, seat: FunctionSeat) -> None:
@@ -45,7 +46,7 @@ def _install(fn: Function, seat: FunctionSeat) -> None:
             return original(*args, **kwargs)
 
         dispatch._flashrt_original = original  # type: ignore[attr-defined]
-        _DISPATCH[key] = (original, seats)
+        _DISPATCH[key] = (original, seats, dispatch)
         fn.namespace[fn.name] = dispatch
     _DISPATCH[key][1].append(seat)
 
@@ -54,11 +55,14 @@ def _uninstall(fn: Function, seat: FunctionSeat) -> None:
     key = (id(fn.namespace), fn.name)
     if key not in _DISPATCH:
         return
-    original, seats = _DISPATCH[key]
+    original, seats, dispatch = _DISPATCH[key]
     if seat in seats:
         seats.remove(seat)
     if not seats:
-        fn.namespace[fn.name] = original
+        # Put back only what the dispatch replaced: a function someone set there since (a user's
+        # own attention, say) stays theirs.
+        if fn.namespace.get(fn.name) is dispatch:
+            fn.namespace[fn.name] = original
         del _DISPATCH[key]
 
 
@@ -79,6 +83,14 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]
     return bind
 
 
+def _signature_readable(fn: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def _key(fn: Callable[..., Any]) -> tuple[str, str]:
     """A function by its module and name (two modeling files may each define one of a name)."""
     return getattr(fn, "__module__", ""), getattr(fn, "__name__", "")
@@ -91,7 +103,9 @@ class FunctionSeat(SeatModule):
                  functions: list[Function]) -> None:
         super().__init__(site, host, seat)
         self.functions = functions
-        self._binders = {_key(f.original()): _binder(f.original()) for f in functions}
+        # By signature; a builtin without one (torch's attention) is bound by its seat.
+        self._binders = {_key(f.original()): _binder(f.original()) for f in functions
+                         if _signature_readable(f.original())}
         self._hooks: list[Any] = []
 
     def place(self) -> None:

@@ -393,7 +393,7 @@ def build(model: nn.Module, plan: _core.SeatPlan,
     seat = _core.build_seat(plan, tensors, adopted=adopted or {},
                             moments=moments or {})  # attach sets its guard mode
     module: SeatModule
-    if plan.op == _core.OpKind.attention:
+    if plan.op in (_core.OpKind.attention, _core.OpKind.sequence_attention):
         from .attention_seats import build_attention_seat  # it builds on this module's classes
         module = build_attention_seat(model, plan, seat)
     elif plan.op in (_core.OpKind.gated_delta, _core.OpKind.causal_conv1d, _core.OpKind.rotary):

@@ -136,7 +136,7 @@ void bind_planner(nb::module_& m) {
       .def_rw("sliding_window", &AttentionFacts::sliding_window)
       .def_rw("implementation", &AttentionFacts::implementation)
       .def_rw("other", &AttentionFacts::other)
-      .def_rw("paged", &AttentionFacts::paged);
+      .def_rw("cache", &AttentionFacts::cache);
 
   nb::class_<HostParam>(m, "HostParam")
       .def(nb::init<>())

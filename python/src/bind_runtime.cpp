@@ -229,6 +229,25 @@ void bind_runtime(nb::module_& m) {
           },
           nb::arg("q"), nb::arg("k_pool"), nb::arg("v_pool"), nb::arg("table"), nb::arg("rows"),
           nb::arg("lengths"), nb::arg("out"), nb::arg("scale"), nb::arg("softcap"),
+          nb::arg("training"))
+      .def(
+          "call_sequence",
+          [](AttentionSeat& s, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+             float scale, bool training) {
+            SequenceAttention c;
+            try {
+              c.q = view_of(q, "q");
+              c.k = view_of(k, "k");
+              c.v = view_of(v, "v");
+              c.out = view_of(out, "out");
+            } catch (const Refused& e) {
+              return static_cast<int>(s.miss(e.what()));
+            }
+            c.scale = scale;
+            nb::gil_scoped_release release;
+            return static_cast<int>(s.call_sequence(c, training));
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("scale"),
           nb::arg("training"));
 
   nb::class_<RotarySeat, Seat>(m, "RotarySeat")

@@ -32,6 +32,7 @@ void bind_types(nb::module_& m) {
   bind_enum<RopeKind>(m, "RopeKind");
   bind_enum<RecurrenceForm>(m, "RecurrenceForm");
   bind_enum<AttentionForm>(m, "AttentionForm");
+  bind_enum<AttentionCache>(m, "AttentionCache");
   bind_enum<RotaryForm>(m, "RotaryForm");
   bind_enum<BlockForm>(m, "BlockForm");
   nb::enum_<Statistic>(m, "Statistic").value("input_moments", Statistic::input_moments);

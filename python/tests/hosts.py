@@ -26,8 +26,8 @@ VOCAB = 512
 # The structures seated as modules of the tree (what torch.compile keeps as flashrt::seat ops):
 # every one but the attention and gated delta seats, which stand in the host's functions and
 # trace the host's own under a compiler.
-PLACED_FUNCTIONS = {"attention_core", "attention_paged", "gated_delta_core", "causal_conv",
-                    "rotary_embed"}
+PLACED_FUNCTIONS = {"attention_core", "attention_paged", "attention_sequence", "gated_delta_core",
+                    "causal_conv", "rotary_embed"}
 
 
 def qwen3(layers: int = 2, **kw) -> Qwen3ForCausalLM:

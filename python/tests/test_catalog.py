@@ -11,9 +11,10 @@ import pytest
 
 from flashrt_structures import _core, catalog
 
-SHIPPED = ["attention_core", "attention_paged", "causal_conv", "decoder_block", "decoder_ffn",
-           "encoder_ffn", "gated_delta_core", "linear_proj", "lm_head", "modnorm_qkv_chain",
-           "moe_experts", "norm_fused", "qkv_pack", "rotary_embed"]
+SHIPPED = ["attention_core", "attention_paged", "attention_sequence", "causal_conv",
+           "decoder_block", "decoder_ffn", "encoder_ffn", "gated_delta_core", "linear_proj",
+           "lm_head", "modnorm_qkv_chain", "moe_experts", "norm_fused", "qkv_pack",
+           "rotary_embed"]
 
 
 def test_catalog_dir_is_inside_the_installed_package():
@@ -38,7 +39,7 @@ def test_each_spec_loads_with_a_distinct_digest():
         assert spec.gate.min_speedup == pytest.approx(1.02)
         if spec.kind == "function":  # at the host's precision: no weight form, no decode band
             assert name in ("gated_delta_core", "causal_conv", "norm_fused", "attention_core",
-                            "attention_paged", "rotary_embed")
+                            "attention_paged", "attention_sequence", "rotary_embed")
             rows = spec.dim("rows")
             assert rows is None or not rows.decode_band
             continue

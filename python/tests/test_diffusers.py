@@ -83,6 +83,10 @@ def assert_every_large_linear_accounted(name: str, model: nn.Module, plan) -> No
             continue
         why = kept.get(path) or refused.get(path) or kept.get(region or "")
         assert why, f"{name}: {path} neither seated, kept nor refused"
+    # One decision each: a seated projection (or one in a seated pack) is never also refused.
+    packed = {r for sp in plan.seams for r in sp.replaces}
+    both = sorted((seated | packed) & set(refused))
+    assert not both, f"{name}: seated and refused: {[(p, refused[p]) for p in both]}"
 
 
 def feed_forwards(model: nn.Module) -> list[str]:

@@ -25,8 +25,8 @@ def decode_forward(model, n=1, seed=0):
 
 # The structures whose seats hold packed weights (a scheme's forms): the projection contract.
 # The function structures (norms, attention, the gated delta rule) run at host precision.
-FUNCTIONS = {"norm_fused", "attention_core", "attention_paged", "gated_delta_core", "causal_conv",
-             "rotary_embed", "decoder_block"}
+FUNCTIONS = {"norm_fused", "attention_core", "attention_paged", "attention_sequence",
+             "gated_delta_core", "causal_conv", "rotary_embed", "decoder_block"}
 PROJECTIONS = [s for s in S.list_structures() if s not in FUNCTIONS]
 
 
@@ -42,8 +42,8 @@ def counts(plan):
 
 
 def test_catalog_lists_the_shipped_structures():
-    assert S.list_structures() == ["attention_core", "attention_paged", "causal_conv",
-                                   "decoder_block", "decoder_ffn", "encoder_ffn",
+    assert S.list_structures() == ["attention_core", "attention_paged", "attention_sequence",
+                                   "causal_conv", "decoder_block", "decoder_ffn", "encoder_ffn",
                                    "gated_delta_core", "linear_proj", "lm_head",
                                    "modnorm_qkv_chain", "moe_experts", "norm_fused", "qkv_pack",
                                    "rotary_embed"]

@@ -215,7 +215,7 @@ def test_attention_layers_the_op_does_not_compute_are_form_other():
 
     plain_layer = RadixAttention(16, 128, 128 ** -0.5, 8, layer_id=0)
     facts = attention.facts_of(plain_layer)
-    assert facts.form == _core.AttentionForm.softmax and facts.paged
+    assert facts.form == _core.AttentionForm.softmax and facts.cache == _core.AttentionCache.paged
     assert (facts.heads, facts.kv_heads, facts.head_dim) == (16, 8, 128)
     cases = [
         (dict(sliding_window_size=4096), "a sliding window of 4096"),

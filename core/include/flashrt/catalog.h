@@ -105,7 +105,8 @@ struct MatchNode {
   std::vector<std::string> bank_slots;
   std::string experts_dim;
   bool optional = false;  // may stay unassigned (never the first node)
-  bool paged = false;     // attention: matches modules with a paged cache (`cache: paged`), only
+  // attention: matches modules whose keys and values live there (`cache:`, dense by default)
+  AttentionCache cache = AttentionCache::dense;
 };
 
 // The value a conv node's attribute takes for calls that ask for no activation.

@@ -52,7 +52,9 @@ struct ConvFacts {
 
 // A module that calls the host's attention interface (transformers' attention modules call the
 // implementation their configuration names with q [batch, heads, q_len, head_dim] and the
-// cache's k, v [batch, kv_heads, positions, head_dim]), as its observed calls showed it.
+// cache's k, v [batch, kv_heads, positions, head_dim]) or torch's scaled_dot_product_attention
+// itself (a diffusion transformer's attention processor: cache none), as its observed calls
+// showed it.
 struct AttentionFacts {
   AttentionForm form = AttentionForm::unknown;
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
@@ -61,10 +63,10 @@ struct AttentionFacts {
   int64_t sliding_window = 0;  // the window its calls name (0: none); the mask applies it
   std::string implementation;  // the host's implementation ("sdpa", "eager")
   std::string other;           // form other: what its calls showed, for the refusal
-  // The host keeps every sequence's keys and values in one pool of slots and names each row's
-  // positions by a slot table (a serving engine's paged cache), instead of handing each call its
-  // rows' k and v: a structure's attention node matches one cache kind or the other.
-  bool paged = false;
+  // Where its calls' keys and values live: what the host's cache hands each call (dense), a
+  // serving engine's pool of slots (paged), or the whole sequence each call hands (none). A
+  // structure's attention node matches one kind only.
+  AttentionCache cache = AttentionCache::dense;
 };
 
 // A bank of routed experts (transformers' experts modules: gate_up_proj [E, 2F, D], down_proj

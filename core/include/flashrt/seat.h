@@ -292,8 +292,9 @@ struct PagedAttentionCall {
 };
 
 // The seat of a module's attention (op attention; capped_attention for a softcapped form;
-// paged_attention for a serving engine's pool): it holds no weight, reads the host's cache where
-// it stands, and keeps the scores' scratch.
+// paged_attention for a serving engine's pool; sequence_attention for whole sequences, a diffusion
+// transformer's): it holds no weight, reads the host's cache or the call's tensors where they
+// stand, and keeps the scores' scratch.
 class AttentionSeat : public Seat {
  public:
   AttentionSeat(SeatForm form, const frt_kernel_table& table, GuardMode mode, int64_t heads,
@@ -303,6 +304,10 @@ class AttentionSeat : public Seat {
   std::string call_refusal(const AttentionCall& c) const;  // "" when the kernel takes it
   Verdict call_paged(const PagedAttentionCall& c, bool training);
   std::string paged_refusal(const PagedAttentionCall& c) const;  // "" when the kernel takes it
+  // One call of torch's scaled_dot_product_attention over whole sequences, unmasked, at the
+  // seat's heads (SequenceAttention's views; out written).
+  Verdict call_sequence(const SequenceAttention& c, bool training);
+  std::string sequence_refusal(const SequenceAttention& c) const;  // "" when the kernel takes it
   int64_t nbytes() const override { return 0; }
 
  private:

@@ -100,7 +100,8 @@ enum class OpKind : int32_t {
 // module that is one (rmsnorm: a norm's forward).
 inline bool function_op(OpKind op) {
   return op == OpKind::gated_delta || op == OpKind::causal_conv1d || op == OpKind::rmsnorm ||
-         op == OpKind::attention || op == OpKind::rotary || op == OpKind::paged_attention;
+         op == OpKind::attention || op == OpKind::rotary || op == OpKind::paged_attention ||
+         op == OpKind::sequence_attention;
 }
 
 // How a gate scores a forward's output (DESIGN §7).
@@ -134,6 +135,13 @@ enum class RecurrenceForm : int32_t { unknown, gated_delta, other };
 // (`other`: attention sinks, a position bias, value heads of another size).
 enum class AttentionForm : int32_t { unknown, softmax, softcapped, other };
 
+// Where a module's attention reads its keys and values: those each call hands, kept by the host
+// between calls (`dense`: transformers' cache), a serving engine's pool of slots named by its slot
+// table (`paged`), or the whole sequence each call hands, nothing kept (`none`: a diffusion
+// transformer's attention over its image and text tokens, through torch's
+// scaled_dot_product_attention). A structure's attention node matches one of them.
+enum class AttentionCache : int32_t { dense, paged, none };
+
 // How a module's rotary function pairs a head's dims, as the door measured it by calling the
 // function on inputs of its own: element i with i + head_dim/2 (`half`: transformers'
 // rotate_half), neighbours 2i and 2i+1 (`interleaved`), or something else (`other`: a partial
@@ -155,12 +163,13 @@ const char* name_of(NormForm v);
 const char* name_of(RopeKind v);
 const char* name_of(RecurrenceForm v);
 const char* name_of(AttentionForm v);
+const char* name_of(AttentionCache v);
 const char* name_of(RotaryForm v);
 const char* name_of(BlockForm v);
 
 // Every value of an enum with its name, in table order: the one definition bindings read (for
 // DType, Activation, WeightFormat, OpKind, OutputKind, NormForm, RopeKind, RecurrenceForm,
-// AttentionForm, RotaryForm, BlockForm).
+// AttentionForm, AttentionCache, RotaryForm, BlockForm).
 template <typename E>
 std::vector<std::pair<E, std::string_view>> enum_entries();
 
@@ -174,6 +183,7 @@ std::optional<NormForm> parse_norm_form(std::string_view name);
 std::optional<RopeKind> parse_rope_kind(std::string_view name);
 std::optional<RecurrenceForm> parse_recurrence_form(std::string_view name);
 std::optional<AttentionForm> parse_attention_form(std::string_view name);
+std::optional<AttentionCache> parse_attention_cache(std::string_view name);
 std::optional<RotaryForm> parse_rotary_form(std::string_view name);
 std::optional<BlockForm> parse_block_form(std::string_view name);
 std::string known_dtypes();
@@ -185,6 +195,7 @@ std::string known_norm_forms();
 std::string known_rope_kinds();
 std::string known_recurrence_forms();
 std::string known_attention_forms();
+std::string known_attention_caches();
 std::string known_rotary_forms();
 std::string known_block_forms();
 

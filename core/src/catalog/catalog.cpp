@@ -432,13 +432,16 @@ class SpecParser : YamlFields {
             fail(field, "a " + kind + " node binds dim '" + dim + "', which dims does not declare");
         if (s.kind != "function")
           fail(field, "a " + kind + " node belongs to a function structure");
-        // An attention node reads the keys and values each call hands (cache: dense, the
-        // default) or a serving engine's pool of slots through its slot table (cache: paged).
+        // An attention node reads the keys and values the host's cache hands each call (cache:
+        // dense, the default), a serving engine's pool of slots through its slot table (cache:
+        // paged), or the whole sequence each call hands (cache: none).
         if (const YAML::Node c = kv.second["cache"]) {
           const std::string cache = text(c, child(field, "cache"));
-          if (cache != "dense" && cache != "paged")
-            fail(child(field, "cache"), "'" + cache + "' is not dense or paged");
-          n.paged = cache == "paged";
+          const std::optional<AttentionCache> parsed = parse_attention_cache(cache);
+          if (!parsed)
+            fail(child(field, "cache"),
+                 "'" + cache + "' is not one of " + known_attention_caches());
+          n.cache = parsed.value_or(AttentionCache::dense);
         }
       } else if (kind == "block") {
         // A decoder layer whose sublayers' seats the block seat runs in turn (kind block).
@@ -552,7 +555,7 @@ std::string canonical(const StructureSpec& s) {
                      {"attribute", n.attribute}};
     if (n.optional) nodes[n.name]["optional"] = true;  // absent when unset: digests stay put
     if (!n.bank_slots.empty()) nodes[n.name]["banks"] = n.bank_slots;
-    if (n.paged) nodes[n.name]["cache"] = "paged";
+    if (n.cache != AttentionCache::dense) nodes[n.name]["cache"] = name_of(n.cache);
   }
   json flow = json::array();
   for (const FlowEdge& e : s.match.flow) flow.push_back({static_cast<int>(e.kind), e.a, e.b});

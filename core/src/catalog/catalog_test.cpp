@@ -709,6 +709,23 @@ TEST_F(CatalogFiles, ALinearRungOnARegionOfSeveralProjectionsMustBePerNode) {
                   "nodes (set per_node: true)");
 }
 
+TEST_F(CatalogFiles, AnAttentionNodesCacheIsOneTheCoreKnowsAndItsOpReadsIt) {
+  fs::remove_all(dir_);
+  fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);
+  std::ifstream in(dir_ / "structures/attention_sequence.yaml");
+  const std::string spec((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write("structures/attention_sequence.yaml",
+        replaced(spec, "attribute: form, cache: none}", "attribute: form, cache: ring}"));
+  expect_error_in("structures/attention_sequence.yaml", "match.nodes.attention.cache",
+                  "'ring' is not one of dense, paged, none");
+  // The decode rows' op over whole sequences: the op reads the host's cache, not the call's.
+  write("structures/attention_sequence.yaml",
+        replaced(spec, "attribute: form, cache: none}", "attribute: form}"));
+  expect_error_in("ladders.yaml", "ladders.attention_sequence[0].op",
+                  "op 'sequence_attention' does not replace the function 'attention_sequence' "
+                  "describes");
+}
+
 TEST_F(CatalogFiles, AMatchPatternNeedsALinearNode) {
   // An activation alone: nothing to pack, and no weight to take dtype or rows from.
   expect_error(replaced(replaced(kWithActivation, "    proj: {kind: linear, weight: weight}\n", ""),

@@ -358,6 +358,12 @@ BindingSpec load_binding(const fs::path& path) {
   return b;
 }
 
+// A function structure whose node is an attention node reading keys and values from `cache`:
+// each cache kind has its own op.
+bool attention_node(const StructureSpec& spec, AttentionCache cache) {
+  return spec.match.nodes[0].kind == NodeKind::attention && spec.match.nodes[0].cache == cache;
+}
+
 }  // namespace
 
 // A region op reads the structure's slots of its operands' names and computes an activation;
@@ -389,10 +395,9 @@ void check_ladders(const Catalog& c, const fs::path& root) {
           (spec.match.nodes[0].kind == NodeKind::recurrence) == (r.op == OpKind::gated_delta) &&
           (spec.match.nodes[0].kind == NodeKind::conv) == (r.op == OpKind::causal_conv1d) &&
           (spec.match.nodes[0].kind == NodeKind::norm) == (r.op == OpKind::rmsnorm) &&
-          (spec.match.nodes[0].kind == NodeKind::attention && !spec.match.nodes[0].paged) ==
-              (r.op == OpKind::attention) &&
-          (spec.match.nodes[0].kind == NodeKind::attention && spec.match.nodes[0].paged) ==
-              (r.op == OpKind::paged_attention) &&
+          attention_node(spec, AttentionCache::dense) == (r.op == OpKind::attention) &&
+          attention_node(spec, AttentionCache::paged) == (r.op == OpKind::paged_attention) &&
+          attention_node(spec, AttentionCache::none) == (r.op == OpKind::sequence_attention) &&
           (spec.match.nodes[0].kind == NodeKind::rotary) == (r.op == OpKind::rotary);
       if (function_op(r.op) || spec.kind == "function") {
         if (!function_op(r.op) || !function_node)

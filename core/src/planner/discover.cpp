@@ -93,7 +93,7 @@ std::string function_shape(const HostModule& m) {
 // An attention node takes modules of its cache kind only: a structure for the keys and values each
 // call hands never stands for a serving engine's pool of slots, nor the other way round.
 bool attention_fits(const MatchNode& n, const HostModule& m) {
-  return m.kind == ModuleKind::attention && m.attention.paged == n.paged;
+  return m.kind == ModuleKind::attention && m.attention.cache == n.cache;
 }
 
 // The observed calls by module path, built once per discovery: the matcher asks for them at

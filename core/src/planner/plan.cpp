@@ -252,7 +252,7 @@ void plan_function_seam(const Catalog& catalog, const StructureSpec& spec, const
     } else if (rung.op == OpKind::rmsnorm) {
       d.k = d.n = dim("width");
     } else if (rung.op == OpKind::attention || rung.op == OpKind::paged_attention ||
-               rung.op == OpKind::rotary) {
+               rung.op == OpKind::sequence_attention || rung.op == OpKind::rotary) {
       d.k = d.n = dim("head_dim");
     } else {
       d.n = dim("channels");
@@ -620,17 +620,21 @@ std::string dims_text(const std::vector<int64_t>& shape) {
 // token embedding's lookup, that no decision already covers (a decision at a module covers the
 // module's subtree): a bank's router is kept at host precision with the reason, anything else
 // refused as described by no structure, with the holding module's type and the shape.
-void account_weights(const HostGraph& g, int64_t min_elements, Plan& p) {
+// `weight_sites`: where a structure of weights (a region) had a seam, which may be a module that
+// is also an attention or recurrence node (a DiT's q/k/v pack stands at its attention module).
+void account_weights(const HostGraph& g, const std::set<std::string>& weight_sites,
+                     int64_t min_elements, Plan& p) {
   // A decision about a module's recurrence or attention function is not one about its
-  // projections: it covers no weight below it.
+  // projections: it covers no weight below it, unless a structure of weights decided there too.
   const auto decides_weights = [&](const std::string& site) {
     const HostModule* m = g.find(site);
-    return m == nullptr || (m->kind != ModuleKind::recurrence && m->kind != ModuleKind::attention &&
-                            m->kind != ModuleKind::block);
+    return m == nullptr || weight_sites.count(site) > 0 ||
+           (m->kind != ModuleKind::recurrence && m->kind != ModuleKind::attention &&
+            m->kind != ModuleKind::block);
   };
   std::vector<std::string> covered;
   for (const SeatPlan& s : p.seats) {
-    if (!decides_weights(s.site)) continue;
+    if (function_op(s.op) || s.op == OpKind::block) continue;  // its seat holds no weight
     covered.push_back(s.site);
     covered.insert(covered.end(), s.replaces.begin(), s.replaces.end());
     for (const auto& [_, slot] : s.slots) covered.push_back(slot.module);
@@ -927,8 +931,15 @@ Plan plan(const HostGraph& graph, const Catalog& catalog, const PlanOptions& opt
     else
       plan_block_seam(catalog, *seam, graph, p);
   }
-  if (options.structures.empty())
-    account_weights(graph, options.account_weights.value_or(catalog.schemes().account_weights), p);
+  if (options.structures.empty()) {
+    std::set<std::string> weight_sites;
+    for (const Seam& seam : d.seams)
+      if (const std::string& kind = catalog.get(seam.structure).kind;
+          kind != "function" && kind != "block")
+        weight_sites.insert(seam.site);
+    account_weights(graph, weight_sites,
+                    options.account_weights.value_or(catalog.schemes().account_weights), p);
+  }
   return p;
 }
 

@@ -1124,7 +1124,7 @@ TEST(Plan, AnEnginesPagedAttentionTakesThePagedStructureAndTheDenseOneNever) {
   // A serving engine's layer over its pool of slots, in bf16: attention_paged, op paged_attention.
   GraphBuilder b = decoder_layer(NormForm::rms, 1e-5, true, AttentionForm::softmax);
   for (HostModule& m : b.g.modules)
-    if (m.kind == ModuleKind::attention) m.attention.paged = true;
+    if (m.kind == ModuleKind::attention) m.attention.cache = AttentionCache::paged;
   for (HostCall& c : b.g.calls)
     if (c.path == "layers.0.self_attn") c.dtype = DType::bf16;
   const Plan paged = plan(b.g, catalog(), o, hub());
@@ -1149,6 +1149,43 @@ TEST(Plan, AnEnginesPagedAttentionTakesThePagedStructureAndTheDenseOneNever) {
   ASSERT_NE(it, other.refused.end()) << explain(other);
   EXPECT_NE(it->second.find("attention_paged: form 'other' outside {softmax, softcapped} (16 heads "
                             "/ 8 kv of 128): a sliding window of 4096"),
+            std::string::npos)
+      << it->second;
+}
+
+TEST(Plan, AModulesOwnSequenceAttentionTakesTheSequenceStructureInBf16Only) {
+  PlanOptions o;
+  o.scheme = "w8a8_dynamic";
+  o.structures = {"attention_core", "attention_paged", "attention_sequence"};
+  // A diffusion transformer's attention module: its processor hands torch's function whole
+  // sequences (cache none), in bf16: attention_sequence on flashrt/gemm, every query count.
+  GraphBuilder b = decoder_layer(NormForm::rms, 1e-5, true, AttentionForm::softmax);
+  for (HostModule& m : b.g.modules)
+    if (m.kind == ModuleKind::attention) m.attention.cache = AttentionCache::none;
+  for (HostCall& c : b.g.calls)
+    if (c.path == "layers.0.self_attn") c.dtype = DType::bf16;
+  const Plan sequence = plan(b.g, catalog(), o, hub());
+  bool seated = false;
+  for (const SeatPlan& s : sequence.seats) {
+    if (s.site != "layers.0.self_attn") continue;
+    seated = true;
+    EXPECT_EQ(s.seam.structure, "attention_sequence");
+    EXPECT_EQ(s.op, OpKind::sequence_attention);
+    EXPECT_EQ(s.impl, "sequence_attention_bf16");
+    EXPECT_EQ(s.package, "flashrt/gemm");
+    EXPECT_EQ(s.band_max, kUnboundedRows);  // a whole sequence's queries in one call
+    EXPECT_TRUE(s.slots.empty());
+  }
+  EXPECT_TRUE(seated) << explain(sequence);
+  // The same module in f32: refused by dtype, named; never the dense or paged structures.
+  for (HostCall& c : b.g.calls)
+    if (c.path == "layers.0.self_attn") c.dtype = DType::f32;
+  const Plan f32 = plan(b.g, catalog(), o, hub());
+  for (const SeatPlan& s : f32.seats) EXPECT_NE(s.site, "layers.0.self_attn");
+  const auto it = find_site(f32.refused, "layers.0.self_attn");
+  ASSERT_NE(it, f32.refused.end()) << explain(f32);
+  EXPECT_NE(it->second.find("attention_sequence 16 heads / 8 kv of 128: activations f32 in the "
+                            "observed forward; impls take bf16"),
             std::string::npos)
       << it->second;
 }

@@ -456,6 +456,20 @@ Verdict AttentionSeat::call_paged(const PagedAttentionCall& c, bool training) {
       training, c.k_pool.dtype, [&] { return paged_refusal(c); }, [&] { run_paged(c); });
 }
 
+std::string AttentionSeat::sequence_refusal(const SequenceAttention& c) const {
+  // The seat was planned for the heads its module's calls showed; the op checks the rest.
+  if (std::string why = shape_refusal("q", c.q, {-1, heads_, -1, dim_}); !why.empty()) return why;
+  if (std::string why = shape_refusal("k", c.k, {-1, kv_heads_, -1, dim_}); !why.empty())
+    return why;
+  return sequence_attention_refusal(table_, c);  // grouping, strides, dtype, the scale
+}
+
+Verdict AttentionSeat::call_sequence(const SequenceAttention& c, bool training) {
+  return run_call(
+      training, c.q.dtype, [&] { return sequence_refusal(c); },
+      [&] { run_sequence_attention(table_, process_parallel(), c); });
+}
+
 namespace {
 
 // A [batch or 1, tokens, head_dim] table's row for (b, t).

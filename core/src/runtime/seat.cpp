@@ -499,7 +499,8 @@ std::unique_ptr<Seat> build_seat(const SeatPlan& plan,
       return it->second;
     };
     form.weights = plan.form.describe();
-    if (plan.op == OpKind::attention || plan.op == OpKind::paged_attention) {
+    if (plan.op == OpKind::attention || plan.op == OpKind::paged_attention ||
+        plan.op == OpKind::sequence_attention) {
       form.width = dim("heads") * dim("head_dim");
       form.out = form.width;
       if (plan.op == OpKind::attention && plan.seam.attention.softcap > 0 &&

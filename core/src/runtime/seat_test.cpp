@@ -597,6 +597,108 @@ TensorView packed_view(void* data, DType dtype, std::vector<int64_t> shape) {
   return t;
 }
 
+// bf16 by truncation, and back: the test's values are exact in bf16 either way.
+uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return static_cast<uint16_t>(u >> 16);
+}
+float bf16_value(uint16_t b) {
+  const uint32_t u = uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// A [batch, heads, tokens, dim] bf16 view of memory laid out [batch, tokens, heads, dim] (what a
+// diffusers processor hands torch's function: its projections' rows, heads split).
+TensorView tokens_major(std::vector<uint16_t>& v, int64_t b, int64_t heads, int64_t tokens,
+                        int64_t dim) {
+  TensorView t;
+  t.data = v.data();
+  t.dtype = DType::bf16;
+  t.rank = 4;
+  t.shape = {b, heads, tokens, dim};
+  t.strides = {tokens * heads * dim, dim, heads * dim, 1};
+  return t;
+}
+
+TEST(BuildSeat, ASequenceAttentionSeatAttendsEveryKeyOfTheCallsWholeSequences) {
+  const int64_t b = 2, heads = 4, kv = 2, dim = 32, q_len = 5, kv_len = 9;
+  const auto filled = [](int64_t n, float a, float step) {
+    std::vector<uint16_t> out(n);
+    const std::vector<float> values = ramp(n, a, step);
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(values[i]);
+    return out;
+  };
+  std::vector<uint16_t> q = filled(b * q_len * heads * dim, 1.0f, 0.2f),
+                        k = filled(b * kv_len * kv * dim, 1.0f, 0.9f),
+                        v = filled(b * kv_len * kv * dim, 1.0f, 1.7f),
+                        out(b * q_len * heads * dim, 0x7fc0);  // NaN until written
+  SeatPlan plan = seat_plan(OpKind::sequence_attention, "flashrt/gemm", host_form());
+  plan.seam.structure = "attention_sequence";
+  plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
+  plan.act_dtype = DType::bf16;
+  plan.band_max = kUnboundedRows;
+  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  auto* att = dynamic_cast<AttentionSeat*>(seat.get());
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(seat->form().width, heads * dim);
+  SequenceAttention c;
+  c.q = tokens_major(q, b, heads, q_len, dim);
+  c.k = tokens_major(k, b, kv, kv_len, dim);
+  c.v = tokens_major(v, b, kv, kv_len, dim);
+  c.out = tokens_major(out, b, heads, q_len, dim);
+  c.scale = 0.25f;
+  ASSERT_EQ(att->call_sequence(c, false), Verdict::ran) << seat->ledger().last_reason;
+  // Each sequence and query against the float64 reference over its own keys (the reference's
+  // row layout: [heads][dim] queries, [kv][positions][dim] keys).
+  double vmax = 0;
+  for (uint16_t x : v) vmax = std::max(vmax, std::fabs(double(bf16_value(x))));
+  for (int64_t s = 0; s < b; ++s)
+    for (int64_t i = 0; i < q_len; ++i) {
+      std::vector<float> qr(heads * dim), kr(kv * kv_len * dim), vr(kv * kv_len * dim);
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t d = 0; d < dim; ++d)
+          qr[h * dim + d] = bf16_value(q[((s * q_len + i) * heads + h) * dim + d]);
+      for (int64_t g = 0; g < kv; ++g)
+        for (int64_t t = 0; t < kv_len; ++t)
+          for (int64_t d = 0; d < dim; ++d) {
+            kr[(g * kv_len + t) * dim + d] = bf16_value(k[((s * kv_len + t) * kv + g) * dim + d]);
+            vr[(g * kv_len + t) * dim + d] = bf16_value(v[((s * kv_len + t) * kv + g) * dim + d]);
+          }
+      const std::vector<double> want =
+          attention_reference(qr, kr, vr, heads, kv, kv_len, dim, 0.25, 0);
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t d = 0; d < dim; ++d) {
+          const double got = bf16_value(out[((s * q_len + i) * heads + h) * dim + d]);
+          const double w = want[h * dim + d];
+          // The weights and the output rounded to bf16 (Note [Sequence attention]).
+          EXPECT_NEAR(got, w, 4 * std::ldexp(vmax, -9) + 2 * std::ldexp(std::fabs(w), -9))
+              << s << "," << i << "," << h << "," << d;
+        }
+    }
+  EXPECT_EQ(seat->ledger().calls, 1);
+  EXPECT_EQ(seat->ledger().fallbacks, 0);
+  // Another head count than the module's calls showed, or f32 heads: counted misses, out untouched.
+  const std::vector<uint16_t> written = out;
+  SequenceAttention wrong = c;
+  wrong.q.shape[1] = heads - 1;
+  EXPECT_EQ(att->call_sequence(wrong, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("q bf16[2, 3, 5, 32]"), std::string::npos)
+      << seat->ledger().last_reason;
+  std::vector<float> q32(q.size());
+  wrong = c;
+  wrong.q.data = q32.data();
+  wrong.q.dtype = DType::f32;
+  EXPECT_EQ(att->call_sequence(wrong, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("f32"), std::string::npos)
+      << seat->ledger().last_reason;
+  EXPECT_EQ(att->call_sequence(c, true), Verdict::fallback);  // a module in training
+  EXPECT_EQ(out, written);
+  EXPECT_EQ(seat->ledger().fallbacks, 3);
+}
+
 TEST(BuildSeat, APagedAttentionSeatReadsTheEnginesPoolThroughItsTable) {
   const int64_t heads = 4, kv = 2, dim = 32, slots = 12, width = 8;
   std::vector<float> q = ramp(2 * heads * dim, 1.0f, 0.2f), k = ramp(slots * kv * dim, 1.0f, 0.9f),

@@ -71,6 +71,9 @@ constexpr Table<AttentionForm, 4> kAttentionForms{{{AttentionForm::unknown, "unk
                                                    {AttentionForm::softmax, "softmax"},
                                                    {AttentionForm::softcapped, "softcapped"},
                                                    {AttentionForm::other, "other"}}};
+constexpr Table<AttentionCache, 3> kAttentionCaches{{{AttentionCache::dense, "dense"},
+                                                     {AttentionCache::paged, "paged"},
+                                                     {AttentionCache::none, "none"}}};
 constexpr Table<RotaryForm, 4> kRotaryForms{{{RotaryForm::unknown, "unknown"},
                                              {RotaryForm::half, "half"},
                                              {RotaryForm::interleaved, "interleaved"},
@@ -111,6 +114,7 @@ const char* name_of(NormForm v) { return name_in(kNormForms, v); }
 const char* name_of(RopeKind v) { return name_in(kRopeKinds, v); }
 const char* name_of(RecurrenceForm v) { return name_in(kRecurrenceForms, v); }
 const char* name_of(AttentionForm v) { return name_in(kAttentionForms, v); }
+const char* name_of(AttentionCache v) { return name_in(kAttentionCaches, v); }
 const char* name_of(RotaryForm v) { return name_in(kRotaryForms, v); }
 const char* name_of(BlockForm v) { return name_in(kBlockForms, v); }
 std::optional<DType> parse_dtype(std::string_view n) { return parse_in(kDTypes, n); }
@@ -129,6 +133,9 @@ std::optional<RecurrenceForm> parse_recurrence_form(std::string_view n) {
 }
 std::optional<AttentionForm> parse_attention_form(std::string_view n) {
   return parse_in(kAttentionForms, n);
+}
+std::optional<AttentionCache> parse_attention_cache(std::string_view n) {
+  return parse_in(kAttentionCaches, n);
 }
 std::optional<RotaryForm> parse_rotary_form(std::string_view n) {
   return parse_in(kRotaryForms, n);
@@ -192,6 +199,10 @@ std::vector<std::pair<AttentionForm, std::string_view>> enum_entries<AttentionFo
   return entries_of(kAttentionForms);
 }
 template <>
+std::vector<std::pair<AttentionCache, std::string_view>> enum_entries<AttentionCache>() {
+  return entries_of(kAttentionCaches);
+}
+template <>
 std::vector<std::pair<RotaryForm, std::string_view>> enum_entries<RotaryForm>() {
   return entries_of(kRotaryForms);
 }
@@ -209,6 +220,7 @@ std::string known_norm_forms() { return list_of(kNormForms); }
 std::string known_rope_kinds() { return list_of(kRopeKinds); }
 std::string known_recurrence_forms() { return list_of(kRecurrenceForms); }
 std::string known_attention_forms() { return list_of(kAttentionForms); }
+std::string known_attention_caches() { return list_of(kAttentionCaches); }
 std::string known_rotary_forms() { return list_of(kRotaryForms); }
 std::string known_block_forms() { return list_of(kBlockForms); }
 

@@ -12,6 +12,9 @@ model names; the planner in the core does the matching.
   functions measured, and their calls recorded while the forwards run (`FunctionWatch`).
 * `attention`: modules that call the host's attention interface, their calls recorded through a
   router registered in it (`AttentionWatch`; the seats route through it too).
+* `sequence_attention`: modules whose forward calls torch's scaled_dot_product_attention over
+  whole sequences themselves (diffusers' attention processors), their calls attributed to the
+  module running (`SequenceWatch`).
 * `blocks`: decoder layers (two norms, an attention and a feed-forward as children), how their
   call composes them, measured on one more run of the first forward.
 * `rotary`: the rotary function attention modules call with their model's cos and sin, measured,
@@ -38,6 +41,7 @@ from .probes import (
 )
 from .rotary import RotaryWatch
 from .routing import measure_routers
+from .sequence_attention import SequenceWatch
 from .tree import config_facts, describe_tree, engine_projection
 
 
@@ -47,10 +51,12 @@ def observe(model: nn.Module, forwards: list[Forward]) -> _core.HostGraph:
     watch = FunctionWatch(model, graph)
     attention = AttentionWatch(model, graph)
     rotary = RotaryWatch(model, graph)
-    with watch.watching(), attention.watching(), rotary.watching():
+    sequence = SequenceWatch(model, graph)
+    with watch.watching(), attention.watching(), rotary.watching(), sequence.watching():
         record_calls(graph, hooked, forwards, model)
     watch.write()
-    attention.write()
+    attention.write()  # before `sequence`: a module the interface serves is its node
+    sequence.write()
     rotary.write()
     watch_blocks(model, graph, forwards[0])  # needs the kinds the watches above wrote
     measure_routers(model, graph)  # a routed layer's block runs its router

@@ -169,6 +169,23 @@ def call_extras(kwargs: dict[str, Any]) -> list[str]:
         k not in KNOWN_KWARGS or (k == "output_attentions" and bool(v))))
 
 
+def attention_facts(facts: _core.AttentionFacts,
+                    dims: set[tuple[int, int, int, int]]) -> list[str]:
+    """Form softmax and the heads its calls showed (heads, kv heads, q/k and v head sizes), onto
+    `facts`; what about them the op does not compute, for form other."""
+    facts.form = _core.AttentionForm.softmax
+    if len(dims) != 1:
+        return [f"its calls had several shapes {sorted(dims)}"]
+    why = []
+    facts.heads, facts.kv_heads, dq, dv = next(iter(dims))
+    facts.head_dim = dq
+    if dv != dq:
+        why.append(f"value heads of {dv} beside query/key heads of {dq}")
+    if facts.kv_heads < 1 or facts.heads % facts.kv_heads:
+        why.append(f"{facts.heads} query heads over {facts.kv_heads} kv heads")
+    return why
+
+
 class AttentionWatch:
     """The observed forward with a router where each module's attention call resolves (Note
     [Attention routing]): each module's calls recorded."""
@@ -226,17 +243,7 @@ class AttentionWatch:
             hm.kind = _core.ModuleKind.attention
             facts = _core.AttentionFacts()
             facts.implementation = seen.implementation
-            facts.form = _core.AttentionForm.softmax
-            why = []
-            if len(seen.dims) == 1:
-                facts.heads, facts.kv_heads, dq, dv = next(iter(seen.dims))
-                facts.head_dim = dq
-                if dv != dq:
-                    why.append(f"value heads of {dv} beside query/key heads of {dq}")
-                if facts.kv_heads < 1 or facts.heads % facts.kv_heads:
-                    why.append(f"{facts.heads} query heads over {facts.kv_heads} kv heads")
-            else:
-                why.append(f"its calls had several shapes {sorted(seen.dims)}")
+            why = attention_facts(facts, seen.dims)
             for what, values in (("scaling", seen.scales), ("softcap", seen.softcaps),
                                  ("sliding_window", seen.windows)):
                 if len(values) > 1:

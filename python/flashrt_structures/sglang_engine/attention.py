@@ -60,7 +60,7 @@ def facts_of(layer: Any) -> _core.AttentionFacts:
     f.head_dim = int(layer.qk_head_dim)
     f.scale = float(layer.scaling)
     f.implementation = f"sglang {BACKEND}"
-    f.paged = True
+    f.cache = _core.AttentionCache.paged
     other = []
     if int(layer.v_head_dim) != f.head_dim:
         other.append(f"value heads of {layer.v_head_dim} against q/k heads of {f.head_dim}")
