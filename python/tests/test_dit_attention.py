@@ -231,3 +231,14 @@ def test_detach_leaves_a_function_the_user_set_after_attach():
         assert torch.nn.functional.scaled_dot_product_attention is users_own
     finally:
         torch.nn.functional.scaled_dot_product_attention = SDPA
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_a_dit_block_around_a_sequence_attention_is_no_decoder_block_candidate(family):
+    # Its attention attends whole sequences (no cache): the layer is no decoder layer, so the
+    # block watch neither probes it with an extra forward nor refuses it as one.
+    model, step = dit_hosts.FAMILIES[family]()
+    plan = S.auto_swaps(model, step, scheme="w8a8_dynamic")
+    assert not [s for s, why in plan.notes["refused"] if why.startswith("decoder_block")]
+    assert {s for s, why in plan.notes["refused"] if why.startswith(STRUCTURE)} == \
+        attention_modules(model)  # f32: refused by dtype, each named

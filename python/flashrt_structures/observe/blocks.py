@@ -67,13 +67,17 @@ class BlockWatch:
         self.graph = graph
         kinds = {m.path: m.kind for m in graph.modules}
         K = _core.ModuleKind
+        # A decoder layer's attention reads a cache of keys and values; a module attending whole
+        # sequences (a DiT's, cache none) makes its layer no decoder layer.
+        cached = {m.path for m in graph.modules
+                  if m.kind == K.attention and m.attention.cache != _core.AttentionCache.none}
         self.candidates: dict[str, list[str]] = {}  # layer -> its direct children's paths
         for m in graph.modules:
             if m.kind != K.module:
                 continue
             children = list(m.children)
             norms = [c for c in children if kinds.get(c) == K.norm]
-            attention = [c for c in children if kinds.get(c) == K.attention]
+            attention = [c for c in children if c in cached]
             if len(norms) >= 2 and len(attention) == 1:
                 self.candidates[m.path] = children
         self.rotary = [m.path for m in graph.modules if m.kind == K.rotary]
