@@ -19,6 +19,8 @@ The bf16 arms: the host cast to bf16 (torch's own bf16 path, oneDNN and its flas
 the w8a8_dynamic seats on that bf16 twin with its attention modules seated too
 (attention_sequence: the processors' whole-sequence attention on flashrt/gemm), and the same
 seats with attention left to torch; `speedup_vs_attention_at_host` pairs the last two by round.
+--caption-tokens N gives the PixArt hosts' 300 caption tokens a padding mask keeping N of them,
+as a pipeline does (the cross-attention's bias then goes to the seat as a range of keys).
 
 --qkv measures qkv_pack against the per-projection seats it replaces (the key "qkv_pack" of the
 JSON, the file's other keys kept): per host, paired alternated arms of one step (host fp32,
@@ -70,7 +72,9 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
                                                  dim=0).item()
 
 
-def pixart(layers: int) -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+def pixart(layers: int, caption: int = 0) -> tuple[nn.Module, Callable[[nn.Module], Step]]:
+    """`caption` > 0: the 300 caption tokens carry a padding mask keeping the first `caption`
+    (a pipeline passes one: PixArt's captions are padded to 300)."""
     from diffusers import PixArtTransformer2DModel
     torch.manual_seed(0)
     m = PixArtTransformer2DModel(num_attention_heads=16, attention_head_dim=72, in_channels=4,
@@ -82,7 +86,12 @@ def pixart(layers: int) -> tuple[nn.Module, Callable[[nn.Module], Step]]:
     x = torch.randn(1, 4, 64, 64, generator=g)
     e = torch.randn(1, 300, 4096, generator=g)
     t = torch.tensor([500])
-    return m, lambda mod: lambda: mod(x, encoder_hidden_states=e, timestep=t).sample
+    mask = None
+    if caption > 0:
+        mask = torch.zeros(1, 300)
+        mask[:, :caption] = 1
+    return m, lambda mod: lambda: mod(x, encoder_hidden_states=e, timestep=t,
+                                      encoder_attention_mask=mask).sample
 
 
 def flux(double: int, single: int) -> tuple[nn.Module, Callable[[nn.Module], Step]]:
@@ -427,7 +436,8 @@ def run_ffn(a: argparse.Namespace) -> None:
         write_result(a.json, result)
     for name in filter(None, a.hosts.split(",")):
         if name.startswith("pixart"):
-            model, step_for = pixart(int(name[6:]) if name[6:] else a.pixart_layers)
+            model, step_for = pixart(int(name[6:]) if name[6:] else a.pixart_layers,
+                                     a.caption_tokens)
         else:
             model, step_for = flux(a.flux_double, a.flux_single)
         print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M params",
@@ -472,6 +482,8 @@ def main() -> None:
     ap.add_argument("--torchao-hosts", default="pixart4",
                     help="hosts on which the torchao peer runs (slow on CPU)")
     ap.add_argument("--pixart-layers", type=int, default=28)
+    ap.add_argument("--caption-tokens", type=int, default=0,
+                    help="PixArt hosts: a padding mask keeping this many of the 300 caption tokens")
     ap.add_argument("--flux-double", type=int, default=1)
     ap.add_argument("--flux-single", type=int, default=2)
     ap.add_argument("--no-peers", action="store_true")
@@ -508,7 +520,8 @@ def main() -> None:
                   f"(spread {h['spread']:.3f}); one attention's q/k/v "
                   f"{q['per_projection_ms']:.2f} -> {q['packed_ms']:.2f} ms ({q['speedup']:.3f}x)")
         return
-    result: dict[str, Any] = {"machine": machine(), "rounds": a.rounds, "hosts": []}
+    result: dict[str, Any] = {"machine": machine(), "rounds": a.rounds, "hosts": [],
+                              "caption_tokens_kept": a.caption_tokens or None}
     if a.band:
         result["band"] = measure_band(max(3, a.rounds))
     for name in filter(None, a.hosts.split(",")):

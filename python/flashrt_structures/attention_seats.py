@@ -24,7 +24,7 @@ from . import _core
 from .function_seats import FunctionSeat
 from .observe import attention as interface
 from .observe.functions import push_hooks, running_modules
-from .observe.sequence_attention import bind_sdpa, sdpa_function, unserved
+from .observe.sequence_attention import bind_sdpa, key_mask, sdpa_function, unserved
 from .seats import RAN
 
 
@@ -134,7 +134,7 @@ class SequenceAttentionSeat(FunctionSeat):
         # it: the processor's transpose(1, 2) and reshape to [batch, q_len, heads * dim] are
         # then views.
         out = torch.empty((b, q_len, heads, dim), dtype=q.dtype).transpose(1, 2)
-        verdict = seat.call_sequence(q, k, v, out,
+        verdict = seat.call_sequence(q, k, v, key_mask(a["attn_mask"]), out,
                                      float(scale) if scale is not None else dim ** -0.5,
                                      self.host.training)
         if verdict != RAN:

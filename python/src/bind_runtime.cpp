@@ -232,23 +232,25 @@ void bind_runtime(nb::module_& m) {
           nb::arg("training"))
       .def(
           "call_sequence",
-          [](AttentionSeat& s, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
-             float scale, bool training) {
+          [](AttentionSeat& s, nb::handle q, nb::handle k, nb::handle v, nb::handle mask,
+             nb::handle out, float scale, bool training) {
             SequenceAttention c;
+            std::optional<TensorView> m;
             try {
               c.q = view_of(q, "q");
               c.k = view_of(k, "k");
               c.v = view_of(v, "v");
+              if (!mask.is_none()) m = mask_view_of(mask, "attn_mask");
               c.out = view_of(out, "out");
             } catch (const Refused& e) {
               return static_cast<int>(s.miss(e.what()));
             }
             c.scale = scale;
             nb::gil_scoped_release release;
-            return static_cast<int>(s.call_sequence(c, training));
+            return static_cast<int>(s.call_sequence(c, m, training));
           },
-          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("scale"),
-          nb::arg("training"));
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask").none(), nb::arg("out"),
+          nb::arg("scale"), nb::arg("training"));
 
   nb::class_<RotarySeat, Seat>(m, "RotarySeat")
       .def(

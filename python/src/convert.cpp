@@ -29,15 +29,16 @@ std::string dtype_text(uint8_t code, uint8_t bits, uint16_t lanes) {
 }
 
 // What a view may hold: activations and weights (f32, bf16), indices (a router's int64 ids), or
-// an attention mask (bool, or f32 added to the scores).
+// an attention mask (bool, or f32 or bf16 added to the scores).
 enum class Holds { values, indices, mask };
 
 DType dtype_of(uint8_t code, uint8_t bits, uint16_t lanes, const char* what, Holds holds) {
   if (holds == Holds::mask) {
     if (lanes == 1 && bits == 8 && code == dl::kBool) return DType::boolean;
     if (lanes == 1 && bits == 32 && code == dl::kFloat) return DType::f32;
+    if (lanes == 1 && bits == 16 && code == dl::kBfloat) return DType::bf16;
     throw Refused(std::string(what) + ": dtype " + dtype_text(code, bits, lanes) +
-                  "; supported: bool, float32");
+                  "; supported: bool, float32, bfloat16");
   }
   if (holds == Holds::indices) {
     if (lanes == 1 && bits == 64 && code == dl::kInt) return DType::i64;

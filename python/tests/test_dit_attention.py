@@ -129,33 +129,53 @@ def test_an_f32_dit_is_refused_by_dtype_at_every_attention_module():
                 "forward; impls take bf16") in why, why
 
 
-def pixart_masked(masked: list[bool]) -> tuple[nn.Module, list[Any]]:
-    """A bf16 PixArt whose captions come with a padding mask on the steps `masked` says: the
-    cross-attention then hands torch's function an attn_mask."""
+def pixart_masked(masks: list[torch.Tensor | None]) -> tuple[nn.Module, list[Any]]:
+    """A bf16 PixArt with a caption mask (1 kept, 0 hidden) on each step: diffusers turns it into
+    the bias -10000 (1 - mask) (-9984 in bf16) the cross-attention hands torch's function."""
     model, _ = dit_hosts.pixart(layers=1)
     to_bf16(model)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(1, 4, 32, 32, generator=g)
     e = torch.randn(1, dit_hosts.TEXT, 64, generator=g)
-    mask = torch.ones(1, dit_hosts.TEXT)
-    mask[:, -4:] = 0  # the caption's padding
     t = torch.tensor([500])
-    steps = [lambda m=m: model(x, encoder_hidden_states=e, timestep=t,
-                               encoder_attention_mask=mask if m else None) for m in masked]
+    steps = [lambda m=m: model(x, encoder_hidden_states=e, timestep=t, encoder_attention_mask=m)
+             for m in masks]
     return model, steps
 
 
-def test_a_cross_attention_whose_every_call_is_masked_is_refused_naming_the_mask():
-    model, steps = pixart_masked([True])
+def padding(hidden: list[int]) -> torch.Tensor:
+    mask = torch.ones(1, dit_hosts.TEXT)
+    mask[:, hidden] = 0
+    return mask
+
+
+def test_a_caption_padding_mask_is_served_as_the_range_of_keys_it_keeps():
+    model, steps = pixart_masked([padding([8, 9, 10, 11])])  # the caption's last 4: padding
+    with torch.no_grad():
+        want = sample(steps[0]())
     plan = S.auto_swaps(model, steps, scheme="w8a8_dynamic", structures=[STRUCTURE])
-    seated = {sp.site for sp in plan.seams}
-    assert seated == {"transformer_blocks.0.attn1"}, S.explain(plan)
-    why = dict(plan.notes["refused"])["transformer_blocks.0.attn2"]
-    assert "form 'other'" in why and "every observed call asks for a mask (attn_mask)" in why, why
+    assert {sp.site for sp in plan.seams} == {"transformer_blocks.0.attn1",
+                                               "transformer_blocks.0.attn2"}, S.explain(plan)
+    handle = plan.attach(model)
+    try:
+        with torch.no_grad():
+            got = sample(steps[0]())
+        ledger = {r["site"]: r for r in handle.report()}
+    finally:
+        handle.detach()
+    cross = ledger["transformer_blocks.0.attn2"]
+    assert cross["calls"] == 1 and cross["fallbacks"] == 0, cross
+    assert not torch.equal(got, want) and cosine(got, want) >= 0.99998, cosine(got, want)
+    # The mask did its work: the same host unmasked is further from the masked host's step.
+    _, (plain,) = pixart_masked([None])
+    with torch.no_grad():
+        unmasked = sample(plain())
+    assert cosine(unmasked, want) < 0.99995  # (0.99989 here: the padding's weight)
+    assert (got - want).abs().max() < (unmasked - want).abs().max() / 2
 
 
-def test_a_masked_call_of_a_seated_module_runs_torchs_counted_with_the_reason():
-    model, steps = pixart_masked([False, True])
+def test_a_mask_whose_kept_keys_are_not_one_range_runs_torchs_counted_with_the_reason():
+    model, steps = pixart_masked([None, padding([3, 10, 11])])  # a hole at 3: not one range
     plan = S.auto_swaps(model, steps, scheme="w8a8_dynamic", structures=[STRUCTURE])
     assert {sp.site for sp in plan.seams} == {"transformer_blocks.0.attn1",
                                                "transformer_blocks.0.attn2"}, S.explain(plan)
@@ -168,9 +188,10 @@ def test_a_masked_call_of_a_seated_module_runs_torchs_counted_with_the_reason():
     finally:
         handle.detach()
     cross = ledger["transformer_blocks.0.attn2"]
-    assert cross["fallbacks"] == 1 and "the call asks for a mask (attn_mask)" in cross["reasons"]
+    assert cross["fallbacks"] == 1, cross
+    assert any("the attended keys are not one range" in r for r in cross["reasons"]), cross
     assert ledger["transformer_blocks.0.attn1"]["fallbacks"] == 0
-    assert any("attn_mask" in str(w.message) for w in caught)
+    assert any("not one range" in str(w.message) for w in caught)
 
 
 def test_autograd_and_other_callers_of_the_function_run_torchs_bit_for_bit():

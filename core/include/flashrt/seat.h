@@ -304,10 +304,15 @@ class AttentionSeat : public Seat {
   std::string call_refusal(const AttentionCall& c) const;  // "" when the kernel takes it
   Verdict call_paged(const PagedAttentionCall& c, bool training);
   std::string paged_refusal(const PagedAttentionCall& c) const;  // "" when the kernel takes it
-  // One call of torch's scaled_dot_product_attention over whole sequences, unmasked, at the
-  // seat's heads (SequenceAttention's views; out written).
-  Verdict call_sequence(const SequenceAttention& c, bool training);
-  std::string sequence_refusal(const SequenceAttention& c) const;  // "" when the kernel takes it
+  // One call of torch's scaled_dot_product_attention over whole sequences at the seat's heads
+  // (SequenceAttention's views; out written), with the call's attn_mask where it passes one:
+  // [batch or 1, heads or 1, 1, kv_len], bool (true: attended) or f32 / bf16 added to the
+  // scores, read as each sequence's one range of keys (Note [Key padding as a range]).
+  Verdict call_sequence(const SequenceAttention& c, const std::optional<TensorView>& mask,
+                        bool training);
+  // "" when the kernel takes it; else the reason. `ranges` gets each sequence's keys.
+  std::string sequence_refusal(const SequenceAttention& c, const std::optional<TensorView>& mask,
+                               std::vector<std::pair<int64_t, int64_t>>& ranges) const;
   int64_t nbytes() const override { return 0; }
 
  private:

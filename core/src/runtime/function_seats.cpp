@@ -7,6 +7,7 @@
 #include <flashrt/thread_pool.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -456,18 +457,140 @@ Verdict AttentionSeat::call_paged(const PagedAttentionCall& c, bool training) {
       training, c.k_pool.dtype, [&] { return paged_refusal(c); }, [&] { run_paged(c); });
 }
 
-std::string AttentionSeat::sequence_refusal(const SequenceAttention& c) const {
+namespace {
+
+// Note [Key padding as a range]: a DiT's processor hides a caption's padding with attn_mask
+// [batch or 1, heads or 1, 1, keys]: the same keys for every query and head of a sequence. The op
+// attends every key it is handed, so such a mask is taken when each sequence's attended keys are
+// one range, which the op then reads alone. 0 (or bool true) attends; bool false, -inf and the
+// lowest finite value hide exactly. diffusers writes a finite bias, -10000 (1 - mask), which is
+// -9984 in bf16: torch's softmax gives such a key exp(s + bias - max), 0 in f32 whenever the
+// key's score s is below the largest attended one by less than -bias - 104 (exp underflows past
+// -104). The seat takes a bias of kHiddenBias or below only where the call's scores cannot
+// differ by that much: |s| <= scale |q| |k|, so 2 scale max|q| max|k| must stay below it. Any
+// other value (a bias the op does not add), a mask over queries, or keys of several ranges is
+// refused. Scanning it is heads x keys values per sequence; the bound reads q and k once.
+constexpr float kHiddenBias = -1000.0f;
+constexpr double kUnderflow = 104.0;  // exp(-104) is below f32's least denormal
+
+// 0 attended, 1 hidden, -1 a bias the op does not apply; `bias` gets a finite hiding value.
+int key_mark(const TensorView& m, int64_t offset, float& bias) {
+  if (m.dtype == DType::boolean) return static_cast<const uint8_t*>(m.data)[offset] != 0 ? 0 : 1;
+  const float v = m.element(offset);
+  if (v == 0.0f) return 0;
+  if (v == -std::numeric_limits<float>::infinity() || v == std::numeric_limits<float>::lowest())
+    return 1;
+  if (v <= kHiddenBias) {
+    bias = std::max(bias, v);
+    return 1;
+  }
+  return -1;
+}
+
+// The largest |row| over a [1, heads, tokens, dim] slice of a bf16 view.
+double max_row_norm(const TensorView& t, int64_t b) {
+  double most = 0;
+  for (int64_t h = 0; h < t.shape[1]; ++h)
+    for (int64_t i = 0; i < t.shape[2]; ++i) {
+      const int64_t at = b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
+      double ss = 0;
+      for (int64_t d = 0; d < t.shape[3]; ++d) {
+        const double x = t.element(at + d);
+        ss += x * x;
+      }
+      most = std::max(most, ss);
+    }
+  return std::sqrt(most);
+}
+
+// `t` moved `elements` on and its dim `dim` cut to `size` (a bf16 view).
+TensorView slice_of(TensorView t, int64_t elements, int dim, int64_t size) {
+  t.data = static_cast<uint16_t*>(t.data) + elements;
+  t.shape[dim] = size;
+  return t;
+}
+
+}  // namespace
+
+std::string AttentionSeat::sequence_refusal(
+    const SequenceAttention& c, const std::optional<TensorView>& mask,
+    std::vector<std::pair<int64_t, int64_t>>& ranges) const {
   // The seat was planned for the heads its module's calls showed; the op checks the rest.
   if (std::string why = shape_refusal("q", c.q, {-1, heads_, -1, dim_}); !why.empty()) return why;
   if (std::string why = shape_refusal("k", c.k, {-1, kv_heads_, -1, dim_}); !why.empty())
     return why;
-  return sequence_attention_refusal(table_, c);  // grouping, strides, dtype, the scale
+  // grouping, strides, dtype, the scale
+  if (std::string why = sequence_attention_refusal(table_, c); !why.empty()) return why;
+  ranges.clear();
+  if (!mask) return "";
+  const TensorView& m = *mask;
+  const int64_t batch = c.q.shape[0], keys = c.k.shape[2];
+  if (m.rank != 4 || (m.shape[0] != 1 && m.shape[0] != batch) ||
+      (m.shape[1] != 1 && m.shape[1] != heads_) || m.shape[2] != 1 || m.shape[3] != keys ||
+      (m.dtype != DType::boolean && m.dtype != DType::f32 && m.dtype != DType::bf16))
+    return "attn_mask " + m.describe() + ": expected bool, f32 or bf16 [" + std::to_string(batch) +
+           " or 1, " + std::to_string(heads_) + " or 1, 1, " + std::to_string(keys) +
+           "] (the same keys for every query)";
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t row = m.shape[0] == 1 ? 0 : b * m.strides[0];
+    int64_t first = -1, last = keys;
+    float bias = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < keys; ++t) {
+      int mark = key_mark(m, row + t * m.strides[3], bias);
+      for (int64_t h = 1; h < m.shape[1] && mark >= 0; ++h)  // every head hides the same keys
+        if (key_mark(m, row + h * m.strides[1] + t * m.strides[3], bias) != mark)
+          return "attn_mask " + m.describe() + ": heads hide different keys (sequence " +
+                 std::to_string(b) + ")";
+      if (mark < 0)
+        return "attn_mask " + m.describe() + ": a bias other than 0 and values of " +
+               std::to_string(static_cast<int>(kHiddenBias)) + " or below, which hide a key";
+      if (mark == 1) {
+        if (first >= 0 && last == keys) last = t;
+      } else if (first < 0) {
+        first = t;
+      } else if (last != keys) {
+        return "attn_mask " + m.describe() + ": the attended keys are not one range (sequence " +
+               std::to_string(b) + ")";
+      }
+    }
+    if (first < 0)
+      return "attn_mask " + m.describe() + ": every key hidden (sequence " + std::to_string(b) +
+             ")";
+    if (std::isfinite(bias)) {  // a finite bias hides only where the scores cannot outweigh it
+      const double reach = 2.0 * std::fabs(c.scale) * max_row_norm(c.q, b) * max_row_norm(c.k, b);
+      if (!(reach < -static_cast<double>(bias) - kUnderflow))
+        return "attn_mask's bias " + std::to_string(bias) + " hides a key only while scores " +
+               "differ by less than " + std::to_string(-bias - kUnderflow) +
+               "; this call's may differ by " + std::to_string(reach);
+    }
+    ranges.emplace_back(first, last);
+  }
+  return "";
 }
 
-Verdict AttentionSeat::call_sequence(const SequenceAttention& c, bool training) {
+Verdict AttentionSeat::call_sequence(const SequenceAttention& c,
+                                     const std::optional<TensorView>& mask, bool training) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
   return run_call(
-      training, c.q.dtype, [&] { return sequence_refusal(c); },
-      [&] { run_sequence_attention(table_, process_parallel(), c); });
+      training, c.q.dtype, [&] { return sequence_refusal(c, mask, ranges); },
+      [&] {
+        if (ranges.empty()) {
+          run_sequence_attention(table_, process_parallel(), c);
+          return;
+        }
+        // Each sequence over its own range of keys (Note [Key padding as a range]).
+        for (int64_t b = 0; b < static_cast<int64_t>(ranges.size()); ++b) {
+          const auto [first, last] = ranges[b];
+          SequenceAttention r = c;
+          r.q = slice_of(c.q, b * c.q.strides[0], 0, 1);
+          r.out = slice_of(c.out, b * c.out.strides[0], 0, 1);
+          r.k = slice_of(slice_of(c.k, b * c.k.strides[0], 0, 1), first * c.k.strides[2], 2,
+                         last - first);
+          r.v = slice_of(slice_of(c.v, b * c.v.strides[0], 0, 1), first * c.v.strides[2], 2,
+                         last - first);
+          run_sequence_attention(table_, process_parallel(), r);
+        }
+      });
 }
 
 namespace {

@@ -650,7 +650,7 @@ TEST(BuildSeat, ASequenceAttentionSeatAttendsEveryKeyOfTheCallsWholeSequences) {
   c.v = tokens_major(v, b, kv, kv_len, dim);
   c.out = tokens_major(out, b, heads, q_len, dim);
   c.scale = 0.25f;
-  ASSERT_EQ(att->call_sequence(c, false), Verdict::ran) << seat->ledger().last_reason;
+  ASSERT_EQ(att->call_sequence(c, std::nullopt, false), Verdict::ran) << seat->ledger().last_reason;
   // Each sequence and query against the float64 reference over its own keys (the reference's
   // row layout: [heads][dim] queries, [kv][positions][dim] keys).
   double vmax = 0;
@@ -684,19 +684,133 @@ TEST(BuildSeat, ASequenceAttentionSeatAttendsEveryKeyOfTheCallsWholeSequences) {
   const std::vector<uint16_t> written = out;
   SequenceAttention wrong = c;
   wrong.q.shape[1] = heads - 1;
-  EXPECT_EQ(att->call_sequence(wrong, false), Verdict::fallback);
+  EXPECT_EQ(att->call_sequence(wrong, std::nullopt, false), Verdict::fallback);
   EXPECT_NE(seat->ledger().last_reason.find("q bf16[2, 3, 5, 32]"), std::string::npos)
       << seat->ledger().last_reason;
   std::vector<float> q32(q.size());
   wrong = c;
   wrong.q.data = q32.data();
   wrong.q.dtype = DType::f32;
-  EXPECT_EQ(att->call_sequence(wrong, false), Verdict::fallback);
+  EXPECT_EQ(att->call_sequence(wrong, std::nullopt, false), Verdict::fallback);
   EXPECT_NE(seat->ledger().last_reason.find("f32"), std::string::npos)
       << seat->ledger().last_reason;
-  EXPECT_EQ(att->call_sequence(c, true), Verdict::fallback);  // a module in training
+  EXPECT_EQ(att->call_sequence(c, std::nullopt, true), Verdict::fallback);  // a module in training
   EXPECT_EQ(out, written);
   EXPECT_EQ(seat->ledger().fallbacks, 3);
+}
+
+TEST(BuildSeat, ASequenceAttentionSeatReadsAKeyPaddingMaskAsEachSequencesRangeOfKeys) {
+  const int64_t b = 2, heads = 4, kv = 2, dim = 32, q_len = 5, kv_len = 9;
+  const auto filled = [](int64_t n, float a, float step) {
+    std::vector<uint16_t> out(n);
+    const std::vector<float> values = ramp(n, a, step);
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(values[i]);
+    return out;
+  };
+  std::vector<uint16_t> q = filled(b * q_len * heads * dim, 1.0f, 0.2f),
+                        k = filled(b * kv_len * kv * dim, 1.0f, 0.9f),
+                        v = filled(b * kv_len * kv * dim, 1.0f, 1.7f);
+  SeatPlan plan = seat_plan(OpKind::sequence_attention, "flashrt/gemm", host_form());
+  plan.seam.structure = "attention_sequence";
+  plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
+  plan.act_dtype = DType::bf16;
+  plan.band_max = kUnboundedRows;
+  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  auto* att = dynamic_cast<AttentionSeat*>(seat.get());
+  ASSERT_NE(att, nullptr);
+  const auto call = [&](std::vector<uint16_t>& out) {
+    SequenceAttention c;
+    c.q = tokens_major(q, b, heads, q_len, dim);
+    c.k = tokens_major(k, b, kv, kv_len, dim);
+    c.v = tokens_major(v, b, kv, kv_len, dim);
+    c.out = tokens_major(out, b, heads, q_len, dim);
+    c.scale = 0.25f;
+    return c;
+  };
+  const auto mask_of = [](void* data, DType dtype, int64_t batch, int64_t h, int64_t queries,
+                          int64_t keys) {
+    TensorView m;
+    m.data = data;
+    m.dtype = dtype;
+    m.rank = 4;
+    m.shape = {batch, h, queries, keys};
+    m.strides = {h * queries * keys, queries * keys, keys, 1};
+    return m;
+  };
+  // Sequence 0 attends keys 0..6 (its padding last), sequence 1 keys 2..8.
+  std::vector<uint8_t> visible(b * kv_len, 1);
+  visible[7] = visible[8] = 0;
+  visible[kv_len + 0] = visible[kv_len + 1] = 0;
+  std::vector<uint16_t> by_bool(b * q_len * heads * dim, 0x7fc0);
+  ASSERT_EQ(att->call_sequence(call(by_bool),
+                               mask_of(visible.data(), DType::boolean, b, 1, 1, kv_len), false),
+            Verdict::ran)
+      << seat->ledger().last_reason;
+  // Against each sequence alone over its range, unmasked (the op's own result, bit for bit).
+  for (int64_t s = 0; s < b; ++s) {
+    const int64_t first = s == 0 ? 0 : 2, last = s == 0 ? 7 : 9;
+    std::vector<uint16_t> qs(q.begin() + s * q_len * heads * dim,
+                             q.begin() + (s + 1) * q_len * heads * dim);
+    std::vector<uint16_t> ks(k.begin() + (s * kv_len + first) * kv * dim,
+                             k.begin() + (s * kv_len + last) * kv * dim);
+    std::vector<uint16_t> vs(v.begin() + (s * kv_len + first) * kv * dim,
+                             v.begin() + (s * kv_len + last) * kv * dim);
+    std::vector<uint16_t> alone(q_len * heads * dim, 0x7fc0);
+    SequenceAttention c;
+    c.q = tokens_major(qs, 1, heads, q_len, dim);
+    c.k = tokens_major(ks, 1, kv, last - first, dim);
+    c.v = tokens_major(vs, 1, kv, last - first, dim);
+    c.out = tokens_major(alone, 1, heads, q_len, dim);
+    c.scale = 0.25f;
+    ASSERT_EQ(att->call_sequence(c, std::nullopt, false), Verdict::ran);
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), by_bool.begin() + s * q_len * heads * dim))
+        << s;
+  }
+  // diffusers' padding bias, -10000 (1 - mask) in bf16 (-9984), per head: the same keys.
+  std::vector<uint16_t> bias(b * heads * kv_len);
+  for (int64_t s = 0; s < b; ++s)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < kv_len; ++t)
+        bias[(s * heads + h) * kv_len + t] = bf16_bits(visible[s * kv_len + t] ? 0.0f : -9984.0f);
+  std::vector<uint16_t> by_bias(by_bool.size(), 0x7fc0);
+  const TensorView bias_mask = mask_of(bias.data(), DType::bf16, b, heads, 1, kv_len);
+  ASSERT_EQ(att->call_sequence(call(by_bias), bias_mask, false), Verdict::ran)
+      << seat->ledger().last_reason;
+  EXPECT_EQ(by_bias, by_bool);
+  // Scores that could outweigh the bias: a scale of 400 lets them differ by more than 9880.
+  std::vector<uint16_t> untouched(by_bool.size(), 0x7fc0);
+  SequenceAttention loud = call(untouched);
+  loud.scale = 400.0f;
+  EXPECT_EQ(att->call_sequence(loud, bias_mask, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("hides a key only while scores differ by less than"),
+            std::string::npos)
+      << seat->ledger().last_reason;
+  // A bias the op does not add, heads hiding different keys, a hole, a mask over queries: each a
+  // counted miss naming it, nothing written.
+  bias[3] = bf16_bits(-2.0f);
+  EXPECT_EQ(att->call_sequence(call(untouched), bias_mask, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("a bias other than 0"), std::string::npos)
+      << seat->ledger().last_reason;
+  bias[3] = bf16_bits(0.0f);
+  bias[kv_len + 7] = bf16_bits(0.0f);  // head 1 of sequence 0 attends key 7, which head 0 hides
+  EXPECT_EQ(att->call_sequence(call(untouched), bias_mask, false), Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("heads hide different keys"), std::string::npos)
+      << seat->ledger().last_reason;
+  visible[3] = 0;
+  EXPECT_EQ(att->call_sequence(call(untouched),
+                               mask_of(visible.data(), DType::boolean, b, 1, 1, kv_len), false),
+            Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("not one range"), std::string::npos)
+      << seat->ledger().last_reason;
+  std::vector<uint8_t> per_query(b * q_len * kv_len, 1);
+  EXPECT_EQ(
+      att->call_sequence(call(untouched),
+                         mask_of(per_query.data(), DType::boolean, b, 1, q_len, kv_len), false),
+      Verdict::fallback);
+  EXPECT_NE(seat->ledger().last_reason.find("the same keys for every query"), std::string::npos)
+      << seat->ledger().last_reason;
+  EXPECT_TRUE(
+      std::all_of(untouched.begin(), untouched.end(), [](uint16_t x) { return x == 0x7fc0; }));
 }
 
 TEST(BuildSeat, APagedAttentionSeatReadsTheEnginesPoolThroughItsTable) {

@@ -58,14 +58,27 @@ def bind_sdpa(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] |
 
 def unserved(a: dict[str, Any]) -> str:
     """What a call asks for that the op does not compute, as "the call asks for <it>" ends
-    ("" when nothing): the op is every query against every key, unmasked, without dropout."""
-    if a["attn_mask"] is not None:
-        return "a mask (attn_mask)"
+    ("" when nothing): the op is every query against the keys of one range per sequence (a mask
+    the same for every query: a caption's padding, Note [Key padding as a range]), without
+    dropout. The core judges the mask's values."""
+    mask = a["attn_mask"]
+    if mask is not None and (not isinstance(mask, torch.Tensor) or mask.dim() > 4
+                             or (mask.dim() >= 2 and mask.shape[-2] != 1)):
+        shape = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        return f"a mask over queries (attn_mask {shape})"
     if a["is_causal"]:
         return "causal scores (is_causal)"
     if float(a["dropout_p"] or 0.0) > 0:
         return f"dropout (dropout_p {a['dropout_p']})"
     return ""
+
+
+def key_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A call's key padding mask as [batch or 1, heads or 1, 1, keys] (torch broadcasts a mask of
+    lower rank from the right)."""
+    if mask is None or mask.dim() == 4:
+        return mask
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
 @dataclass
