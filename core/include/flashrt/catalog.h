@@ -218,6 +218,10 @@ struct Rung {
   OpKind op = OpKind::linear;
   bool per_node = false;
   bool packed = false;
+  // The package builds (variant names' last part: "amx") this rung is measured to pay on; empty:
+  // any. On another build the rung is passed over, saying so (a portable path slower than the
+  // host's own is no qualified implementation).
+  std::vector<std::string> builds;
 };
 
 // Parity bands of the gated door, by what the host's forward returns (DESIGN §7).

@@ -218,7 +218,7 @@ void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& ou
       const std::string rf = field + "[" + std::to_string(i) + "]";
       const YAML::Node r = kv.second[i];
       if (!r.IsMap()) f.fail(rf, "expected a mapping with impl, package and op");
-      f.check_keys(r, rf, {"impl", "package", "op", "per_node", "packed"});
+      f.check_keys(r, rf, {"impl", "package", "op", "per_node", "packed", "builds"});
       Rung rung;
       rung.impl = f.text(f.require(r, rf, "impl"), child(rf, "impl"));
       rung.package = f.text(f.require(r, rf, "package"), child(rf, "package"));
@@ -231,6 +231,8 @@ void load_ladders(const Catalog& c, std::map<std::string, std::vector<Rung>>& ou
       if (const YAML::Node pk = r["packed"]) rung.packed = f.boolean(pk, child(rf, "packed"));
       if (rung.packed && (rung.op != OpKind::linear || rung.per_node))
         f.fail(child(rf, "packed"), "a packed rung runs the linear op once over every node");
+      if (const YAML::Node b = r["builds"])
+        rung.builds = f.string_list(b, child(rf, "builds"), /*allow_empty=*/false);
       rungs.push_back(std::move(rung));
     }
     out[structure] = std::move(rungs);

@@ -194,11 +194,23 @@ std::vector<Candidate> candidates(const HostGraph& g, const StructureSpec& spec,
 }
 
 // The package of a ladder rung, or nullptr with the step aside recorded (and, once per package,
-// its loader's report in the plan).
+// its loader's report in the plan). A rung measured to pay on some builds only passes over the
+// others, naming the build this machine resolved.
 const frt_kernel_table* rung_table(KernelHub& hub, const Rung& rung, const std::string& impl,
                                    std::vector<std::string>& steps,
                                    std::set<std::string>& unavailable_noted, Plan& p) {
   const PackageResolution& r = hub.resolve(rung.package);
+  if (r.table != nullptr && !rung.builds.empty()) {
+    const std::string build = r.chosen.substr(r.chosen.rfind('-') + 1);
+    if (std::find(rung.builds.begin(), rung.builds.end(), build) == rung.builds.end()) {
+      std::string listed;
+      for (const std::string& b : rung.builds) listed += (listed.empty() ? "" : ", ") + b;
+      steps.push_back(impl + ": " + rung.package + "'s build here is " + r.chosen +
+                      "; this rung pays on its " + listed + " build only (a portable path " +
+                      "slower than the host's own)");
+      return nullptr;
+    }
+  }
   if (r.table != nullptr) return r.table;
   steps.push_back(impl + ": kernel package " + rung.package + " unavailable");
   if (unavailable_noted.insert(rung.package).second)
