@@ -726,6 +726,17 @@ TEST_F(CatalogFiles, AnAttentionNodesCacheIsOneTheCoreKnowsAndItsOpReadsIt) {
                   "describes");
 }
 
+TEST_F(CatalogFiles, ARungsBuildsAreAListOfNames) {
+  fs::remove_all(dir_);
+  fs::copy(kCatalogDir, dir_, fs::copy_options::recursive);
+  std::ifstream in(dir_ / "ladders.yaml");
+  const std::string ladders((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(Catalog::load(dir_.string()).ladder("attention_sequence").at(0).builds,
+            std::vector<std::string>{"amx"});
+  write("ladders.yaml", replaced(ladders, "builds: [amx]", "builds: []"));
+  expect_error_in("ladders.yaml", "ladders.attention_sequence[0].builds", "");
+}
+
 TEST_F(CatalogFiles, AMatchPatternNeedsALinearNode) {
   // An activation alone: nothing to pack, and no weight to take dtype or rows from.
   expect_error(replaced(replaced(kWithActivation, "    proj: {kind: linear, weight: weight}\n", ""),

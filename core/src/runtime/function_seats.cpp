@@ -469,7 +469,10 @@ namespace {
 // -104). The seat takes a bias of kHiddenBias or below only where the call's scores cannot
 // differ by that much: |s| <= scale |q| |k|, so 2 scale max|q| max|k| must stay below it. Any
 // other value (a bias the op does not add), a mask over queries, or keys of several ranges is
-// refused. Scanning it is heads x keys values per sequence; the bound reads q and k once.
+// refused. Scanning it is heads x keys values per sequence; the bound reads q and k once. A
+// hidden key's k or v is never read, so a NaN there (which torch's 0 x NaN would spread) stays
+// out of the result, as Note [Mask as a range] has it for decode rows. Sequences sharing one
+// range run as one call.
 constexpr float kHiddenBias = -1000.0f;
 constexpr double kUnderflow = 104.0;  // exp(-104) is below f32's least denormal
 
@@ -536,14 +539,19 @@ std::string AttentionSeat::sequence_refusal(
     int64_t first = -1, last = keys;
     float bias = -std::numeric_limits<float>::infinity();
     for (int64_t t = 0; t < keys; ++t) {
-      int mark = key_mark(m, row + t * m.strides[3], bias);
-      for (int64_t h = 1; h < m.shape[1] && mark >= 0; ++h)  // every head hides the same keys
-        if (key_mark(m, row + h * m.strides[1] + t * m.strides[3], bias) != mark)
-          return "attn_mask " + m.describe() + ": heads hide different keys (sequence " +
-                 std::to_string(b) + ")";
-      if (mark < 0)
+      const auto unapplied = [&] {
         return "attn_mask " + m.describe() + ": a bias other than 0 and values of " +
                std::to_string(static_cast<int>(kHiddenBias)) + " or below, which hide a key";
+      };
+      const int mark = key_mark(m, row + t * m.strides[3], bias);
+      if (mark < 0) return unapplied();
+      for (int64_t h = 1; h < m.shape[1]; ++h) {  // every head hides the same keys
+        const int other = key_mark(m, row + h * m.strides[1] + t * m.strides[3], bias);
+        if (other < 0) return unapplied();
+        if (other != mark)
+          return "attn_mask " + m.describe() + ": heads hide different keys (sequence " +
+                 std::to_string(b) + ")";
+      }
       if (mark == 1) {
         if (first >= 0 && last == keys) last = t;
       } else if (first < 0) {
@@ -574,8 +582,16 @@ Verdict AttentionSeat::call_sequence(const SequenceAttention& c,
   return run_call(
       training, c.q.dtype, [&] { return sequence_refusal(c, mask, ranges); },
       [&] {
-        if (ranges.empty()) {
-          run_sequence_attention(table_, process_parallel(), c);
+        const bool shared = std::all_of(ranges.begin(), ranges.end(),
+                                        [&](const auto& r) { return r == ranges.front(); });
+        if (ranges.empty() || shared) {  // every sequence the same keys: one call
+          SequenceAttention r = c;
+          if (!ranges.empty()) {
+            const auto [first, last] = ranges.front();
+            r.k = slice_of(c.k, first * c.k.strides[2], 2, last - first);
+            r.v = slice_of(c.v, first * c.v.strides[2], 2, last - first);
+          }
+          run_sequence_attention(table_, process_parallel(), r);
           return;
         }
         // Each sequence over its own range of keys (Note [Key padding as a range]).

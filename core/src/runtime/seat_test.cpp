@@ -623,24 +623,31 @@ TensorView tokens_major(std::vector<uint16_t>& v, int64_t b, int64_t heads, int6
   return t;
 }
 
-TEST(BuildSeat, ASequenceAttentionSeatAttendsEveryKeyOfTheCallsWholeSequences) {
-  const int64_t b = 2, heads = 4, kv = 2, dim = 32, q_len = 5, kv_len = 9;
-  const auto filled = [](int64_t n, float a, float step) {
-    std::vector<uint16_t> out(n);
-    const std::vector<float> values = ramp(n, a, step);
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(values[i]);
-    return out;
-  };
-  std::vector<uint16_t> q = filled(b * q_len * heads * dim, 1.0f, 0.2f),
-                        k = filled(b * kv_len * kv * dim, 1.0f, 0.9f),
-                        v = filled(b * kv_len * kv * dim, 1.0f, 1.7f),
-                        out(b * q_len * heads * dim, 0x7fc0);  // NaN until written
+// `n` bf16 values of ramp(n, a, step).
+std::vector<uint16_t> bf16_ramp(int64_t n, float a, float step) {
+  std::vector<uint16_t> out(n);
+  const std::vector<float> values = ramp(n, a, step);
+  for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(values[i]);
+  return out;
+}
+
+// The seat an attention_sequence plan builds for bf16 heads.
+std::unique_ptr<Seat> sequence_seat(int64_t heads, int64_t kv, int64_t dim) {
   SeatPlan plan = seat_plan(OpKind::sequence_attention, "flashrt/gemm", host_form());
   plan.seam.structure = "attention_sequence";
   plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
   plan.act_dtype = DType::bf16;
   plan.band_max = kUnboundedRows;
-  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  return build_seat(plan, {}, GuardMode::fallback, hub());
+}
+
+TEST(BuildSeat, ASequenceAttentionSeatAttendsEveryKeyOfTheCallsWholeSequences) {
+  const int64_t b = 2, heads = 4, kv = 2, dim = 32, q_len = 5, kv_len = 9;
+  std::vector<uint16_t> q = bf16_ramp(b * q_len * heads * dim, 1.0f, 0.2f),
+                        k = bf16_ramp(b * kv_len * kv * dim, 1.0f, 0.9f),
+                        v = bf16_ramp(b * kv_len * kv * dim, 1.0f, 1.7f),
+                        out(b * q_len * heads * dim, 0x7fc0);  // NaN until written
+  std::unique_ptr<Seat> seat = sequence_seat(heads, kv, dim);
   auto* att = dynamic_cast<AttentionSeat*>(seat.get());
   ASSERT_NE(att, nullptr);
   EXPECT_EQ(seat->form().width, heads * dim);
@@ -701,21 +708,10 @@ TEST(BuildSeat, ASequenceAttentionSeatAttendsEveryKeyOfTheCallsWholeSequences) {
 
 TEST(BuildSeat, ASequenceAttentionSeatReadsAKeyPaddingMaskAsEachSequencesRangeOfKeys) {
   const int64_t b = 2, heads = 4, kv = 2, dim = 32, q_len = 5, kv_len = 9;
-  const auto filled = [](int64_t n, float a, float step) {
-    std::vector<uint16_t> out(n);
-    const std::vector<float> values = ramp(n, a, step);
-    for (int64_t i = 0; i < n; ++i) out[i] = bf16_bits(values[i]);
-    return out;
-  };
-  std::vector<uint16_t> q = filled(b * q_len * heads * dim, 1.0f, 0.2f),
-                        k = filled(b * kv_len * kv * dim, 1.0f, 0.9f),
-                        v = filled(b * kv_len * kv * dim, 1.0f, 1.7f);
-  SeatPlan plan = seat_plan(OpKind::sequence_attention, "flashrt/gemm", host_form());
-  plan.seam.structure = "attention_sequence";
-  plan.seam.dims = {{"heads", heads}, {"kv_heads", kv}, {"head_dim", dim}};
-  plan.act_dtype = DType::bf16;
-  plan.band_max = kUnboundedRows;
-  std::unique_ptr<Seat> seat = build_seat(plan, {}, GuardMode::fallback, hub());
+  std::vector<uint16_t> q = bf16_ramp(b * q_len * heads * dim, 1.0f, 0.2f),
+                        k = bf16_ramp(b * kv_len * kv * dim, 1.0f, 0.9f),
+                        v = bf16_ramp(b * kv_len * kv * dim, 1.0f, 1.7f);
+  std::unique_ptr<Seat> seat = sequence_seat(heads, kv, dim);
   auto* att = dynamic_cast<AttentionSeat*>(seat.get());
   ASSERT_NE(att, nullptr);
   const auto call = [&](std::vector<uint16_t>& out) {
@@ -766,6 +762,16 @@ TEST(BuildSeat, ASequenceAttentionSeatReadsAKeyPaddingMaskAsEachSequencesRangeOf
     EXPECT_TRUE(std::equal(alone.begin(), alone.end(), by_bool.begin() + s * q_len * heads * dim))
         << s;
   }
+  // One mask row for both sequences (batch 1 broadcast): one call over keys 0..6, each
+  // sequence's bits those of sequence 0's range alone.
+  std::vector<uint8_t> shared_row(visible.begin(), visible.begin() + kv_len);
+  std::vector<uint16_t> by_shared(by_bool.size(), 0x7fc0);
+  ASSERT_EQ(att->call_sequence(call(by_shared),
+                               mask_of(shared_row.data(), DType::boolean, 1, 1, 1, kv_len), false),
+            Verdict::ran)
+      << seat->ledger().last_reason;
+  EXPECT_TRUE(
+      std::equal(by_bool.begin(), by_bool.begin() + q_len * heads * dim, by_shared.begin()));
   // diffusers' padding bias, -10000 (1 - mask) in bf16 (-9984), per head: the same keys.
   std::vector<uint16_t> bias(b * heads * kv_len);
   for (int64_t s = 0; s < b; ++s)

@@ -69,15 +69,15 @@ class BlockWatch:
         K = _core.ModuleKind
         # A decoder layer's attention reads a cache of keys and values; a module attending whole
         # sequences (a DiT's, cache none) makes its layer no decoder layer.
-        cached = {m.path for m in graph.modules
-                  if m.kind == K.attention and m.attention.cache != _core.AttentionCache.none}
+        self.cached = {m.path for m in graph.modules
+                       if m.kind == K.attention and m.attention.cache != _core.AttentionCache.none}
         self.candidates: dict[str, list[str]] = {}  # layer -> its direct children's paths
         for m in graph.modules:
             if m.kind != K.module:
                 continue
             children = list(m.children)
             norms = [c for c in children if kinds.get(c) == K.norm]
-            attention = [c for c in children if c in cached]
+            attention = [c for c in children if c in self.cached]
             if len(norms) >= 2 and len(attention) == 1:
                 self.candidates[m.path] = children
         self.rotary = [m.path for m in graph.modules if m.kind == K.rotary]
@@ -108,8 +108,7 @@ class BlockWatch:
         for children in self.candidates.values():
             watched.update(children)
             for c in children:
-                if any(m.path == c and m.kind == _core.ModuleKind.attention
-                       for m in self.graph.modules):
+                if c in self.cached:
                     watched.update(f"{c}.{n}" for n, _ in by_path[c].named_children())
         handles = []
         try:
@@ -153,8 +152,8 @@ class BlockWatch:
         f.hidden = int(x.shape[-1])
         seen = sorted((c for c in children if c in self.calls), key=lambda c: self.calls[c].order)
         norms = [c for c in seen if kinds.get(c) == K.norm]
-        attention = next(c for c in children if kinds.get(c) == K.attention)
-        rest = [c for c in seen if kinds.get(c) not in (K.norm, K.attention)]
+        attention = next(c for c in children if c in self.cached)
+        rest = [c for c in seen if kinds.get(c) != K.norm and c != attention]
 
         def other(why: str) -> _core.BlockFacts:
             f.form = _core.BlockForm.other

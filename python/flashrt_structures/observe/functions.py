@@ -18,7 +18,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,6 +322,21 @@ def wrapping(functions: Iterable[Function], record: Record) -> Iterator[None]:
             fn.namespace[fn.name] = original
 
 
+@contextmanager
+def watched_calls(modules: Iterable[nn.Module], functions: Iterable[Function],
+                  record: Record) -> Iterator[None]:
+    """`modules` on the running stack while their forwards run and `functions` wrapped, so
+    `record` can give each call to its module (Note [Whose call is it]); all undone on exit."""
+    handles = [h for mod in modules for h in push_hooks(mod)]
+    try:
+        with wrapping(functions, record):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+        running_modules().clear()
+
+
 @dataclass
 class _Seen:
     """What one module's calls of its functions showed."""
@@ -381,16 +396,8 @@ class FunctionWatch:
     def _record(self, fn: Function, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         (self._record_rule if fn.kind == "rule" else self._record_conv)(fn, args, kwargs)
 
-    @contextmanager
-    def watching(self) -> Iterator[None]:
-        handles = [h for mod in self.rules.values() for h in push_hooks(mod)]
-        try:
-            with wrapping(self.functions.values(), self._record):
-                yield
-        finally:
-            for h in handles:
-                h.remove()
-            running_modules().clear()
+    def watching(self) -> AbstractContextManager[None]:
+        return watched_calls(self.rules.values(), self.functions.values(), self._record)
 
     def write(self) -> None:
         """The dims and flags each module's calls showed, onto the graph; a convolution module's

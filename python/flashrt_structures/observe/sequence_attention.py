@@ -14,8 +14,7 @@ interface watch's (observe/attention.py): its calls are not recorded here.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +24,7 @@ from torch import nn
 from .. import _core
 from . import attention as interface
 from .calls import host_call
-from .functions import Function, push_hooks, running_modules, wrapping
+from .functions import Function, running_modules, watched_calls
 
 # torch's function is a builtin without a signature inspect can read: its parameters, in order
 # (scale and enable_gqa keyword-only, as torch's schema has them).
@@ -125,16 +124,8 @@ class SequenceWatch:
             seen.unserved[why] = seen.unserved.get(why, 0) + 1
         seen.queries.append(q.transpose(1, 2).flatten(2))
 
-    @contextmanager
-    def watching(self) -> Iterator[None]:
-        handles = [h for mod in self.modules for h in push_hooks(mod)]
-        try:
-            with wrapping([sdpa_function()], self._record):
-                yield
-        finally:
-            for h in handles:
-                h.remove()
-            running_modules().clear()
+    def watching(self) -> AbstractContextManager[None]:
+        return watched_calls(self.modules, [sdpa_function()], self._record)
 
     def write(self) -> None:
         """Each container module whose forward called torch's function becomes an attention
