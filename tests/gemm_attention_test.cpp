@@ -172,8 +172,8 @@ class SequenceAttention : public ::testing::TestWithParam<std::string> {
   const frt_kernel_table* t_ = nullptr;
 };
 
-// Heads of 1..130 dims (130: past the tiles, the portable path in every variant), query and key
-// tails of every kind, grouped heads, both layouts; q_sigma 8 makes scores of tens, so a later
+// Heads of 1..512 dims (130 and up: past the tiles, the portable path in every variant), query and
+// key tails of every kind, grouped heads, both layouts; q_sigma 8 makes scores of tens, so a later
 // block's maximum moves the running one.
 TEST_P(SequenceAttention, MatchesFloat64WithinItsRoundingsEveryShapeAndLayout) {
   const uint64_t seed = fresh_seed();
@@ -182,7 +182,8 @@ TEST_P(SequenceAttention, MatchesFloat64WithinItsRoundingsEveryShapeAndLayout) {
       {1, 1, 1, 1, 1, 1},     {1, 2, 1, 17, 33, 72},  {2, 2, 2, 16, 128, 64},
       {1, 3, 1, 40, 300, 72}, {1, 1, 1, 5, 257, 128}, {1, 2, 2, 20, 129, 130},
       {1, 1, 1, 33, 16, 8},   {2, 4, 2, 3, 1, 40},    {1, 2, 1, 18, 200, 96},
-      {1, 2, 1, 17, 45, 37},  {1, 1, 1, 9, 130, 127}};
+      {1, 2, 1, 17, 45, 37},  {1, 1, 1, 9, 130, 127}, {1, 2, 1, 7, 40, 256},
+      {1, 1, 1, 5, 33, 512}};
   int case_no = 0;
   for (const Shape& sh : shapes)
     for (const bool head_major : {false, true})
