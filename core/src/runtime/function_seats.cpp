@@ -119,6 +119,30 @@ frt_causal_conv1d_args conv_args(const ConvCall& c) {
   return a;
 }
 
+// What the scan of one row of a mask found (Note [Mask as a range]).
+enum class MaskRange { one, unapplied, holes, empty };
+
+// The one range [first, last) of a row's attended positions: `mark(t)` is 0 where position t is
+// attended, 1 where it is hidden, -1 where the mask holds a value the op cannot apply. Both masks
+// the attention seat reads, a decode row's and a sequence's key padding, scan this way.
+template <typename Mark>
+MaskRange attended_range(int64_t positions, const Mark& mark, int64_t& first, int64_t& last) {
+  first = -1;
+  last = positions;
+  for (int64_t t = 0; t < positions; ++t) {
+    const int m = mark(t);
+    if (m < 0) return MaskRange::unapplied;
+    if (m == 1) {
+      if (first >= 0 && last == positions) last = t;
+    } else if (first < 0) {
+      first = t;
+    } else if (last != positions) {
+      return MaskRange::holes;
+    }
+  }
+  return first < 0 ? MaskRange::empty : MaskRange::one;
+}
+
 }  // namespace
 
 std::string GatedDeltaSeat::call_refusal(const GatedDeltaCall& c) const {
@@ -247,32 +271,27 @@ std::string AttentionSeat::attended(const AttentionCall& c, int64_t r, int64_t& 
   const char* base = static_cast<const char*>(m.data);
   const int64_t size = m.dtype == DType::boolean ? 1 : 4;
   const int64_t row = m.shape[0] == 1 ? 0 : r;
-  const auto seen = [&](int64_t t, bool& hidden) -> bool {  // false: a value the op cannot apply
+  const auto mark = [&](int64_t t) {
     const char* p = base + (row * m.strides[0] + t * m.strides[3]) * size;
-    if (m.dtype == DType::boolean) {
-      hidden = *reinterpret_cast<const uint8_t*>(p) == 0;
-      return true;
-    }
+    if (m.dtype == DType::boolean) return *reinterpret_cast<const uint8_t*>(p) == 0 ? 1 : 0;
     float v;
     std::memcpy(&v, p, sizeof v);
-    hidden = v != 0.0f;
-    return v == 0.0f || v == -std::numeric_limits<float>::infinity() ||
-           v == std::numeric_limits<float>::lowest();
+    if (v == 0.0f) return 0;
+    return v == -std::numeric_limits<float>::infinity() || v == std::numeric_limits<float>::lowest()
+               ? 1
+               : -1;
   };
-  first = -1;
-  for (int64_t t = 0; t < positions; ++t) {
-    bool hidden = false;
-    if (!seen(t, hidden)) return "the mask adds values other than 0 and -inf (a bias)";
-    if (hidden) {
-      if (first >= 0 && last == positions) last = t;
-    } else if (first < 0) {
-      first = t;
-    } else if (last != positions) {
+  switch (attended_range(positions, mark, first, last)) {
+    case MaskRange::one:
+      return "";
+    case MaskRange::unapplied:
+      return "the mask adds values other than 0 and -inf (a bias)";
+    case MaskRange::holes:
       return "the mask's attended positions are not one range (row " + std::to_string(r) + ")";
-    }
+    case MaskRange::empty:
+      break;
   }
-  if (first < 0) return "the mask hides every position (row " + std::to_string(r) + ")";
-  return "";
+  return "the mask hides every position (row " + std::to_string(r) + ")";
 }
 
 std::string AttentionSeat::grouping_refusal(float scale, float softcap) const {
@@ -536,34 +555,37 @@ std::string AttentionSeat::sequence_refusal(
            "] (the same keys for every query)";
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t row = m.shape[0] == 1 ? 0 : b * m.strides[0];
-    int64_t first = -1, last = keys;
     float bias = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < keys; ++t) {
-      const auto unapplied = [&] {
-        return "attn_mask " + m.describe() + ": a bias other than 0 and values of " +
-               std::to_string(static_cast<int>(kHiddenBias)) + " or below, which hide a key";
-      };
-      const int mark = key_mark(m, row + t * m.strides[3], bias);
-      if (mark < 0) return unapplied();
-      for (int64_t h = 1; h < m.shape[1]; ++h) {  // every head hides the same keys
+    bool heads_differ = false;
+    const auto mark = [&](int64_t t) {  // every head must hide the same keys
+      const int first_head = key_mark(m, row + t * m.strides[3], bias);
+      for (int64_t h = 1; h < m.shape[1] && first_head >= 0; ++h) {
         const int other = key_mark(m, row + h * m.strides[1] + t * m.strides[3], bias);
-        if (other < 0) return unapplied();
-        if (other != mark)
+        if (other < 0) return -1;
+        if (other != first_head) {
+          heads_differ = true;
+          return -1;
+        }
+      }
+      return first_head;
+    };
+    int64_t first = 0, last = 0;
+    switch (attended_range(keys, mark, first, last)) {
+      case MaskRange::one:
+        break;
+      case MaskRange::unapplied:
+        if (heads_differ)
           return "attn_mask " + m.describe() + ": heads hide different keys (sequence " +
                  std::to_string(b) + ")";
-      }
-      if (mark == 1) {
-        if (first >= 0 && last == keys) last = t;
-      } else if (first < 0) {
-        first = t;
-      } else if (last != keys) {
+        return "attn_mask " + m.describe() + ": a bias other than 0 and values of " +
+               std::to_string(static_cast<int>(kHiddenBias)) + " or below, which hide a key";
+      case MaskRange::holes:
         return "attn_mask " + m.describe() + ": the attended keys are not one range (sequence " +
                std::to_string(b) + ")";
-      }
+      case MaskRange::empty:
+        return "attn_mask " + m.describe() + ": every key hidden (sequence " + std::to_string(b) +
+               ")";
     }
-    if (first < 0)
-      return "attn_mask " + m.describe() + ": every key hidden (sequence " + std::to_string(b) +
-             ")";
     if (std::isfinite(bias)) {  // a finite bias hides only where the scores cannot outweigh it
       const double reach = 2.0 * std::fabs(c.scale) * max_row_norm(c.q, b) * max_row_norm(c.k, b);
       if (!(reach < -static_cast<double>(bias) - kUnderflow))
@@ -582,30 +604,25 @@ Verdict AttentionSeat::call_sequence(const SequenceAttention& c,
   return run_call(
       training, c.q.dtype, [&] { return sequence_refusal(c, mask, ranges); },
       [&] {
-        const bool shared = std::all_of(ranges.begin(), ranges.end(),
-                                        [&](const auto& r) { return r == ranges.front(); });
-        if (ranges.empty() || shared) {  // every sequence the same keys: one call
+        // Sequences [b0, b0 + n) over keys [first, last) in one call.
+        const auto run = [&](int64_t b0, int64_t n, int64_t first, int64_t last) {
           SequenceAttention r = c;
-          if (!ranges.empty()) {
-            const auto [first, last] = ranges.front();
-            r.k = slice_of(c.k, first * c.k.strides[2], 2, last - first);
-            r.v = slice_of(c.v, first * c.v.strides[2], 2, last - first);
-          }
-          run_sequence_attention(table_, process_parallel(), r);
-          return;
-        }
-        // Each sequence over its own range of keys (Note [Key padding as a range]).
-        for (int64_t b = 0; b < static_cast<int64_t>(ranges.size()); ++b) {
-          const auto [first, last] = ranges[b];
-          SequenceAttention r = c;
-          r.q = slice_of(c.q, b * c.q.strides[0], 0, 1);
-          r.out = slice_of(c.out, b * c.out.strides[0], 0, 1);
-          r.k = slice_of(slice_of(c.k, b * c.k.strides[0], 0, 1), first * c.k.strides[2], 2,
+          r.q = slice_of(c.q, b0 * c.q.strides[0], 0, n);
+          r.out = slice_of(c.out, b0 * c.out.strides[0], 0, n);
+          r.k = slice_of(slice_of(c.k, b0 * c.k.strides[0], 0, n), first * c.k.strides[2], 2,
                          last - first);
-          r.v = slice_of(slice_of(c.v, b * c.v.strides[0], 0, 1), first * c.v.strides[2], 2,
+          r.v = slice_of(slice_of(c.v, b0 * c.v.strides[0], 0, n), first * c.v.strides[2], 2,
                          last - first);
           run_sequence_attention(table_, process_parallel(), r);
-        }
+        };
+        const int64_t batch = c.q.shape[0];
+        if (ranges.empty()) return run(0, batch, 0, c.k.shape[2]);
+        // Every sequence the same keys (a mask broadcast over the batch): one call; else one
+        // call each over its own range of keys (Note [Key padding as a range]).
+        if (std::all_of(ranges.begin(), ranges.end(),
+                        [&](const auto& r) { return r == ranges[0]; }))
+          return run(0, batch, ranges[0].first, ranges[0].second);
+        for (int64_t b = 0; b < batch; ++b) run(b, 1, ranges[b].first, ranges[b].second);
       });
 }
 
